@@ -1,0 +1,196 @@
+"""The Flask-RESTful app: thin ``Resource`` adapters over ``Service``, one error funnel."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+import time
+import uuid
+from typing import Any
+
+from flask import Flask, Response, g, request
+from flask_restful import Api, Resource
+from werkzeug.exceptions import HTTPException
+
+from .errors import BadRequest, ServingError
+from .handler import Handler
+from .loading import LoadedHandler
+from .params import request_params
+from .service import Service
+from .settings import Settings
+
+log = logging.getLogger("serving_core.app")
+
+REQUEST_ID = "X-Request-ID"
+# A client-sent id is echoed into logs and headers: keep it short and printable.
+_REQUEST_ID_OK = re.compile(r"^[A-Za-z0-9._:/+=-]{1,128}$")
+_HTTP_TYPES = {
+    400: "bad_request",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "payload_too_large",
+    415: "unsupported_media_type",
+    429: "too_many_requests",
+}
+
+
+def create_app(settings: Settings, handler: Handler | LoadedHandler) -> Flask:
+    """The WSGI app serving ``handler``.
+
+    Creating it starts nothing (gunicorn calls it in the master, before fork):
+    ``app.extensions["serving_core"].start()`` starts the model thread, which
+    the gunicorn ``post_fork`` hook does in each worker.
+    """
+    loaded = handler if isinstance(handler, LoadedHandler) else LoadedHandler(handler, "", None)
+    service = Service(settings, loaded)
+    app = Flask("serving_core")
+    app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
+    app.config["MAX_FORM_MEMORY_SIZE"] = settings.max_body_bytes
+    app.extensions["serving_core"] = service
+
+    api = ErrorFunnelApi(app, catch_all_404s=True)
+    api.representations = {"application/json": _json_response}
+    api.add_resource(Predict, "/predict", resource_class_args=(service,))
+    api.add_resource(Healthz, "/healthz")
+    api.add_resource(Readyz, "/readyz", resource_class_args=(service,))
+    api.add_resource(Metadata, "/metadata", resource_class_args=(service,))
+
+    app.before_request(_start_request)
+    app.after_request(_tag_response)
+    # Errors outside Flask-RESTful's routes (unknown URLs, wrong methods) take the same funnel.
+    app.register_error_handler(HTTPException, error_response)
+    app.register_error_handler(Exception, error_response)
+    return app
+
+
+class ErrorFunnelApi(Api):  # type: ignore[misc]
+    def handle_error(self, e: Exception) -> Response:
+        return error_response(e)
+
+
+class Predict(Resource):  # type: ignore[misc]
+    def __init__(self, service: Service) -> None:
+        self.service = service
+
+    def post(self) -> dict[str, Any]:
+        params = request_params(request)
+        return self.service.predict(
+            params, request_id=g.request_id, arrival=g.arrival, timeout_s=_client_timeout()
+        )
+
+
+class Healthz(Resource):  # type: ignore[misc]
+    def get(self) -> dict[str, Any]:
+        return {"status": "alive"}
+
+
+class Readyz(Resource):  # type: ignore[misc]
+    def __init__(self, service: Service) -> None:
+        self.service = service
+
+    def get(self) -> tuple[dict[str, Any], int]:
+        if self.service.ready:
+            return {"status": "ready"}, 200
+        return {"status": "not ready"}, 503
+
+
+class Metadata(Resource):  # type: ignore[misc]
+    def __init__(self, service: Service) -> None:
+        self.service = service
+
+    def get(self) -> dict[str, Any]:
+        return self.service.metadata()
+
+
+def _start_request() -> None:
+    g.arrival = time.monotonic()
+    sent = request.headers.get(REQUEST_ID, "")
+    g.request_id = sent if _REQUEST_ID_OK.match(sent) else uuid.uuid4().hex
+
+
+def _tag_response(response: Response) -> Response:
+    request_id = g.get("request_id")
+    if request_id:
+        response.headers[REQUEST_ID] = request_id
+    return response
+
+
+def _client_timeout() -> float | None:
+    raw = request.headers.get("X-Request-Timeout")
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not value > 0 or math.isinf(value):
+        raise BadRequest(
+            f"X-Request-Timeout={raw!r} is not a positive number of seconds; send e.g. 2.5"
+        )
+    return value
+
+
+def _json_response(data: Any, code: int, headers: Any = None) -> Response:
+    try:
+        body = json.dumps(data, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        log.error(
+            "request %s: the handler's output is not JSON-serialisable: %s",
+            g.get("request_id"),
+            exc,
+        )
+        return error_response(exc)
+    response = Response(body, status=code, mimetype="application/json")
+    if headers:
+        response.headers.extend(headers)
+    return response
+
+
+def error_response(exc: Exception) -> Response:
+    """Every error a request can end in, as ``{"error": {"type", "message"}}``."""
+    request_id = g.get("request_id", "-")
+    headers: dict[str, str] = {}
+    if isinstance(exc, ServingError):
+        status, body = exc.status, exc.body()
+        if exc.retry_after_s is not None:
+            headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after_s)))
+    elif isinstance(exc, HTTPException):
+        status = exc.code or 500
+        body = {
+            "error": {
+                "type": _HTTP_TYPES.get(status, "http_error"),
+                "message": _http_message(exc, status),
+            }
+        }
+        if status == 413:
+            # The unread body would otherwise be drained from the socket.
+            headers["Connection"] = "close"
+        if status == 405 and exc.get_response().headers.get("Allow"):
+            headers["Allow"] = exc.get_response().headers["Allow"]
+    else:
+        log.exception("request %s failed with an unexpected error", request_id)
+        status = 500
+        body = {
+            "error": {
+                "type": "internal_error",
+                "message": f"internal error; the server log has the details under "
+                f"request id {request_id}",
+            }
+        }
+    response = Response(json.dumps(body), status=status, mimetype="application/json")
+    response.headers.update(headers)
+    if request_id != "-":
+        response.headers[REQUEST_ID] = request_id
+    return response
+
+
+def _http_message(exc: HTTPException, status: int) -> str:
+    if status == 404:
+        return f"no route {request.path}; see /openapi.json or /metadata for the API"
+    if status == 405:
+        return f"{request.method} is not allowed on {request.path}"
+    if status == 413:
+        return "the request body is larger than SERVING_MAX_BODY_BYTES allows; send less"
+    return exc.description or exc.name

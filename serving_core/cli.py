@@ -1,0 +1,106 @@
+"""``serving-core serve`` and ``serving-core check HANDLER``."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from .errors import ServingError
+from .loading import HandlerError, load_handler
+from .settings import Settings, SettingsError
+
+EXIT_CONFIG = 2  # a bad setting or a broken handler: nothing was served
+EXIT_PREDICT = 1  # the handler loaded but its sample failed
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="serving-core", description="Serve a handler.py with batching and gunicorn."
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser(
+        "serve", help="serve SERVING_HANDLER with gunicorn (settings from SERVING_* variables)"
+    )
+    check = commands.add_parser(
+        "check", help="load a handler, run its sample request, print the output"
+    )
+    check.add_argument("handler", help="handler.py path, its folder, or module[:Class]")
+    check.add_argument("--params", help="JSON object to send instead of the sample.json")
+    args = parser.parse_args(argv)
+    try:
+        settings = Settings.from_env(os.environ)
+        if args.command == "check":
+            settings = dataclasses.replace(settings, handler=args.handler)
+        _configure_logging(settings.log_level)
+        loaded = load_handler(settings.handler)
+    except (SettingsError, HandlerError) as exc:
+        print(f"serving-core: error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    if args.command == "serve":
+        from .server import serve
+
+        try:
+            serve(settings, loaded)
+        except Exception as exc:
+            # setup() failing is the usual cause: say so with the handler's name.
+            logging.getLogger("serving_core").exception("serve failed")
+            print(f"serving-core: error: {loaded.source}: {exc!r}", file=sys.stderr)
+            return EXIT_CONFIG
+        return 0
+    return _check(settings, loaded, args.params)
+
+
+def _check(settings: Settings, loaded: object, raw_params: str | None) -> int:
+    from .loading import LoadedHandler
+    from .service import Service
+
+    assert isinstance(loaded, LoadedHandler)
+    if raw_params is not None:
+        try:
+            params = json.loads(raw_params)
+        except ValueError as exc:
+            print(f"serving-core: error: --params is not JSON: {exc}", file=sys.stderr)
+            return EXIT_CONFIG
+    elif loaded.sample is not None:
+        params = loaded.sample
+    else:
+        print(
+            f"serving-core: {loaded.source} loaded; no sample.json beside it and no --params, "
+            "so nothing was run",
+        )
+        return 0
+    if not isinstance(params, dict):
+        print("serving-core: error: the request parameters must be a JSON object", file=sys.stderr)
+        return EXIT_CONFIG
+    service = Service(settings, loaded)
+    try:
+        loaded.handler.setup()
+        service.start(warm_up=False)
+        output = service.predict(params, request_id="check")
+    except ServingError as exc:
+        print(f"serving-core: error: {loaded.source}: {exc.message}", file=sys.stderr)
+        return EXIT_PREDICT
+    except Exception as exc:
+        print(f"serving-core: error: {loaded.source}: {exc!r}", file=sys.stderr)
+        return EXIT_CONFIG
+    finally:
+        service.stop()
+    print(json.dumps(output))
+    return 0
+
+
+def _configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(),
+        format="%(asctime)s [%(process)d] [%(levelname)s] %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

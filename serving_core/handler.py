@@ -1,0 +1,97 @@
+"""The contract a user implements: one ``Handler`` subclass in ``handler.py``."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+Params = dict[str, Any]
+Output = dict[str, Any]
+
+
+class InvalidInput(Exception):  # noqa: N818 - the user-facing name reads better without "Error"
+    """Raise from any hook to answer this request with 400 and this message.
+
+    Raised from ``predict_batch``, it fails only the item that caused it:
+    serving-core re-runs the batch in halves to find that item. A handler that
+    knows which item is bad can instead put ``InvalidInput(...)`` in that
+    item's place in the returned list, which costs no re-run.
+    """
+
+
+class Handler:
+    """Subclass this in ``handler.py`` and implement ``predict`` or ``predict_batch``.
+
+    Hooks run in this order:
+
+    - ``setup()``: once, in the gunicorn master before fork (load the model and
+      tokenizer here so that workers share their memory). Do not run
+      inference here: a multi-threaded forward pass before fork hangs the
+      workers (GNU OpenMP is not fork-safe).
+    - ``setup_worker()``: once per worker after fork (per-process state, GPU moves).
+    - ``preprocess(params)``: on the request thread, in parallel across requests
+      (validation, cheap per-item work). Its return value is what the model
+      thread receives.
+    - ``predict_batch(items)`` or ``predict(item)``: on the worker's single model thread.
+    - ``postprocess(output, params)``: on the request thread.
+    """
+
+    name: ClassVar[str] = ""
+    version: ClassVar[str] = "0"
+    #: JSON Schema for the request parameters; violations are 400s naming the field.
+    input_schema: ClassVar[dict[str, Any] | None] = None
+
+    def setup(self) -> None:
+        """Load the model; runs once in the master before the workers fork."""
+
+    def setup_worker(self) -> None:
+        """Per-worker initialisation after fork."""
+
+    def preprocess(self, params: Params) -> Any:
+        return params
+
+    def postprocess(self, output: Output, params: Params) -> Output:
+        return output
+
+    def predict(self, item: Any) -> Output:
+        raise NotImplementedError
+
+    def predict_batch(self, items: list[Any]) -> list[Output | InvalidInput]:
+        raise NotImplementedError
+
+
+def handler_name(handler: Handler) -> str:
+    return handler.name or type(handler).__name__.lower()
+
+
+def is_batched(cls: type[Handler]) -> bool:
+    return cls.predict_batch is not Handler.predict_batch
+
+
+def has_predict(cls: type[Handler]) -> bool:
+    return cls.predict is not Handler.predict or is_batched(cls)
+
+
+def call_batch(handler: Handler, items: list[Any]) -> list[Output | InvalidInput]:
+    """Run the handler on ``items``, checking that it answers each one, in order."""
+    if is_batched(type(handler)):
+        outputs = handler.predict_batch(items)
+        where = f"{type(handler).__name__}.predict_batch"
+    else:
+        outputs = [handler.predict(item) for item in items]
+        where = f"{type(handler).__name__}.predict"
+    if not isinstance(outputs, list):
+        raise TypeError(
+            f"{where} returned {type(outputs).__name__}; return a list with one dict per input"
+        )
+    if len(outputs) != len(items):
+        raise TypeError(
+            f"{where} returned {len(outputs)} outputs for {len(items)} inputs; "
+            "return exactly one output per input, in the same order"
+        )
+    for output in outputs:
+        if not isinstance(output, dict | InvalidInput):
+            raise TypeError(
+                f"{where} returned a {type(output).__name__} as an output; each output must be "
+                "a dict (the JSON response) or an InvalidInput for a bad item"
+            )
+    return outputs

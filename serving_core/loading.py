@@ -1,0 +1,158 @@
+"""Finds the user's ``Handler`` from ``SERVING_HANDLER`` and checks its contract.
+
+Accepted forms: a file (``handlers/minilm/handler.py``), a folder holding
+``handler.py``, or a module path (``handlers.minilm.handler``); any of them may
+end in ``:ClassName`` to pick one class. Every failure is a ``HandlerError``
+whose message names the file and says how to fix it; ``serving-core serve``
+prints it and stops before fork.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import jsonschema
+
+from .handler import Handler, has_predict
+
+
+class HandlerError(Exception):
+    """The handler cannot be served; the message says why and how to fix it."""
+
+
+@dataclass(frozen=True)
+class LoadedHandler:
+    handler: Handler
+    source: str  # the file (or module) it came from, for messages
+    sample: dict[str, Any] | None  # sample.json beside handler.py, if any
+
+
+def load_handler(spec: str) -> LoadedHandler:
+    """Import the module named by ``spec`` and instantiate its one ``Handler`` subclass."""
+    target, _, class_name = spec.partition(":")
+    module, source = _import(target)
+    cls = _pick_class(module, source, class_name)
+    if not has_predict(cls):
+        raise HandlerError(
+            f"{source}: {cls.__name__} implements neither predict(params) -> dict nor "
+            "predict_batch(list[dict]) -> list[dict]; implement one of them"
+        )
+    _check_schema(cls, source)
+    try:
+        handler = cls()
+    except Exception as exc:
+        raise HandlerError(
+            f"{source}: {cls.__name__}() failed: {exc!r}; a handler's __init__ must take "
+            "no arguments (load models in setup())"
+        ) from exc
+    return LoadedHandler(handler, source, _sample(module))
+
+
+def _import(target: str) -> tuple[ModuleType, str]:
+    path = Path(target)
+    if path.is_dir():
+        path = path / "handler.py"
+    if target.endswith(".py") or path.suffix == ".py" or path.exists():
+        if not path.is_file():
+            raise HandlerError(
+                f"handler file {path} does not exist; set SERVING_HANDLER to a handler.py "
+                "file, its folder, or a module path like handlers.minilm.handler"
+            )
+        return _import_file(path.resolve()), str(path)
+    try:
+        return importlib.import_module(target), target
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and target.startswith(exc.name):
+            raise HandlerError(
+                f"handler module {target!r} was not found; set SERVING_HANDLER to a "
+                "handler.py path or an importable module path"
+            ) from exc
+        raise HandlerError(f"{target}: importing it failed: {exc!r}") from exc
+    except Exception as exc:
+        raise HandlerError(f"{target}: importing it failed: {exc!r}") from exc
+
+
+def _import_file(path: Path) -> ModuleType:
+    # The handler's folder goes first on sys.path so that it can import the
+    # modules beside it, as a script would.
+    folder = str(path.parent)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    name = f"serving_handler_{abs(hash(str(path))):x}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise HandlerError(f"{path}: cannot be imported as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        del sys.modules[name]
+        raise HandlerError(f"{path}: importing it failed: {exc!r}") from exc
+    return module
+
+
+def _pick_class(module: ModuleType, source: str, class_name: str) -> type[Handler]:
+    if class_name:
+        cls = getattr(module, class_name, None)
+        if not (inspect.isclass(cls) and issubclass(cls, Handler)):
+            raise HandlerError(
+                f"{source}: {class_name!r} is not a Handler subclass in this module; "
+                "check the name after ':' in SERVING_HANDLER"
+            )
+        return cls
+    found = [
+        obj
+        for obj in vars(module).values()
+        if inspect.isclass(obj)
+        and issubclass(obj, Handler)
+        and obj is not Handler
+        and obj.__module__ == module.__name__
+    ]
+    if not found:
+        raise HandlerError(
+            f"{source}: no Handler subclass found; define "
+            "`class MyHandler(serving_core.Handler)` with predict or predict_batch"
+        )
+    if len(found) > 1:
+        names = ", ".join(sorted(c.__name__ for c in found))
+        raise HandlerError(
+            f"{source}: several Handler subclasses ({names}); pick one with "
+            f"SERVING_HANDLER={source}:{sorted(c.__name__ for c in found)[0]}"
+        )
+    return found[0]
+
+
+def _check_schema(cls: type[Handler], source: str) -> None:
+    schema = cls.input_schema
+    if schema is None:
+        return
+    try:
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        raise HandlerError(
+            f"{source}: {cls.__name__}.input_schema is not a valid JSON Schema: {exc.message}"
+        ) from exc
+
+
+def _sample(module: ModuleType) -> dict[str, Any] | None:
+    if module.__file__ is None:
+        return None
+    sample = Path(module.__file__).parent / "sample.json"
+    if not sample.is_file():
+        return None
+    try:
+        value = json.loads(sample.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise HandlerError(f"{sample}: not valid JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise HandlerError(f"{sample}: must hold one JSON object, the request parameters")
+    return value

@@ -1,0 +1,111 @@
+"""Turns an HTTP request into the plain ``dict`` a handler receives.
+
+- A JSON object body (``application/json`` or any ``+json`` type).
+- Form fields (``application/x-www-form-urlencoded`` or ``multipart/form-data``);
+  an uploaded file arrives as ``bytes`` under its field name.
+- Query-string parameters are merged in; on a clash the body wins.
+- A name given several times (``?tag=a&tag=b``) becomes a list of its values.
+
+Malformed JSON, a JSON body that is not an object, and invalid UTF-8 are 400s;
+any other body type is a 415. The size limit (413) is enforced by Flask's
+``MAX_CONTENT_LENGTH`` before the body is read.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from werkzeug.datastructures import MultiDict
+from werkzeug.exceptions import HTTPException
+from werkzeug.wrappers import Request
+
+from .errors import BadRequest, UnsupportedMediaType
+
+FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
+ACCEPTED = "application/json, application/x-www-form-urlencoded or multipart/form-data"
+
+
+def request_params(request: Request) -> dict[str, Any]:
+    params = _flatten(request.args)
+    params.update(body_params(request))
+    return params
+
+
+def body_params(request: Request) -> dict[str, Any]:
+    mimetype = request.mimetype
+    if mimetype == "application/json" or mimetype.endswith("+json"):
+        return _json_object(request.get_data(cache=False))
+    if mimetype in FORM_TYPES:
+        return _form(request)
+    if not mimetype and not _has_body(request):
+        return {}
+    raise UnsupportedMediaType(
+        f"unsupported Content-Type {request.content_type or '(none)'!r}; send {ACCEPTED}"
+    )
+
+
+def _has_body(request: Request) -> bool:
+    return bool(request.content_length) or "chunked" in request.headers.get(
+        "Transfer-Encoding", ""
+    )
+
+
+def _json_object(data: bytes) -> dict[str, Any]:
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadRequest(
+            f"the body is not valid UTF-8 (byte {exc.start}); encode the JSON as UTF-8"
+        ) from None
+    if not text.strip():
+        raise BadRequest('the JSON body is empty; send an object such as {"text": "..."}')
+    try:
+        value = json.loads(text, parse_constant=_reject_constant)
+    except json.JSONDecodeError as exc:
+        raise BadRequest(
+            f"malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
+        ) from None
+    if not isinstance(value, dict):
+        raise BadRequest(
+            f"the JSON body is {_json_type(value)}; send an object of named parameters"
+        )
+    return value
+
+
+def _reject_constant(name: str) -> Any:
+    raise json.JSONDecodeError(f"{name} is not valid JSON", name, 0)
+
+
+def _form(request: Request) -> dict[str, Any]:
+    try:
+        form = request.form
+        files = request.files
+    except HTTPException:
+        raise  # 413 from the form parser's own limits
+    except ValueError as exc:
+        raise BadRequest(f"malformed form body: {exc}") from None
+    params = _flatten(form)
+    for name, uploads in files.lists():
+        contents = [upload.read() for upload in uploads]
+        params[name] = contents[0] if len(contents) == 1 else contents
+    for key, value in params.items():
+        if isinstance(value, str) and "\ufffd" in value:
+            raise BadRequest(f"form field {key!r} is not valid UTF-8; encode the form as UTF-8")
+    return params
+
+
+def _flatten(multi: MultiDict[str, Any]) -> dict[str, Any]:
+    return {key: values[0] if len(values) == 1 else values for key, values in multi.lists()}
+
+
+def _json_type(value: Any) -> str:
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, str):
+        return "a string"
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    return "a number"

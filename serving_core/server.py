@@ -1,0 +1,129 @@
+"""gunicorn with the handler preloaded in the master and one batcher per worker.
+
+Order of events (``serving-core serve``):
+
+1. master: read ``Settings``, import the handler, cap torch at one thread,
+   ``handler.setup()`` (model and tokenizer loaded once), build the app,
+   ``gc.freeze()`` so the workers' reference counting does not copy the
+   loaded objects' pages, then fork.
+2. ``post_fork`` in each worker: torch intra-op threads = usable cores //
+   workers, ``setup_worker()``, start the model thread, run the sample.
+3. ``worker_exit``: finish the queued items, stop the model thread.
+
+The master runs no inference: one multi-threaded forward pass before fork
+leaves GNU OpenMP's thread pool in a state that hangs every forked worker on
+its first request (and each respawned one again). Capping torch at one thread
+in the master keeps even a handler that computes in ``setup()`` safe.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import math
+import sys
+from typing import Any
+
+from flask import Flask
+from gunicorn.app.base import BaseApplication
+
+from .app import create_app
+from .loading import LoadedHandler
+from .resources import usable_cores
+from .service import Service
+from .settings import Settings
+
+log = logging.getLogger("serving_core.server")
+
+ACCESS_LOG_FORMAT = (
+    '%(h)s "%(r)s" %(s)s %(b)s %(M)sms request_id=%({x-request-id}o)s'
+)
+
+
+def limit_master_threads() -> None:
+    """Keep torch (if the handler uses it) single-threaded in the master, before fork."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(1)
+
+
+def set_worker_threads(workers: int) -> int:
+    """Give each worker its share of the usable cores for torch's intra-op pool."""
+    threads = max(1, usable_cores() // workers)
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(threads)
+    return threads
+
+
+def gunicorn_options(settings: Settings, service: Service) -> dict[str, Any]:
+    def post_fork(server: Any, worker: Any) -> None:
+        threads = set_worker_threads(settings.workers)
+        service.start()
+        log.info("worker %s ready: %d torch thread(s)", worker.pid, threads)
+
+    def worker_exit(server: Any, worker: Any) -> None:
+        if not service.stop():
+            log.warning("worker %s: the model thread did not finish in time", worker.pid)
+
+    return {
+        "bind": [settings.bind],
+        "workers": settings.workers,
+        "worker_class": "gthread",
+        "threads": settings.threads,
+        "preload_app": True,
+        # gunicorn takes whole seconds here.
+        "keepalive": math.ceil(settings.keepalive_s),
+        "graceful_timeout": math.ceil(settings.graceful_timeout_s),
+        # The heartbeat timeout only kills a worker whose main loop is stuck;
+        # gthread's loop runs while requests wait, so the request deadline
+        # needs no room here beyond boot (the warm-up runs in post_fork).
+        "timeout": max(30, math.ceil(2 * settings.request_timeout_s)),
+        "loglevel": settings.log_level,
+        "accesslog": "-",
+        "errorlog": "-",
+        "access_log_format": ACCESS_LOG_FORMAT,
+        "post_fork": post_fork,
+        "worker_exit": worker_exit,
+        "proc_name": f"serving-core[{service.name}]",
+        # gunicorn 24+ opens a control socket under $HOME by default; we do not
+        # use it, and the chart's root filesystem is read-only.
+        "control_socket_disable": True,
+    }
+
+
+class ServingApplication(BaseApplication):  # type: ignore[misc]
+    def __init__(self, app: Flask, options: dict[str, Any]) -> None:
+        self.application = app
+        self.options = options
+        super().__init__()
+
+    def load_config(self) -> None:
+        for key, value in self.options.items():
+            self.cfg.set(key, value)
+
+    def load(self) -> Flask:
+        return self.application
+
+
+def warn_about(settings: Settings, service: Service) -> None:
+    if service.batched and settings.threads < settings.max_batch_size:
+        log.warning(
+            "SERVING_THREADS=%d is below SERVING_MAX_BATCH_SIZE=%d: a worker can never "
+            "hold a full batch; raise SERVING_THREADS",
+            settings.threads,
+            settings.max_batch_size,
+        )
+
+
+def serve(settings: Settings, loaded: LoadedHandler) -> None:
+    """Set up the handler in this (master) process, then hand over to gunicorn."""
+    limit_master_threads()
+    loaded.handler.setup()
+    limit_master_threads()  # a handler may import torch only in setup()
+    app = create_app(settings, loaded)
+    service: Service = app.extensions["serving_core"]
+    warn_about(settings, service)
+    gc.collect()
+    gc.freeze()
+    ServingApplication(app, gunicorn_options(settings, service)).run()

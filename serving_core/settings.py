@@ -1,0 +1,156 @@
+"""The one place that reads ``SERVING_*`` environment variables.
+
+``Settings.from_env(environ)`` takes the mapping as a parameter (tests pass a
+dict), validates every value, and raises ``SettingsError`` naming the variable,
+the value and what would be accepted. Nothing else in serving-core reads the
+environment.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from .resources import usable_cores
+
+PREFIX = "SERVING_"
+DEFAULT_HANDLER = "handlers/minilm/handler.py"
+BatchPolicy = Literal["adaptive", "fixed"]
+LogLevel = Literal["debug", "info", "warning", "error", "critical"]
+
+class SettingsError(ValueError):
+    """A ``SERVING_*`` variable has a value serving-core cannot use."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Validated configuration, read once at start-up and passed explicitly."""
+
+    handler: str = DEFAULT_HANDLER
+    bind: str = "127.0.0.1:8000"
+    workers: int = 0  # 0: one per usable core, resolved by from_env
+    threads: int = 0  # 0: enough for every batch to fill, resolved by from_env
+    max_batch_size: int = 16
+    max_wait_ms: float = 5.0
+    batch_policy: BatchPolicy = "adaptive"
+    max_queue: int = 256
+    request_timeout_s: float = 10.0
+    max_body_bytes: int = 1024 * 1024
+    graceful_timeout_s: float = 30.0
+    keepalive_s: float = 5.0
+    log_level: LogLevel = "info"
+    metrics_dir: str = ""
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str], *, cores: int | None = None) -> Settings:
+        """Build settings from ``SERVING_*`` variables; unknown ``SERVING_`` names are errors.
+
+        ``cores`` overrides the detected usable cores (tests).
+        """
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = sorted(
+            key
+            for key in environ
+            if key.startswith(PREFIX) and key[len(PREFIX) :].lower() not in fields
+        )
+        if unknown:
+            known = ", ".join(PREFIX + name.upper() for name in fields)
+            raise SettingsError(
+                f"unknown setting {unknown[0]}={environ[unknown[0]]!r}; "
+                f"check the spelling (known settings: {known})"
+            )
+        values: dict[str, Any] = {}
+        for name in fields:
+            raw = environ.get(PREFIX + name.upper())
+            if raw is not None and raw.strip() != "":
+                values[name] = _PARSERS[name](PREFIX + name.upper(), raw.strip())
+        settings = cls(**values)
+        return settings.resolved(usable_cores() if cores is None else cores)
+
+    def resolved(self, cores: int) -> Settings:
+        """Fill the defaults that depend on the machine, then check cross-field rules."""
+        workers = self.workers or max(1, cores)
+        # A gthread worker batches only the requests its threads hold at once:
+        # twice the batch size lets the next batch fill while one runs.
+        threads = self.threads or 2 * self.max_batch_size
+        settings = dataclasses.replace(self, workers=workers, threads=threads)
+        if settings.max_queue < settings.max_batch_size:
+            raise SettingsError(
+                f"SERVING_MAX_QUEUE={settings.max_queue} is smaller than "
+                f"SERVING_MAX_BATCH_SIZE={settings.max_batch_size}; "
+                "raise SERVING_MAX_QUEUE so that a full batch can queue"
+            )
+        return settings
+
+
+def _int(minimum: int, maximum: int = 1 << 40) -> Callable[[str, str], int]:
+    def parse(name: str, raw: str) -> int:
+        try:
+            value = int(raw)
+        except ValueError:
+            raise SettingsError(f"{name}={raw!r} is not an integer; set it to e.g. {minimum}") from None
+        if not minimum <= value <= maximum:
+            raise SettingsError(f"{name}={raw!r} is out of range; use {minimum}..{maximum}")
+        return value
+
+    return parse
+
+
+def _float(minimum: float, maximum: float = 1e9) -> Callable[[str, str], float]:
+    def parse(name: str, raw: str) -> float:
+        try:
+            value = float(raw)
+        except ValueError:
+            raise SettingsError(f"{name}={raw!r} is not a number; set it to e.g. {minimum}") from None
+        if not minimum <= value <= maximum or value != value:  # NaN fails both
+            raise SettingsError(f"{name}={raw!r} is out of range; use {minimum}..{maximum}")
+        return value
+
+    return parse
+
+
+def _choice(*choices: str) -> Callable[[str, str], str]:
+    def parse(name: str, raw: str) -> str:
+        value = raw.lower()
+        if value not in choices:
+            raise SettingsError(f"{name}={raw!r} is not one of: {', '.join(choices)}")
+        return value
+
+    return parse
+
+
+def _bind(name: str, raw: str) -> str:
+    if raw.startswith("unix:"):
+        if len(raw) == len("unix:"):
+            raise SettingsError(f"{name}={raw!r} names no socket path; use unix:/run/serving/app.sock")
+        return raw
+    host, sep, port = raw.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise SettingsError(
+            f"{name}={raw!r} is not HOST:PORT or unix:PATH; use e.g. 127.0.0.1:8000"
+        )
+    return raw
+
+
+def _text(name: str, raw: str) -> str:
+    return raw
+
+
+_PARSERS: dict[str, Callable[[str, str], Any]] = {
+    "handler": _text,
+    "bind": _bind,
+    "workers": _int(1, 1024),
+    "threads": _int(1, 4096),
+    "max_batch_size": _int(1, 4096),
+    "max_wait_ms": _float(0.0, 60_000.0),
+    "batch_policy": _choice("adaptive", "fixed"),
+    "max_queue": _int(1, 1_000_000),
+    "request_timeout_s": _float(0.001, 3600.0),
+    "max_body_bytes": _int(1, 1 << 34),
+    "graceful_timeout_s": _float(0.0, 3600.0),
+    "keepalive_s": _float(0.0, 3600.0),
+    "log_level": _choice("debug", "info", "warning", "error", "critical"),
+    "metrics_dir": _text,
+}

@@ -1,0 +1,113 @@
+"""Real processes for end-to-end tests: ``serving-core serve`` (gunicorn) on 127.0.0.1.
+
+Every server started here is stopped (SIGTERM to its process group, then
+SIGKILL) when its ``with`` block ends, whatever happens inside it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import requests
+
+ROOT = Path(__file__).resolve().parent.parent
+SERVING_CORE = Path(sys.executable).parent / "serving-core"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Server:
+    process: subprocess.Popen[bytes]
+    bind: str
+    url: str
+    log_path: Path
+
+    def output(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+
+def base_env(overrides: Mapping[str, str]) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SERVING_")}
+    env["TOKENIZERS_PARALLELISM"] = "false"
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(overrides)
+    return env
+
+
+@contextlib.contextmanager
+def gunicorn_server(
+    overrides: Mapping[str, str], *, ready_timeout_s: float = 90.0, wait_ready: bool = True
+) -> Iterator[Server]:
+    """Run ``serving-core serve`` with ``overrides`` on a free port; yields once /readyz is 200."""
+    overrides = dict(overrides)
+    port = free_port()
+    overrides.setdefault("SERVING_BIND", f"127.0.0.1:{port}")
+    bind = overrides["SERVING_BIND"]
+    url = f"http://{bind}" if not bind.startswith("unix:") else ""
+    with tempfile.TemporaryDirectory(prefix="serving-test-") as tmp:
+        log_path = Path(tmp) / "server.log"
+        with log_path.open("wb") as log:
+            process = subprocess.Popen(
+                [str(SERVING_CORE), "serve"],
+                cwd=ROOT,
+                env=base_env(overrides),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        server = Server(process, bind, url, log_path)
+        try:
+            if wait_ready:
+                _wait_ready(server, ready_timeout_s)
+            yield server
+        finally:
+            stop(process)
+
+
+def stop(process: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None:
+    if process.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            pass
+    # Workers of a master that died are in the same process group.
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    if process.poll() is None:
+        process.wait(10)
+
+
+def _wait_ready(server: Server, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            raise RuntimeError(f"server exited with {server.process.returncode}:\n{server.output()}")
+        if server.url:
+            with contextlib.suppress(requests.RequestException):
+                if requests.get(server.url + "/readyz", timeout=1).status_code == 200:
+                    return
+        elif Path(server.bind[len("unix:") :]).exists():
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"server not ready after {timeout_s} s:\n{server.output()}")
