@@ -99,8 +99,8 @@ class ArrivalRate:
     def arrived(self, now: float) -> None:
         if self._last is not None:
             gap = max(0.0, now - self._last)
-            self._gap_s = gap if self._gap_s is None else self._gap_s + self._alpha * (
-                gap - self._gap_s
+            self._gap_s = (
+                gap if self._gap_s is None else self._gap_s + self._alpha * (gap - self._gap_s)
             )
         self._last = now
 

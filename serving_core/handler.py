@@ -8,7 +8,7 @@ Params = dict[str, Any]
 Output = dict[str, Any]
 
 
-class InvalidInput(Exception):  # noqa: N818 - the user-facing name reads better without "Error"
+class InvalidInput(Exception):
     """Raise from any hook to answer this request with 400 and this message.
 
     Raised from ``predict_batch``, it fails only the item that caused it:

@@ -14,15 +14,15 @@ any other body type is a 415. The size limit (413) is enforced by Flask's
 from __future__ import annotations
 
 import json
+import urllib.parse
 from typing import Any
 
 from werkzeug.datastructures import MultiDict
-from werkzeug.exceptions import HTTPException
 from werkzeug.wrappers import Request
 
 from .errors import BadRequest, UnsupportedMediaType
 
-FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
+MAX_FIELDS = 1000  # werkzeug's own default for multipart parts
 ACCEPTED = "application/json, application/x-www-form-urlencoded or multipart/form-data"
 
 
@@ -36,8 +36,10 @@ def body_params(request: Request) -> dict[str, Any]:
     mimetype = request.mimetype
     if mimetype == "application/json" or mimetype.endswith("+json"):
         return _json_object(request.get_data(cache=False))
-    if mimetype in FORM_TYPES:
-        return _form(request)
+    if mimetype == "application/x-www-form-urlencoded":
+        return _urlencoded(request.get_data(cache=False))
+    if mimetype == "multipart/form-data":
+        return _multipart(request)
     if not mimetype and not _has_body(request):
         return {}
     raise UnsupportedMediaType(
@@ -46,9 +48,7 @@ def body_params(request: Request) -> dict[str, Any]:
 
 
 def _has_body(request: Request) -> bool:
-    return bool(request.content_length) or "chunked" in request.headers.get(
-        "Transfer-Encoding", ""
-    )
+    return bool(request.content_length) or "chunked" in request.headers.get("Transfer-Encoding", "")
 
 
 def _json_object(data: bytes) -> dict[str, Any]:
@@ -77,19 +77,43 @@ def _reject_constant(name: str) -> Any:
     raise json.JSONDecodeError(f"{name} is not valid JSON", name, 0)
 
 
-def _form(request: Request) -> dict[str, Any]:
+def _urlencoded(data: bytes) -> dict[str, Any]:
+    # Parsed here rather than by werkzeug, which silently drops or keeps
+    # percent-escapes for bytes that are not UTF-8 instead of refusing them.
+    try:
+        pairs = urllib.parse.parse_qsl(
+            data.decode("utf-8"),
+            keep_blank_values=True,
+            strict_parsing=False,
+            encoding="utf-8",
+            errors="strict",
+            max_num_fields=MAX_FIELDS,
+        )
+    except UnicodeDecodeError:
+        raise BadRequest("the form is not valid UTF-8; percent-encode UTF-8 text") from None
+    except ValueError as exc:
+        raise BadRequest(f"malformed form body: {exc}") from None
+    return _flatten(MultiDict(pairs))
+
+
+def _multipart(request: Request) -> dict[str, Any]:
     try:
         form = request.form
         files = request.files
-    except HTTPException:
-        raise  # 413 from the form parser's own limits
     except ValueError as exc:
-        raise BadRequest(f"malformed form body: {exc}") from None
+        raise BadRequest(f"malformed multipart body: {exc}") from None
     params = _flatten(form)
     for name, uploads in files.lists():
-        contents = [upload.read() for upload in uploads]
+        contents = []
+        for upload in uploads:
+            try:
+                contents.append(upload.read())
+            finally:
+                upload.close()  # spooled to a temp file past a size: free it now
         params[name] = contents[0] if len(contents) == 1 else contents
     for key, value in params.items():
+        # werkzeug decodes multipart text fields with errors="replace"; a
+        # replacement character is the only trace of bytes that were not UTF-8.
         if isinstance(value, str) and "\ufffd" in value:
             raise BadRequest(f"form field {key!r} is not valid UTF-8; encode the form as UTF-8")
     return params

@@ -35,9 +35,7 @@ from .settings import Settings
 
 log = logging.getLogger("serving_core.server")
 
-ACCESS_LOG_FORMAT = (
-    '%(h)s "%(r)s" %(s)s %(b)s %(M)sms request_id=%({x-request-id}o)s'
-)
+ACCESS_LOG_FORMAT = '%(h)s "%(r)s" %(s)s %(b)s %(M)sms request_id=%({x-request-id}o)s'
 
 
 def limit_master_threads() -> None:

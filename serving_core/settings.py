@@ -9,6 +9,7 @@ environment.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -19,6 +20,7 @@ PREFIX = "SERVING_"
 DEFAULT_HANDLER = "handlers/minilm/handler.py"
 BatchPolicy = Literal["adaptive", "fixed"]
 LogLevel = Literal["debug", "info", "warning", "error", "critical"]
+
 
 class SettingsError(ValueError):
     """A ``SERVING_*`` variable has a value serving-core cannot use."""
@@ -90,7 +92,9 @@ def _int(minimum: int, maximum: int = 1 << 40) -> Callable[[str, str], int]:
         try:
             value = int(raw)
         except ValueError:
-            raise SettingsError(f"{name}={raw!r} is not an integer; set it to e.g. {minimum}") from None
+            raise SettingsError(
+                f"{name}={raw!r} is not an integer; set it to e.g. {minimum}"
+            ) from None
         if not minimum <= value <= maximum:
             raise SettingsError(f"{name}={raw!r} is out of range; use {minimum}..{maximum}")
         return value
@@ -103,8 +107,10 @@ def _float(minimum: float, maximum: float = 1e9) -> Callable[[str, str], float]:
         try:
             value = float(raw)
         except ValueError:
-            raise SettingsError(f"{name}={raw!r} is not a number; set it to e.g. {minimum}") from None
-        if not minimum <= value <= maximum or value != value:  # NaN fails both
+            raise SettingsError(
+                f"{name}={raw!r} is not a number; set it to e.g. {minimum}"
+            ) from None
+        if math.isnan(value) or not minimum <= value <= maximum:
             raise SettingsError(f"{name}={raw!r} is out of range; use {minimum}..{maximum}")
         return value
 
@@ -124,7 +130,9 @@ def _choice(*choices: str) -> Callable[[str, str], str]:
 def _bind(name: str, raw: str) -> str:
     if raw.startswith("unix:"):
         if len(raw) == len("unix:"):
-            raise SettingsError(f"{name}={raw!r} names no socket path; use unix:/run/serving/app.sock")
+            raise SettingsError(
+                f"{name}={raw!r} names no socket path; use unix:/run/serving/app.sock"
+            )
         return raw
     host, sep, port = raw.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:

@@ -87,10 +87,8 @@ def stop(process: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None:
     if process.poll() is None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGTERM)
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            pass
     # Workers of a master that died are in the same process group.
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGKILL)
@@ -102,7 +100,9 @@ def _wait_ready(server: Server, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if server.process.poll() is not None:
-            raise RuntimeError(f"server exited with {server.process.returncode}:\n{server.output()}")
+            raise RuntimeError(
+                f"server exited with {server.process.returncode}:\n{server.output()}"
+            )
         if server.url:
             with contextlib.suppress(requests.RequestException):
                 if requests.get(server.url + "/readyz", timeout=1).status_code == 200:

@@ -1,0 +1,35 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from serving_core import create_app
+from serving_core.loading import load_handler
+from serving_core.settings import Settings
+
+HANDLERS = Path(__file__).parent / "handlers"
+PROBE = str(HANDLERS / "probe" / "handler.py")
+
+
+def make_app(handler=PROBE, **env):
+    environ = {"SERVING_HANDLER": handler}
+    environ.update({f"SERVING_{k.upper()}": str(v) for k, v in env.items()})
+    settings = Settings.from_env(environ, cores=1)
+    loaded = load_handler(settings.handler)
+    loaded.handler.setup()
+    return create_app(settings, loaded)
+
+
+@pytest.fixture
+def app():
+    app = make_app(max_wait_ms=1)
+    service = app.extensions["serving_core"]
+    service.start()
+    yield app
+    service.stop()
+
+
+@pytest.fixture
+def client(app):
+    return app.test_client()

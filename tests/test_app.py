@@ -1,0 +1,153 @@
+from __future__ import annotations
+
+import io
+import logging
+
+import pytest
+
+from tests.conftest import make_app
+
+
+def assert_error(response, status, type_):
+    assert response.status_code == status, response.get_data(as_text=True)
+    assert response.is_json
+    body = response.get_json()
+    assert set(body) == {"error"}
+    assert body["error"]["type"] == type_
+    assert isinstance(body["error"]["message"], str)
+    assert body["error"]["message"]
+    assert "Traceback" not in response.get_data(as_text=True)
+    return body["error"]
+
+
+def test_a_json_request_is_answered_by_the_handler(client):
+    response = client.post("/predict", json={"text": "hi"})
+    assert response.status_code == 200
+    assert response.get_json()["text"] == "hi"
+    assert response.get_json()["batch_size"] == 1
+
+
+def test_form_fields_and_query_parameters_reach_the_handler(client):
+    response = client.post("/predict?text=query", data={"n": "1", "id": "form"})
+    # "n" arrives as the string "1": forms carry strings, and the schema wants an integer.
+    error = assert_error(response, 400, "invalid_input")
+    assert error["details"] == [{"field": "n", "message": "'1' is not of type 'integer'"}]
+    response = client.post("/predict?text=query", data={"id": "form"})
+    assert response.status_code == 200
+    assert response.get_json()["text"] == "query"
+
+
+def test_an_uploaded_file_reaches_the_handler_as_bytes(app):
+    seen = {}
+    handler = app.extensions["serving_core"].handler
+    original = handler.preprocess
+
+    def spy(params):
+        seen.update(params)
+        return original(params)
+
+    handler.preprocess = spy
+    response = app.test_client().post(
+        "/predict", data={"text": "x", "blob": (io.BytesIO(b"\x00\x01"), "b.bin")}
+    )
+    assert response.status_code == 200
+    assert seen["blob"] == b"\x00\x01"
+
+
+def test_a_schema_violation_is_a_400_naming_the_field(client):
+    error = assert_error(client.post("/predict", json={"n": -1}), 400, "invalid_input")
+    assert error["details"][0]["field"] == "n"
+    assert "n:" in error["message"]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "status", "type_"),
+    [
+        ({"data": b"{oops", "content_type": "application/json"}, 400, "bad_request"),
+        ({"data": b"[1]", "content_type": "application/json"}, 400, "bad_request"),
+        ({"data": b'{"a": "\xff"}', "content_type": "application/json"}, 400, "bad_request"),
+        ({"data": b"hello", "content_type": "text/plain"}, 415, "unsupported_media_type"),
+        ({"json": {"early": True}}, 400, "invalid_input"),
+        ({"json": {"late_bad": True}}, 400, "invalid_input"),
+        ({"json": {"bad": True}}, 400, "invalid_input"),
+    ],
+)
+def test_client_errors_are_json_4xx(client, kwargs, status, type_):
+    assert_error(client.post("/predict", **kwargs), status, type_)
+
+
+def test_a_body_over_the_limit_is_413_and_closes_the_connection():
+    app = make_app(max_body_bytes=64)
+    response = app.test_client().post("/predict", json={"text": "x" * 100})
+    assert_error(response, 413, "payload_too_large")
+    assert response.headers["Connection"] == "close"
+
+
+def test_unknown_routes_and_wrong_methods_are_json(client):
+    assert_error(client.get("/nowhere"), 404, "not_found")
+    error = client.get("/predict")
+    assert_error(error, 405, "method_not_allowed")
+    assert "POST" in error.headers["Allow"]
+    assert_error(client.delete("/healthz"), 405, "method_not_allowed")
+
+
+def test_a_failing_handler_is_a_500_without_traceback_and_the_next_request_works(client, caplog):
+    with caplog.at_level(logging.ERROR):
+        response = client.post(
+            "/predict", json={"fail": True}, headers={"X-Request-ID": "req-boom"}
+        )
+    error = assert_error(response, 500, "model_error")
+    assert "req-boom" in error["message"]
+    assert "the probe was asked to fail" not in response.get_data(as_text=True)
+    logged = [r for r in caplog.records if "req-boom" in r.getMessage()]
+    assert len(logged) == 1
+    assert logged[0].exc_info is not None
+    assert client.post("/predict", json={"text": "after"}).status_code == 200
+
+
+def test_an_output_that_is_not_json_is_a_500(client, caplog):
+    with caplog.at_level(logging.ERROR):
+        response = client.post("/predict", json={"nan": True})
+    assert_error(response, 500, "internal_error")
+
+
+def test_the_request_id_is_taken_or_generated_and_returned(client):
+    response = client.post("/predict", json={"text": "a"}, headers={"X-Request-ID": "abc-123"})
+    assert response.headers["X-Request-ID"] == "abc-123"
+    generated = client.post("/predict", json={"text": "a"}).headers["X-Request-ID"]
+    assert len(generated) == 32
+    unsafe = client.get("/healthz", headers={"X-Request-ID": "bad id\twith space"})
+    assert unsafe.headers["X-Request-ID"] != "bad id\twith space"
+
+
+def test_a_client_deadline_shorter_than_the_work_is_a_504(client):
+    response = client.post("/predict", json={"sleep_s": 0.5}, headers={"X-Request-Timeout": "0.1"})
+    assert_error(response, 504, "deadline_exceeded")
+
+
+@pytest.mark.parametrize("value", ["soon", "-1", "0", "inf", "nan"])
+def test_a_bad_client_deadline_is_a_400(client, value):
+    response = client.post("/predict", json={}, headers={"X-Request-Timeout": value})
+    assert_error(response, 400, "bad_request")
+
+
+def test_health_readiness_and_metadata(app, client):
+    assert client.get("/healthz").get_json() == {"status": "alive"}
+    assert client.get("/readyz").status_code == 200
+    metadata = client.get("/metadata").get_json()
+    assert metadata["name"] == "probe"
+    assert metadata["version"] == "7"
+    assert metadata["input_schema"]["properties"]["n"]["type"] == "integer"
+    assert metadata["batching"]["batched"] is True
+    assert metadata["batching"]["policy"] == "adaptive"
+    app.extensions["serving_core"].stop()
+    assert client.get("/readyz").status_code == 503
+    assert_error(client.post("/predict", json={}), 503, "not_ready")
+
+
+def test_not_ready_before_the_worker_starts():
+    app = make_app()
+    client = app.test_client()
+    assert client.get("/readyz").status_code == 503
+    assert client.get("/healthz").status_code == 200
+    assert_error(client.post("/predict", json={}), 503, "not_ready")

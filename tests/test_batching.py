@@ -1,0 +1,208 @@
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from serving_core.batching import Batcher
+from serving_core.dispatch import make_policy
+from serving_core.errors import DeadlineExceeded, ModelError, NotReady, Overloaded
+from serving_core.handler import InvalidInput
+
+
+class Model:
+    """A fake handler that records the batches it sees; can be held to fill the queue."""
+
+    def __init__(self, fail_on=None):
+        self.batches: list[list] = []
+        self.gate = threading.Event()
+        self.gate.set()
+        self.entered = threading.Event()
+        self.fail_on = fail_on
+
+    def __call__(self, items):
+        self.entered.set()
+        self.gate.wait(10)
+        self.batches.append(list(items))
+        if any(item == "bad" for item in items):
+            raise InvalidInput(f"item is bad (batch of {len(items)})")
+        if self.fail_on is not None and self.fail_on in items:
+            raise RuntimeError("boom")
+        return [{"out": item} for item in items]
+
+
+def make(model, *, max_batch_size=4, max_queue=8, max_wait_ms=50.0, policy="fixed"):
+    batcher = Batcher(
+        model,
+        policy=make_policy(policy, max_batch_size=max_batch_size, max_wait_ms=max_wait_ms),
+        max_batch_size=max_batch_size,
+        max_queue=max_queue,
+    )
+    batcher.start()
+    return batcher
+
+
+def submit(batcher, item, timeout_s=5.0):
+    now = time.monotonic()
+    return batcher.submit(item, request_id=f"r-{item}", arrival=now, deadline=now + timeout_s)
+
+
+@pytest.fixture
+def model():
+    return Model()
+
+
+def test_two_simultaneous_requests_reach_the_handler_as_one_batch(model):
+    batcher = make(model, max_wait_ms=500)
+    try:
+        barrier = threading.Barrier(2)
+        results = {}
+
+        def client(item):
+            barrier.wait()
+            results[item] = submit(batcher, item).future.result(5)
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in ("a", "b")]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert results == {"a": {"out": "a"}, "b": {"out": "b"}}
+        assert sorted(model.batches[0]) == ["a", "b"]
+    finally:
+        batcher.stop(5)
+
+
+def test_batches_never_exceed_the_maximum_and_keep_order(model):
+    model.gate.clear()
+    batcher = make(model, max_batch_size=2, max_queue=8)
+    try:
+        first = submit(batcher, 0)
+        assert model.entered.wait(5)
+        pendings = [first] + [submit(batcher, i) for i in range(1, 6)]
+        model.gate.set()
+        assert [p.future.result(5) for p in pendings] == [{"out": i} for i in range(6)]
+        assert model.batches == [[0], [1, 2], [3, 4], [5]]
+    finally:
+        batcher.stop(5)
+
+
+def test_a_full_queue_refuses_at_once_with_a_retry_delay(model):
+    model.gate.clear()
+    batcher = make(model, max_batch_size=2, max_queue=2)
+    try:
+        submit(batcher, "running")
+        assert model.entered.wait(5)
+        submit(batcher, 1)
+        submit(batcher, 2)
+        started = time.monotonic()
+        with pytest.raises(Overloaded) as info:
+            submit(batcher, 3)
+        assert time.monotonic() - started < 0.05
+        assert info.value.reason == "queue_full"
+        assert info.value.retry_after_s is not None
+    finally:
+        model.gate.set()
+        batcher.stop(5)
+
+
+def test_an_item_past_its_deadline_never_reaches_the_handler(model):
+    model.gate.clear()
+    batcher = make(model, max_batch_size=4)
+    try:
+        submit(batcher, "running")
+        assert model.entered.wait(5)
+        now = time.monotonic()
+        late = batcher.submit("late", request_id="late", arrival=now, deadline=now + 0.05)
+        in_time = submit(batcher, "in-time")
+        time.sleep(0.1)
+        model.gate.set()
+        with pytest.raises(DeadlineExceeded, match="waited past its deadline"):
+            late.future.result(5)
+        assert in_time.future.result(5) == {"out": "in-time"}
+        assert all("late" not in batch for batch in model.batches)
+    finally:
+        batcher.stop(5)
+
+
+def test_a_cancelled_item_is_skipped(model):
+    model.gate.clear()
+    batcher = make(model)
+    try:
+        submit(batcher, "running")
+        assert model.entered.wait(5)
+        gone = submit(batcher, "gone")
+        assert gone.future.cancel()
+        kept = submit(batcher, "kept")
+        model.gate.set()
+        assert kept.future.result(5) == {"out": "kept"}
+        assert all("gone" not in batch for batch in model.batches)
+    finally:
+        batcher.stop(5)
+
+
+def test_invalid_input_fails_only_its_item(model):
+    model.gate.clear()
+    batcher = make(model, max_batch_size=4)
+    try:
+        submit(batcher, "running")
+        assert model.entered.wait(5)
+        pendings = [submit(batcher, item) for item in ("a", "bad", "c", "d")]
+        model.gate.set()
+        with pytest.raises(InvalidInput, match="item is bad"):
+            pendings[1].future.result(5)
+        assert [pendings[i].future.result(5) for i in (0, 2, 3)] == [
+            {"out": "a"},
+            {"out": "c"},
+            {"out": "d"},
+        ]
+        # The batch of four was halved until the bad item stood alone.
+        assert ["bad"] in model.batches
+    finally:
+        batcher.stop(5)
+
+
+def test_an_error_fails_its_batch_and_the_next_batch_runs():
+    model = Model(fail_on="boom")
+    model.gate.clear()
+    batcher = make(model, max_batch_size=2)
+    try:
+        submit(batcher, "running")
+        assert model.entered.wait(5)
+        failed = [submit(batcher, "boom"), submit(batcher, "x")]
+        model.gate.set()
+        for pending in failed:
+            with pytest.raises(ModelError, match=f"request id {pending.request_id}"):
+                pending.future.result(5)
+        assert submit(batcher, "after").future.result(5) == {"out": "after"}
+    finally:
+        batcher.stop(5)
+
+
+def test_stop_finishes_queued_items_then_refuses_new_ones(model):
+    model.gate.clear()
+    batcher = make(model)
+    submit(batcher, "running")
+    assert model.entered.wait(5)
+    queued = submit(batcher, "queued")
+    stopper = threading.Thread(target=batcher.stop, args=(5,))
+    stopper.start()
+    time.sleep(0.05)
+    with pytest.raises(NotReady):
+        submit(batcher, "too-late")
+    model.gate.set()
+    stopper.join()
+    assert queued.future.result(5) == {"out": "queued"}
+    assert not batcher.alive
+
+
+def test_the_fixed_window_waits_for_the_first_items_deadline(model):
+    batcher = make(model, max_wait_ms=150)
+    try:
+        started = time.monotonic()
+        pending = submit(batcher, "alone")
+        pending.future.result(5)
+        assert time.monotonic() - started >= 0.14
+    finally:
+        batcher.stop(5)

@@ -1,0 +1,88 @@
+from __future__ import annotations
+
+import pytest
+
+from serving_core.settings import Settings, SettingsError
+
+
+def test_defaults_resolve_workers_from_cores_and_threads_from_batch_size():
+    settings = Settings.from_env({}, cores=4)
+    assert settings.workers == 4
+    assert settings.threads == 2 * settings.max_batch_size
+    assert settings.bind == "127.0.0.1:8000"
+    assert settings.handler == "handlers/minilm/handler.py"
+
+
+def test_every_variable_is_read_with_its_type():
+    env = {
+        "SERVING_HANDLER": "handlers/echo/handler.py",
+        "SERVING_BIND": "unix:/run/serving/app.sock",
+        "SERVING_WORKERS": "3",
+        "SERVING_THREADS": "40",
+        "SERVING_MAX_BATCH_SIZE": "8",
+        "SERVING_MAX_WAIT_MS": "2.5",
+        "SERVING_BATCH_POLICY": "FIXED",
+        "SERVING_MAX_QUEUE": "100",
+        "SERVING_REQUEST_TIMEOUT_S": "1.5",
+        "SERVING_MAX_BODY_BYTES": "2048",
+        "SERVING_GRACEFUL_TIMEOUT_S": "5",
+        "SERVING_KEEPALIVE_S": "2",
+        "SERVING_LOG_LEVEL": "debug",
+        "SERVING_METRICS_DIR": "/tmp/m",
+    }
+    settings = Settings.from_env(env, cores=2)
+    assert settings == Settings(
+        handler="handlers/echo/handler.py",
+        bind="unix:/run/serving/app.sock",
+        workers=3,
+        threads=40,
+        max_batch_size=8,
+        max_wait_ms=2.5,
+        batch_policy="fixed",
+        max_queue=100,
+        request_timeout_s=1.5,
+        max_body_bytes=2048,
+        graceful_timeout_s=5.0,
+        keepalive_s=2.0,
+        log_level="debug",
+        metrics_dir="/tmp/m",
+    )
+
+
+def test_non_serving_variables_are_ignored():
+    assert Settings.from_env({"PATH": "/bin", "HOME": "/root"}, cores=1).workers == 1
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "expected"),
+    [
+        ("SERVING_WORKERS", "two", "is not an integer"),
+        ("SERVING_WORKERS", "0", "out of range"),
+        ("SERVING_MAX_BATCH_SIZE", "-1", "out of range"),
+        ("SERVING_MAX_WAIT_MS", "soon", "is not a number"),
+        ("SERVING_MAX_WAIT_MS", "nan", "out of range"),
+        ("SERVING_REQUEST_TIMEOUT_S", "0", "out of range"),
+        ("SERVING_BATCH_POLICY", "greedy", "is not one of: adaptive, fixed"),
+        ("SERVING_BIND", "8000", "is not HOST:PORT or unix:PATH"),
+        ("SERVING_BIND", "localhost:99999", "is not HOST:PORT"),
+        ("SERVING_BIND", "unix:", "names no socket path"),
+        ("SERVING_LOG_LEVEL", "loud", "is not one of"),
+        ("SERVING_MAX_BATCHSIZE", "8", "unknown setting"),
+    ],
+)
+def test_a_bad_value_names_the_variable_and_the_value(name, value, expected):
+    with pytest.raises(SettingsError) as info:
+        Settings.from_env({name: value}, cores=2)
+    message = str(info.value)
+    assert name in message
+    assert repr(value) in message or value in message
+    assert expected in message
+
+
+def test_a_queue_smaller_than_a_batch_is_refused():
+    with pytest.raises(SettingsError, match="SERVING_MAX_QUEUE=4 is smaller than"):
+        Settings.from_env({"SERVING_MAX_QUEUE": "4", "SERVING_MAX_BATCH_SIZE": "8"}, cores=2)
+
+
+def test_empty_values_mean_the_default():
+    assert Settings.from_env({"SERVING_WORKERS": ""}, cores=3).workers == 3
