@@ -638,6 +638,30 @@ def test_every_chart_value_is_documented_in_values_yaml(chart: helm.Chart) -> No
     assert undocumented == []
 
 
+# Kubernetes objects the schema only partly describes (EnvVar, TopologySpreadConstraint).
+OPEN_OBJECTS = {"extraEnv[]", "topologySpreadConstraints[]"}
+
+
+def test_schema_refuses_unknown_keys_in_every_object_it_defines(chart: helm.Chart) -> None:
+    open_objects = []
+
+    def walk(node: dict[str, Any], path: str) -> None:
+        if (
+            "properties" in node
+            and path not in OPEN_OBJECTS
+            and node.get("additionalProperties") is not False
+        ):
+            open_objects.append(path or "<top>")
+        for key, child in node.get("properties", {}).items():
+            walk(child, f"{path}.{key}".lstrip("."))
+        if isinstance(node.get("items"), dict):
+            walk(node["items"], f"{path}[]")
+
+    assert chart.schema is not None
+    walk(chart.schema, "")
+    assert open_objects == []
+
+
 def test_schema_and_values_yaml_have_the_same_keys(chart: helm.Chart) -> None:
     schema = chart.schema
     assert schema is not None
