@@ -10,7 +10,8 @@
 # | variable                  | default    | effect                                              |
 # | NGINX_UPSTREAM            | app:8000   | gunicorn: host:port or unix:/path/to.sock           |
 # | NGINX_PORT                | 8080       | plain HTTP listener                                 |
-# | NGINX_LISTEN_ADDRESS      | (all)      | address to listen on, e.g. 127.0.0.1 (both ports)   |
+# | NGINX_METRICS_PORT        | 9090       | the app's /metrics for Prometheus (keep it private) |
+# | NGINX_LISTEN_ADDRESS      | (all)      | address to listen on, e.g. 127.0.0.1 (all ports)    |
 # | SERVING_MAX_BODY_BYTES    | 1048576    | client_max_body_size (the app's own limit)          |
 # | SERVING_REQUEST_TIMEOUT_S | 10         | proxy read/send timeout = this + the margin         |
 # | NGINX_TIMEOUT_MARGIN_S    | 5          | how much longer nginx waits than the app's deadline |
@@ -55,6 +56,7 @@ templates=${NGINX_TEMPLATE_DIR:-$(dirname "$0")/templates}
 
 NGINX_UPSTREAM=${NGINX_UPSTREAM:-app:8000}
 NGINX_PORT=${NGINX_PORT:-8080}
+NGINX_METRICS_PORT=${NGINX_METRICS_PORT:-9090}
 NGINX_LISTEN_ADDRESS=${NGINX_LISTEN_ADDRESS:-}
 SERVING_MAX_BODY_BYTES=${SERVING_MAX_BODY_BYTES:-1048576}
 SERVING_REQUEST_TIMEOUT_S=${SERVING_REQUEST_TIMEOUT_S:-10}
@@ -83,6 +85,7 @@ case $NGINX_UPSTREAM in
     *) die "NGINX_UPSTREAM must be host:port or unix:/path, got '$NGINX_UPSTREAM'" ;;
 esac
 check NGINX_PORT "$NGINX_PORT" is_port "a port number (1-65535)"
+check NGINX_METRICS_PORT "$NGINX_METRICS_PORT" is_port "a port number (1-65535)"
 [ -z "$NGINX_LISTEN_ADDRESS" ] || check NGINX_LISTEN_ADDRESS "$NGINX_LISTEN_ADDRESS" is_host "an address or host name"
 check SERVING_MAX_BODY_BYTES "$SERVING_MAX_BODY_BYTES" is_uint "a whole number of bytes"
 [ "$SERVING_MAX_BODY_BYTES" -gt 0 ] || die "SERVING_MAX_BODY_BYTES must be above 0 (nginx reads 0 as no limit)"
@@ -136,9 +139,10 @@ case $NGINX_LISTEN_ADDRESS in
 esac
 NGINX_LISTEN=$listen_on$NGINX_PORT
 NGINX_TLS_LISTEN=$listen_on$NGINX_TLS_PORT
+NGINX_METRICS_LISTEN=$listen_on$NGINX_METRICS_PORT
 NGINX_CONF_DIR=$(mkdir -p "$out" && cd "$out" && pwd)
 
-export NGINX_UPSTREAM NGINX_LISTEN NGINX_TLS_LISTEN SERVING_MAX_BODY_BYTES NGINX_UPSTREAM_KEEPALIVE \
+export NGINX_UPSTREAM NGINX_LISTEN NGINX_TLS_LISTEN NGINX_METRICS_LISTEN SERVING_MAX_BODY_BYTES NGINX_UPSTREAM_KEEPALIVE \
     NGINX_CLIENT_TIMEOUT_S NGINX_CLIENT_BODY_BUFFER_SIZE NGINX_WORKER_PROCESSES \
     NGINX_WORKER_CONNECTIONS NGINX_RATE_LIMIT_RPS NGINX_LIMIT_REQ_BURST NGINX_TLS_CERT \
     NGINX_TLS_KEY NGINX_ACCESS_LOG NGINX_LOG_LEVEL NGINX_CLIENT_MAX_BODY_SIZE \
@@ -146,7 +150,7 @@ export NGINX_UPSTREAM NGINX_LISTEN NGINX_TLS_LISTEN SERVING_MAX_BODY_BYTES NGINX
 
 # Only these names are substituted; nginx's own $variables pass through.
 # shellcheck disable=SC2016 # the list is envsubst's, not the shell's, to expand
-names='${NGINX_UPSTREAM} ${NGINX_LISTEN} ${NGINX_TLS_LISTEN} ${SERVING_MAX_BODY_BYTES} ${NGINX_UPSTREAM_KEEPALIVE}
+names='${NGINX_UPSTREAM} ${NGINX_LISTEN} ${NGINX_TLS_LISTEN} ${NGINX_METRICS_LISTEN} ${SERVING_MAX_BODY_BYTES} ${NGINX_UPSTREAM_KEEPALIVE}
 ${NGINX_CLIENT_TIMEOUT_S} ${NGINX_CLIENT_BODY_BUFFER_SIZE} ${NGINX_WORKER_PROCESSES}
 ${NGINX_WORKER_CONNECTIONS} ${NGINX_RATE_LIMIT_RPS} ${NGINX_LIMIT_REQ_BURST} ${NGINX_TLS_CERT}
 ${NGINX_TLS_KEY} ${NGINX_ACCESS_LOG} ${NGINX_LOG_LEVEL}
