@@ -1,0 +1,105 @@
+# serving-core: one handler served by gunicorn, the model baked into the image.
+#
+#   docker build -t serving-core .
+#   docker build -t serving-core --build-arg HANDLER_DIR=handlers/echo .
+#   docker build -t serving-core:cu128 \
+#       --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128 .
+#
+# Build arguments
+#   PYTHON_IMAGE     base for both stages                (python:3.11-slim-bookworm)
+#   TORCH_INDEX_URL  where torch comes from, at the version requirements.txt
+#                    pins; the CPU build by default      (https://download.pytorch.org/whl/cpu)
+#   HANDLER_DIR      the handler folder to serve: its handler.py, sample.json,
+#                    files and requirements.txt are copied in (handlers/minilm)
+#   VERSION, REVISION, SOURCE   OCI labels: version, git commit, repository URL
+#
+# Environment (the full table is in the README; these are the image's values)
+#   SERVING_HANDLER  ${HANDLER_DIR}/handler.py, relative to /app
+#   SERVING_BIND     0.0.0.0:8000, so nginx in another container can reach it;
+#                    the HEALTHCHECK assumes a TCP bind
+#   SERVING_*        workers, threads, batching, limits and timeouts: unset
+#                    here, so serving-core's defaults apply (README: Settings)
+#   HF_HUB_OFFLINE, TRANSFORMERS_OFFLINE = 1: the model is in the image and
+#                    start-up never reaches the network
+#
+# The handler is loaded and its sample.json run at build time
+# (`serving-core check`), so a broken handler or a missing model fails the
+# build, not the deployment. Runs as uid 10001; writes only under /tmp, so the
+# root filesystem may be read-only with /tmp as a tmpfs.
+
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+
+FROM ${PYTHON_IMAGE} AS build
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+ARG HANDLER_DIR=handlers/minilm
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_ROOT_USER_ACTION=ignore
+RUN python -m venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH
+WORKDIR /src
+
+# torch alone first, from TORCH_INDEX_URL; the rest from PyPI then finds the
+# pinned version already there (2.13.0+cpu satisfies torch==2.13.0) and keeps it.
+COPY requirements.txt ./
+RUN grep -E '^torch==' requirements.txt > torch-requirement.txt \
+    && pip install --index-url "${TORCH_INDEX_URL}" --requirement torch-requirement.txt \
+    && pip install --requirement requirements.txt
+
+COPY ${HANDLER_DIR}/ /app/${HANDLER_DIR}/
+RUN if [ -f "/app/${HANDLER_DIR}/requirements.txt" ]; then \
+        pip install --requirement "/app/${HANDLER_DIR}/requirements.txt"; \
+    fi
+
+# Dependencies are installed and pinned above; this adds serving-core itself.
+COPY pyproject.toml README.md ./
+COPY serving_core/ serving_core/
+RUN pip install --no-deps .
+
+
+FROM ${PYTHON_IMAGE}
+ARG HANDLER_DIR=handlers/minilm
+ARG VERSION=0.0.0-dev
+ARG REVISION=unknown
+ARG SOURCE=https://github.com/serving-core/serving-core
+LABEL org.opencontainers.image.title="serving-core" \
+      org.opencontainers.image.description="A handler.py served over REST by gunicorn with batching and backpressure" \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.source="${SOURCE}" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}"
+
+RUN groupadd --system --gid 10001 serving \
+    && useradd --system --uid 10001 --gid serving --no-create-home \
+        --home-dir /nonexistent --shell /usr/sbin/nologin serving
+
+ENV PATH=/opt/venv/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    HF_HUB_OFFLINE=1 \
+    TRANSFORMERS_OFFLINE=1 \
+    HF_HOME=/tmp/huggingface \
+    SERVING_HANDLER=${HANDLER_DIR}/handler.py \
+    SERVING_BIND=0.0.0.0:8000
+
+# The Rust tokenizer's thread pool is not fork-safe and competes with the model
+# for the cores. DL3064 reads "TOKEN" in the name as a secret; it is not one.
+# hadolint ignore=DL3064
+ENV TOKENIZERS_PARALLELISM=false
+
+COPY --from=build /opt/venv /opt/venv
+COPY --from=build /app /app
+WORKDIR /app
+USER 10001:10001
+
+# Offline, as the non-root user: the image must serve as built.
+RUN serving-core check "${SERVING_HANDLER}" > /dev/null
+
+EXPOSE 8000
+# Liveness of gunicorn itself (slim images have no curl). Readiness is /readyz,
+# which the compose file and the chart probe.
+HEALTHCHECK --interval=10s --timeout=3s --start-period=120s --retries=3 \
+    CMD ["python", "-c", "import os, urllib.request; port = os.environ['SERVING_BIND'].rpartition(':')[2]; urllib.request.urlopen(f'http://127.0.0.1:{port}/healthz', timeout=2)"]
+
+# Exec form: gunicorn is PID 1 and gets SIGTERM itself, so it drains.
+CMD ["serving-core", "serve"]
