@@ -135,7 +135,7 @@ def _bind(name: str, raw: str) -> str:
             )
         return raw
     host, sep, port = raw.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
         raise SettingsError(
             f"{name}={raw!r} is not HOST:PORT or unix:PATH; use e.g. 127.0.0.1:8000"
         )

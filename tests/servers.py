@@ -77,7 +77,8 @@ def gunicorn_server(
         server = Server(process, bind, url, log_path)
         try:
             if wait_ready:
-                _wait_ready(server, ready_timeout_s)
+                workers = int(overrides.get("SERVING_WORKERS") or len(os.sched_getaffinity(0)))
+                _wait_ready(server, ready_timeout_s, workers)
             yield server
         finally:
             stop(process)
@@ -96,9 +97,13 @@ def stop(process: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None:
         process.wait(10)
 
 
-def _wait_ready(server: Server, timeout_s: float) -> None:
+def _wait_ready(server: Server, timeout_s: float, workers: int) -> None:
+    """Until /readyz answers (or the socket exists) and every worker logged that it is ready."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
+        if server.output().count(" ready: ") < workers:
+            time.sleep(0.1)
+            continue
         if server.process.poll() is not None:
             raise RuntimeError(
                 f"server exited with {server.process.returncode}:\n{server.output()}"

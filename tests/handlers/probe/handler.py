@@ -3,10 +3,12 @@
 Parameters: ``text`` (echoed), ``sleep_s`` (the batch sleeps that long),
 ``bad`` (raise InvalidInput for this item), ``fail`` (raise RuntimeError for
 the batch), ``nan`` (return a NaN), ``report`` (return the ids seen so far).
+With PROBE_SEEN_FILE set, the ids seen are also appended to that file.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 
@@ -28,6 +30,7 @@ class Probe(Handler):
     def setup(self) -> None:
         self.seen: list[str] = []
         self.setup_pid = os.getpid()
+        logging.getLogger("probe").warning("probe setup in pid %d", self.setup_pid)
 
     def setup_worker(self) -> None:
         self.worker_pid = os.getpid()
@@ -44,6 +47,10 @@ class Probe(Handler):
             raise InvalidInput("this item is bad")
         time.sleep(max((float(p.get("sleep_s", 0)) for p in batch), default=0))
         self.seen.extend(str(p.get("id", "")) for p in batch)
+        seen_file = os.environ.get("PROBE_SEEN_FILE")
+        if seen_file:
+            with open(seen_file, "a") as f:
+                f.writelines(f"{p.get('id', '')}\n" for p in batch)
         outputs = []
         for p in batch:
             if p.get("report"):

@@ -1,0 +1,70 @@
+from __future__ import annotations
+
+import json
+import subprocess
+import textwrap
+
+import pytest
+
+from tests.servers import ROOT, SERVING_CORE, base_env
+
+
+def check(*args):
+    return subprocess.run(
+        [str(SERVING_CORE), "check", *args],
+        cwd=ROOT,
+        env=base_env({}),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_check_runs_the_sample_and_prints_the_output():
+    result = check("handlers/echo/handler.py")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == {"echo": {"text": "hello"}}
+
+
+def test_check_takes_params_on_the_command_line():
+    result = check("handlers/echo", "--params", '{"a": 1}')
+    assert json.loads(result.stdout) == {"echo": {"a": 1}}
+
+
+@pytest.mark.model
+def test_check_runs_the_minilm_sample():
+    result = check("handlers/minilm/handler.py")
+    assert result.returncode == 0, result.stderr
+    assert len(json.loads(result.stdout)["embedding"]) == 384
+
+
+def test_check_names_the_file_of_a_broken_handler(tmp_path):
+    (tmp_path / "handler.py").write_text("x = 1\n")
+    result = check(str(tmp_path / "handler.py"))
+    assert result.returncode == 2
+    assert f"{tmp_path / 'handler.py'}: no Handler subclass found" in result.stderr
+
+
+def test_check_reports_a_predict_batch_that_breaks_the_contract(tmp_path):
+    (tmp_path / "handler.py").write_text(
+        textwrap.dedent(
+            """
+            from serving_core import Handler
+
+            class Short(Handler):
+                def predict_batch(self, batch):
+                    return []
+            """
+        )
+    )
+    (tmp_path / "sample.json").write_text('{"text": "x"}')
+    result = check(str(tmp_path))
+    assert result.returncode == 1
+    assert "Short.predict_batch returned 0 outputs for 1 inputs" in result.stderr
+
+
+def test_check_reports_invalid_params():
+    result = check("handlers/minilm/handler.py", "--params", '{"txt": 1}')
+    assert result.returncode == 1
+    assert "'text' is a required property" in result.stderr

