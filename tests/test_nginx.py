@@ -1,0 +1,537 @@
+"""nginx in front of gunicorn: the configuration the container ships, run by Debian's nginx.
+
+The e2e tests start a real ``serving-core serve`` and a real nginx rendered
+by ``nginx/render.sh`` (the container's entrypoint runs the same script), on
+127.0.0.1, and stop both by PID when they end.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import requests
+
+from tests.nginx_server import NGINX, Nginx, nginx_server, render, wait_until_ready
+from tests.servers import ROOT, Server, free_port, gunicorn_server
+
+ECHO = "handlers/echo/handler.py"
+SLOW = "tests/handlers/nginx_slow/handler.py"
+# The limits both processes read, as the compose file and the chart share them.
+LIMITS = {
+    "SERVING_MAX_BODY_BYTES": "4096",
+    "SERVING_REQUEST_TIMEOUT_S": "10",
+    "SERVING_KEEPALIVE_S": "5",
+}
+GENERATED_ID = re.compile(r"^[0-9a-f]{32}$")
+
+
+@dataclass
+class Stack:
+    app: Server
+    nginx: Nginx
+
+    def app_saw(self, request_id: str, timeout_s: float = 5.0) -> bool:
+        """Whether the app logged ``request_id`` (its access line follows the response)."""
+        deadline = time.monotonic() + timeout_s
+        while request_id not in self.app.output():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
+
+@pytest.fixture(scope="module")
+def echo_stack() -> Iterator[Stack]:
+    app_env = {"SERVING_HANDLER": ECHO, "SERVING_WORKERS": "2", **LIMITS}
+    with gunicorn_server(app_env) as app, nginx_server(app.bind, LIMITS) as proxy:
+        yield Stack(app, proxy)
+
+
+def error_of(response: requests.Response) -> dict[str, str]:
+    """The ``error`` object of a JSON error response, checking the shape on the way."""
+    assert response.headers["Content-Type"].startswith("application/json")
+    body = response.json()
+    assert set(body) == {"error"}
+    assert isinstance(body["error"]["type"], str)
+    assert isinstance(body["error"]["message"], str)
+    return body["error"]
+
+
+def json_body_of_size(size: int) -> bytes:
+    body = b'{"text": "' + b"a" * (size - len(b'{"text": ""}')) + b'"}'
+    assert len(body) == size
+    return body
+
+
+# -- predictions and limits ----------------------------------------------------
+
+
+@pytest.mark.e2e
+def test_a_prediction_passes_through_nginx(echo_stack: Stack) -> None:
+    response = requests.post(
+        echo_stack.nginx.url + "/predict", json={"text": "hello", "n": 3}, timeout=10
+    )
+    assert response.status_code == 200
+    assert response.headers["Content-Type"].startswith("application/json")
+    assert response.json() == {"echo": {"text": "hello", "n": 3}}
+    request_id = response.headers["X-Request-ID"]
+    entry = echo_stack.nginx.access_entry(request_id)
+    assert (entry["status"], entry["upstream_status"]) == (200, "200")
+
+
+@pytest.mark.e2e
+def test_the_apps_other_endpoints_pass_through_nginx(echo_stack: Stack) -> None:
+    assert requests.get(echo_stack.nginx.url + "/healthz", timeout=5).status_code == 200
+    assert requests.get(echo_stack.nginx.url + "/readyz", timeout=5).status_code == 200
+    missing = requests.get(echo_stack.nginx.url + "/no-such-route", timeout=5)
+    assert missing.status_code == 404
+    assert error_of(missing)["type"] == "not_found"  # the app's 404, not nginx's
+
+
+@pytest.mark.e2e
+def test_metrics_are_kept_off_the_api_port(echo_stack: Stack) -> None:
+    response = requests.get(echo_stack.nginx.url + "/metrics", timeout=5)
+    assert response.status_code == 404
+    error = error_of(response)
+    assert error["type"] == "not_found"
+    assert "NGINX_METRICS_PORT" in error["message"]  # nginx's 404, the app was not asked
+
+
+@pytest.mark.e2e
+def test_the_metrics_port_serves_the_apps_metrics_and_nothing_else(echo_stack: Stack) -> None:
+    direct = requests.get(echo_stack.app.url + "/metrics", timeout=5)
+    proxied = requests.get(echo_stack.nginx.metrics_url + "/metrics", timeout=5)
+    assert proxied.status_code == direct.status_code
+    assert proxied.headers["Content-Type"] == direct.headers["Content-Type"]
+    other = requests.post(echo_stack.nginx.metrics_url + "/predict", json={}, timeout=5)
+    assert other.status_code == 404
+    assert error_of(other)["type"] == "not_found"
+    health = requests.get(echo_stack.nginx.metrics_url + "/_nginx/healthz", timeout=5)
+    assert health.status_code == 200
+
+
+@pytest.mark.e2e
+def test_a_body_exactly_at_the_limit_reaches_the_app(echo_stack: Stack) -> None:
+    body = json_body_of_size(4096)
+    response = requests.post(
+        echo_stack.nginx.url + "/predict",
+        data=body,
+        headers={"Content-Type": "application/json"},
+        timeout=10,
+    )
+    assert response.status_code == 200
+    assert response.json()["echo"]["text"] == "a" * (4096 - 12)
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("framing", ["content-length", "chunked"])
+def test_a_body_over_the_limit_is_refused_by_nginx_with_json_413(
+    echo_stack: Stack, framing: str
+) -> None:
+    body = json_body_of_size(4097)
+    request_id = f"too-large-{framing}"
+    response = requests.post(
+        echo_stack.nginx.url + "/predict",
+        data=body if framing == "content-length" else iter([body[:2000], body[2000:]]),
+        headers={"Content-Type": "application/json", "X-Request-ID": request_id},
+        timeout=10,
+    )
+    assert response.status_code == 413
+    error = error_of(response)
+    assert error["type"] == "payload_too_large"
+    assert "4096 bytes (SERVING_MAX_BODY_BYTES)" in error["message"]  # nginx's wording
+    assert response.headers["X-Request-ID"] == request_id
+    entry = echo_stack.nginx.access_entry(request_id)
+    assert entry["upstream_addr"] == ""  # nginx never opened a connection to gunicorn
+    assert not echo_stack.app_saw(request_id, timeout_s=0.5)
+
+
+# -- request ids and the access log ------------------------------------------------
+
+
+@pytest.mark.e2e
+def test_a_clients_request_id_reaches_the_app_log_and_comes_back(echo_stack: Stack) -> None:
+    request_id = "client-7f3a/2024:01+x=y"
+    response = requests.post(
+        echo_stack.nginx.url + "/predict",
+        json={"text": "id"},
+        headers={"X-Request-ID": request_id},
+        timeout=10,
+    )
+    assert response.status_code == 200
+    assert response.headers["X-Request-ID"] == request_id
+    # One header, not nginx's and the app's both.
+    assert response.raw.headers.getlist("X-Request-ID") == [request_id]
+    assert echo_stack.app_saw(request_id)
+    assert echo_stack.nginx.access_entry(request_id)["uri"] == "/predict"
+
+
+@pytest.mark.e2e
+def test_nginx_generates_the_request_id_the_app_logs_when_the_client_sends_none(
+    echo_stack: Stack,
+) -> None:
+    response = requests.post(echo_stack.nginx.url + "/predict", json={"text": "x"}, timeout=10)
+    request_id = response.headers["X-Request-ID"]
+    assert GENERATED_ID.match(request_id)
+    assert echo_stack.app_saw(request_id)  # nginx's id, not one the app made up
+    assert echo_stack.nginx.access_entry(request_id)["status"] == 200
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("sent", ["has spaces", "x" * 129, "semi;colon", 'quote"d'])
+def test_a_request_id_the_app_would_reject_is_replaced_by_nginx(
+    echo_stack: Stack, sent: str
+) -> None:
+    response = requests.post(
+        echo_stack.nginx.url + "/predict",
+        json={"text": "x"},
+        headers={"X-Request-ID": sent},
+        timeout=10,
+    )
+    request_id = response.headers["X-Request-ID"]
+    assert request_id != sent
+    assert GENERATED_ID.match(request_id)
+    assert echo_stack.app_saw(request_id)
+
+
+@pytest.mark.e2e
+def test_the_access_log_is_one_json_object_per_request(echo_stack: Stack) -> None:
+    response = requests.post(
+        echo_stack.nginx.url + "/predict?lang=en",
+        json={"text": "log me"},
+        headers={"User-Agent": 'agent "quoted" \\ back'},
+        timeout=10,
+    )
+    entry = echo_stack.nginx.access_entry(response.headers["X-Request-ID"])
+    assert entry["method"] == "POST"
+    assert entry["uri"] == "/predict?lang=en"
+    assert entry["status"] == 200
+    assert entry["user_agent"] == 'agent "quoted" \\ back'  # escaped, still valid JSON
+    assert isinstance(entry["request_time"], float)
+    assert entry["upstream_addr"] == echo_stack.app.bind
+
+
+@pytest.mark.e2e
+def test_nginx_reuses_its_connections_to_gunicorn(echo_stack: Stack) -> None:
+    app_port = int(echo_stack.app.bind.rpartition(":")[2])
+
+    def upstream_connections() -> set[int]:
+        """Local ports of ESTABLISHED connections to gunicorn: nginx's side of them."""
+        ports = set()
+        for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+            local, remote, state = line.split()[1:4]
+            if state == "01" and int(remote.split(":")[1], 16) == app_port:
+                ports.add(int(local.split(":")[1], 16))
+        return ports
+
+    for _ in range(10):
+        assert requests.post(echo_stack.nginx.url + "/predict", json={}, timeout=10).ok
+    first = upstream_connections()
+    for _ in range(10):
+        assert requests.post(echo_stack.nginx.url + "/predict", json={}, timeout=10).ok
+    # Twenty requests, each on a new client connection, rode at most one kept-alive
+    # upstream connection per nginx worker (NGINX_WORKER_PROCESSES=2).
+    assert first, "no idle keep-alive connection to gunicorn after 10 requests"
+    assert len(first | upstream_connections()) <= 2
+
+
+# -- errors: nginx's own, and the app's passed through ------------------------------
+
+
+@pytest.mark.e2e
+def test_nginx_answers_json_502_once_the_app_is_down() -> None:
+    app_port = free_port()
+    upstream = f"127.0.0.1:{app_port}"
+    with nginx_server(upstream, LIMITS) as proxy:
+        with gunicorn_server({"SERVING_HANDLER": ECHO, "SERVING_BIND": upstream, **LIMITS}):
+            up = requests.post(proxy.url + "/predict", json={"text": "up"}, timeout=10)
+            assert up.status_code == 200
+        response = requests.post(
+            proxy.url + "/predict",
+            json={"text": "down"},
+            headers={"X-Request-ID": "app-is-down"},
+            timeout=10,
+        )
+    assert response.status_code == 502
+    assert error_of(response)["type"] == "bad_gateway"
+    assert response.headers["X-Request-ID"] == "app-is-down"
+
+
+@pytest.mark.e2e
+def test_the_apps_503_and_retry_after_pass_through_unchanged() -> None:
+    app_env = {
+        "SERVING_HANDLER": SLOW,
+        "SERVING_WORKERS": "1",
+        "SERVING_THREADS": "4",
+        "SERVING_MAX_BATCH_SIZE": "1",
+        "SERVING_MAX_QUEUE": "1",
+        **LIMITS,
+    }
+    with gunicorn_server(app_env) as app, nginx_server(app.bind, LIMITS) as proxy:
+
+        def post(sleep_s: float, request_id: str) -> requests.Response:
+            return requests.post(
+                proxy.url + "/predict",
+                json={"sleep_s": sleep_s},
+                headers={"X-Request-ID": request_id},
+                timeout=20,
+            )
+
+        with ThreadPoolExecutor(2) as pool:
+            running = pool.submit(post, 1.5, "running")
+            time.sleep(0.4)  # the model thread has taken it
+            queued = pool.submit(post, 0, "queued")
+            time.sleep(0.4)  # it waits in the queue, which holds one
+            refused = post(0, "refused")
+            assert running.result().status_code == 200
+            assert queued.result().status_code == 200
+
+        assert refused.status_code == 503
+        error = error_of(refused)
+        assert error["type"] == "overloaded"  # the app's error, not nginx's
+        assert "queue is full" in error["message"]
+        assert int(refused.headers["Retry-After"]) >= 1
+        assert refused.headers["X-Request-ID"] == "refused"
+        entry = proxy.access_entry("refused")
+        assert (entry["status"], entry["upstream_status"]) == (503, "503")
+
+
+@pytest.mark.e2e
+def test_the_apps_504_passes_through_before_nginx_would_time_out() -> None:
+    limits = {**LIMITS, "SERVING_REQUEST_TIMEOUT_S": "1"}
+    app_env = {"SERVING_HANDLER": SLOW, "SERVING_WORKERS": "1", **limits}
+    with gunicorn_server(app_env) as app, nginx_server(app.bind, limits) as proxy:
+        started = time.monotonic()
+        response = requests.post(
+            proxy.url + "/predict",
+            json={"sleep_s": 2.5},
+            headers={"X-Request-ID": "too-slow"},
+            timeout=20,
+        )
+        elapsed_s = time.monotonic() - started
+        entry = proxy.access_entry("too-slow")
+    assert response.status_code == 504
+    assert error_of(response)["type"] == "deadline_exceeded"  # the app's, not gateway_timeout
+    assert elapsed_s < 2.5  # the app's deadline (1 s), well before nginx's (1 s + 5 s)
+    assert (entry["status"], entry["upstream_status"]) == (504, "504")
+
+
+@pytest.mark.e2e
+def test_nginx_answers_its_own_json_504_when_the_app_hangs_past_nginxs_timeout() -> None:
+    # Deliberately misaligned: nginx expects a 0.5 s deadline, the app has 10 s.
+    app_env = {"SERVING_HANDLER": SLOW, "SERVING_WORKERS": "1", **LIMITS}
+    nginx_env = {**LIMITS, "SERVING_REQUEST_TIMEOUT_S": "0.5", "NGINX_TIMEOUT_MARGIN_S": "0.5"}
+    with gunicorn_server(app_env) as app, nginx_server(app.bind, nginx_env) as proxy:
+        response = requests.post(
+            proxy.url + "/predict",
+            json={"sleep_s": 3},
+            headers={"X-Request-ID": "hung"},
+            timeout=20,
+        )
+    assert response.status_code == 504
+    error = error_of(response)
+    assert error["type"] == "gateway_timeout"
+    assert "1000ms" in error["message"]
+    assert response.headers["X-Request-ID"] == "hung"
+
+
+@pytest.mark.e2e
+def test_a_client_over_the_rate_limit_gets_json_429_with_retry_after() -> None:
+    app_env = {"SERVING_HANDLER": ECHO, "SERVING_WORKERS": "1", **LIMITS}
+    nginx_env = {**LIMITS, "NGINX_RATE_LIMIT_RPS": "1", "NGINX_RATE_LIMIT_BURST": "0"}
+    with gunicorn_server(app_env) as app, nginx_server(app.bind, nginx_env) as proxy:
+        stack = Stack(app, proxy)
+        first = requests.post(proxy.url + "/predict", json={}, timeout=10)
+        second = requests.post(
+            proxy.url + "/predict", json={}, headers={"X-Request-ID": "limited"}, timeout=10
+        )
+        # nginx's own health check is outside the limit.
+        health = requests.get(proxy.url + "/_nginx/healthz", timeout=5)
+        assert first.status_code == 200
+        assert second.status_code == 429
+        error = error_of(second)
+        assert error["type"] == "too_many_requests"
+        assert "NGINX_RATE_LIMIT_RPS" in error["message"]
+        assert second.headers["Retry-After"] == "1"
+        assert second.headers["X-Request-ID"] == "limited"
+        assert not stack.app_saw("limited", timeout_s=0.5)
+        assert health.status_code == 200
+
+
+def make_certificate(directory: Path) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 and its key."""
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is needed to make a test certificate")
+    cert, key = directory / "cert.pem", directory / "key.pem"
+    subprocess.run(
+        [
+            *("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"),
+            *("-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1"),
+            *("-addext", "subjectAltName=IP:127.0.0.1"),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    return cert, key
+
+
+@pytest.mark.e2e
+def test_the_tls_listener_serves_predictions(tmp_path: Path) -> None:
+    cert, key = make_certificate(tmp_path)
+    tls_port = free_port()
+    tls = {"NGINX_TLS_CERT": str(cert), "NGINX_TLS_KEY": str(key), "NGINX_TLS_PORT": str(tls_port)}
+    app_env = {"SERVING_HANDLER": ECHO, "SERVING_WORKERS": "1", **LIMITS}
+    with gunicorn_server(app_env) as app, nginx_server(app.bind, {**LIMITS, **tls}):
+        response = requests.post(
+            f"https://127.0.0.1:{tls_port}/predict",
+            json={"text": "secret"},
+            verify=str(cert),
+            timeout=10,
+        )
+    assert response.status_code == 200
+    assert response.json() == {"echo": {"text": "secret"}}
+
+
+@pytest.mark.e2e
+def test_nginx_reaches_gunicorn_over_a_unix_socket() -> None:
+    # Not tmp_path: its parents are private to root, and nginx's workers run as
+    # nobody when the tests run as root; they must reach the socket.
+    with tempfile.TemporaryDirectory(prefix="serving-sock-") as tmp:
+        Path(tmp).chmod(0o755)
+        socket_path = Path(tmp) / "gunicorn.sock"
+        app_env = {"SERVING_HANDLER": ECHO, "SERVING_BIND": f"unix:{socket_path}", **LIMITS}
+        with gunicorn_server(app_env) as app, nginx_server(app.bind, LIMITS) as proxy:
+            wait_until_ready(proxy.url)
+            response = requests.post(proxy.url + "/predict", json={"text": "sock"}, timeout=10)
+            entry = proxy.access_entry(response.headers["X-Request-ID"])
+    assert response.status_code == 200
+    assert response.json() == {"echo": {"text": "sock"}}
+    assert entry["upstream_addr"] == f"unix:{socket_path}"
+
+
+# -- the rendered configuration ------------------------------------------------------
+
+
+def rendered(tmp_path: Path, settings: dict[str, str]) -> str:
+    base = {"NGINX_ACCESS_LOG": str(tmp_path / "access.log"), "NGINX_UPSTREAM": "127.0.0.1:9"}
+    result = render({**base, **settings}, tmp_path)
+    assert result.returncode == 0, result.stderr
+    return (tmp_path / "nginx.conf").read_text()
+
+
+@pytest.mark.parametrize(
+    ("settings", "directives"),
+    [
+        (
+            {"NGINX_UPSTREAM": "app:8000"},
+            [
+                "server app:8000;",
+                "listen 8080;",
+                "client_max_body_size 1048576;",
+                "proxy_read_timeout 15000ms;",  # the app's 10 s deadline + 5 s
+                "proxy_send_timeout 15000ms;",
+                "keepalive_timeout 4000ms;",  # under gunicorn's 5 s keep-alive
+            ],
+        ),
+        (
+            {
+                "SERVING_MAX_BODY_BYTES": "65536",
+                "SERVING_REQUEST_TIMEOUT_S": "2.5",
+                "NGINX_TIMEOUT_MARGIN_S": "1",
+                "SERVING_KEEPALIVE_S": "1.5",
+                "NGINX_UPSTREAM": "unix:/run/serving/gunicorn.sock",
+                "NGINX_LISTEN_ADDRESS": "::1",
+            },
+            [
+                "server unix:/run/serving/gunicorn.sock;",
+                "listen [::1]:8080;",
+                "client_max_body_size 65536;",
+                "proxy_read_timeout 3500ms;",
+                "keepalive_timeout 750ms;",  # half of a keep-alive under 2 s
+            ],
+        ),
+    ],
+)
+def test_render_lines_nginx_up_with_the_apps_limits(
+    tmp_path: Path, settings: dict[str, str], directives: list[str]
+) -> None:
+    conf = rendered(tmp_path, settings)
+    for directive in directives:
+        assert directive in conf
+    assert "${" not in conf  # every placeholder was filled
+
+
+@pytest.mark.parametrize(
+    ("settings", "named"),
+    [
+        ({"NGINX_PORT": "http"}, "NGINX_PORT"),
+        ({"NGINX_PORT": "70000"}, "NGINX_PORT"),
+        ({"NGINX_UPSTREAM": "http://app:8000"}, "NGINX_UPSTREAM"),
+        ({"NGINX_UPSTREAM": "app:8000; evil"}, "NGINX_UPSTREAM"),
+        ({"NGINX_UPSTREAM": "app"}, "NGINX_UPSTREAM"),
+        ({"SERVING_MAX_BODY_BYTES": "1m"}, "SERVING_MAX_BODY_BYTES"),
+        ({"SERVING_MAX_BODY_BYTES": "0"}, "SERVING_MAX_BODY_BYTES"),
+        ({"SERVING_REQUEST_TIMEOUT_S": "-1"}, "SERVING_REQUEST_TIMEOUT_S"),
+        ({"SERVING_REQUEST_TIMEOUT_S": "ten"}, "SERVING_REQUEST_TIMEOUT_S"),
+        ({"NGINX_RATE_LIMIT_RPS": "1.5"}, "NGINX_RATE_LIMIT_RPS"),
+        ({"NGINX_TLS_CERT": "/etc/hostname"}, "NGINX_TLS_KEY"),
+        ({"NGINX_TLS_CERT": "/no/cert.pem", "NGINX_TLS_KEY": "/no/key.pem"}, "NGINX_TLS_CERT"),
+        ({"NGINX_TRUSTED_PROXIES": "10.0.0.0/8;"}, "NGINX_TRUSTED_PROXIES"),
+        ({"NGINX_LOG_LEVEL": "verbose"}, "NGINX_LOG_LEVEL"),
+        ({"NGINX_ACCESS_LOG": "access.log"}, "NGINX_ACCESS_LOG"),
+    ],
+)
+def test_render_refuses_a_bad_setting_and_names_it(
+    tmp_path: Path, settings: dict[str, str], named: str
+) -> None:
+    result = render(settings, tmp_path / "conf")
+    assert result.returncode == 2
+    assert named in result.stderr
+    assert not (tmp_path / "conf" / "nginx.conf").exists()
+
+
+@pytest.mark.skipif(not Path(NGINX).exists(), reason="nginx is not installed (make system-deps)")
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {},
+        {"NGINX_RATE_LIMIT_RPS": "50", "NGINX_TRUSTED_PROXIES": "10.0.0.0/8,fd00::/8"},
+        {"NGINX_UPSTREAM": "unix:/run/serving/gunicorn.sock", "NGINX_LISTEN_ADDRESS": "127.0.0.1"},
+        {"tls": "on"},
+    ],
+    ids=["defaults", "rate-limit-behind-proxies", "unix-socket", "tls"],
+)
+def test_every_rendered_variant_passes_nginx_t(tmp_path: Path, settings: dict[str, str]) -> None:
+    if settings.pop("tls", None):
+        cert, key = make_certificate(tmp_path)
+        settings = {"NGINX_TLS_CERT": str(cert), "NGINX_TLS_KEY": str(key)}
+    rendered(tmp_path / "conf", settings)
+    conf = tmp_path / "conf" / "nginx.conf"
+    tested = subprocess.run(
+        [NGINX, "-t", "-p", str(tmp_path), "-c", str(conf), "-e", "stderr"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=30,
+    )
+    assert tested.returncode == 0, tested.stderr
+
+
+@pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck is not installed")
+def test_the_nginx_scripts_pass_shellcheck() -> None:
+    scripts = sorted(str(p) for p in (ROOT / "nginx").glob("*.sh"))
+    assert scripts
+    result = subprocess.run(
+        ["shellcheck", "--shell=sh", *scripts], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stdout
