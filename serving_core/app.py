@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import re
@@ -14,6 +13,7 @@ from flask import Flask, Response, g, request
 from flask_restful import Api, Resource
 from werkzeug.exceptions import HTTPException
 
+from . import encoding
 from .errors import BadRequest, ServingError
 from .handler import Handler
 from .loading import LoadedHandler
@@ -134,8 +134,8 @@ def _client_timeout() -> float | None:
 
 def _json_response(data: Any, code: int, headers: Any = None) -> Response:
     try:
-        body = json.dumps(data, separators=(",", ":"), allow_nan=False)
-    except (TypeError, ValueError) as exc:
+        body = encoding.dumps(data)
+    except TypeError as exc:
         log.error(
             "request %s: the handler's output is not JSON-serialisable: %s",
             g.get("request_id"),
@@ -179,7 +179,7 @@ def error_response(exc: Exception) -> Response:
                 f"request id {request_id}",
             }
         }
-    response = Response(json.dumps(body), status=status, mimetype="application/json")
+    response = Response(encoding.dumps(body), status=status, mimetype="application/json")
     response.headers.update(headers)
     if request_id != "-":
         response.headers[REQUEST_ID] = request_id

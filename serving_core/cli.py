@@ -10,6 +10,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from . import encoding
 from .errors import ServingError
 from .loading import HandlerError, load_handler
 from .settings import Settings, SettingsError
@@ -90,7 +91,7 @@ def _check(settings: Settings, loaded: object, raw_params: str | None) -> int:
         return EXIT_CONFIG
     finally:
         service.stop()
-    print(json.dumps(output))
+    print(encoding.dumps(output).decode())
     return 0
 
 

@@ -92,6 +92,6 @@ def call_batch(handler: Handler, items: list[Any]) -> list[Output | InvalidInput
         if not isinstance(output, dict | InvalidInput):
             raise TypeError(
                 f"{where} returned a {type(output).__name__} as an output; each output must be "
-                "a dict (the JSON response) or an InvalidInput for a bad item"
+                "a dict (the JSON response; numpy arrays allowed) or an InvalidInput for a bad item"
             )
     return outputs

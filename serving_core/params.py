@@ -13,13 +13,13 @@ any other body type is a 415. The size limit (413) is enforced by Flask's
 
 from __future__ import annotations
 
-import json
 import urllib.parse
 from typing import Any
 
 from werkzeug.datastructures import MultiDict
 from werkzeug.wrappers import Request
 
+from . import encoding
 from .errors import BadRequest, UnsupportedMediaType
 
 MAX_FIELDS = 1000  # werkzeug's own default for multipart parts
@@ -52,17 +52,17 @@ def _has_body(request: Request) -> bool:
 
 
 def _json_object(data: bytes) -> dict[str, Any]:
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise BadRequest(
-            f"the body is not valid UTF-8 (byte {exc.start}); encode the JSON as UTF-8"
-        ) from None
-    if not text.strip():
+    if not data.strip():
         raise BadRequest('the JSON body is empty; send an object such as {"text": "..."}')
     try:
-        value = json.loads(text, parse_constant=_reject_constant)
-    except json.JSONDecodeError as exc:
+        value = encoding.loads(data)
+    except encoding.JSONDecodeError as exc:
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError as bad:
+            raise BadRequest(
+                f"the body is not valid UTF-8 (byte {bad.start}); encode the JSON as UTF-8"
+            ) from None
         raise BadRequest(
             f"malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
         ) from None
@@ -71,10 +71,6 @@ def _json_object(data: bytes) -> dict[str, Any]:
             f"the JSON body is {_json_type(value)}; send an object of named parameters"
         )
     return value
-
-
-def _reject_constant(name: str) -> Any:
-    raise json.JSONDecodeError(f"{name} is not valid JSON", name, 0)
 
 
 def _urlencoded(data: bytes) -> dict[str, Any]:

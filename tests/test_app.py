@@ -105,10 +105,19 @@ def test_a_failing_handler_is_a_500_without_traceback_and_the_next_request_works
     assert client.post("/predict", json={"text": "after"}).status_code == 200
 
 
-def test_an_output_that_is_not_json_is_a_500(client, caplog):
+def test_nan_has_no_json_form_and_is_written_as_null(client):
+    response = client.post("/predict", json={"nan": True})
+    assert response.status_code == 200
+    assert response.get_json() == {"value": None}
+
+
+def test_an_output_that_is_not_json_is_a_500(app, caplog):
+    handler = app.extensions["serving_core"].handler
+    handler.postprocess = lambda output, params: {"value": object()}
     with caplog.at_level(logging.ERROR):
-        response = client.post("/predict", json={"nan": True})
+        response = app.test_client().post("/predict", json={})
     assert_error(response, 500, "internal_error")
+    assert "not JSON-serialisable" in caplog.text
 
 
 def test_the_request_id_is_taken_or_generated_and_returned(client):

@@ -61,7 +61,7 @@ def test_no_body_and_no_content_type_is_just_the_query():
         (b'"text"', "application/json", "the JSON body is a string"),
         (b"null", "application/json", "the JSON body is null"),
         (b"", "application/json", "the JSON body is empty"),
-        (b'{"x": NaN}', "application/json", "NaN is not valid JSON"),
+        (b'{"x": NaN}', "application/json", "malformed JSON at line 1 column 7"),
         (b'{"text": "\xff\xfe"}', "application/json", "not valid UTF-8"),
         (b"text=%FF%FE", "application/x-www-form-urlencoded", "not valid UTF-8"),
         (b"text=\xff\xfe", "application/x-www-form-urlencoded", "not valid UTF-8"),

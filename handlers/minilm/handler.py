@@ -44,4 +44,5 @@ class Embedder(Handler):
             summed = (hidden * mask).sum(dim=1)
             pooled = summed / mask.sum(dim=1).clamp(min=1e-9)
             embeddings = torch.nn.functional.normalize(pooled, p=2, dim=1)
-        return [{"embedding": row} for row in embeddings.tolist()]
+        # float32 rows: serving-core writes numpy arrays as JSON lists directly.
+        return [{"embedding": row} for row in embeddings.numpy()]
