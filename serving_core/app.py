@@ -17,6 +17,7 @@ from . import encoding
 from .errors import BadRequest, ServingError
 from .handler import Handler
 from .loading import LoadedHandler
+from .metrics import CONTENT_TYPE, Metrics
 from .params import request_params
 from .service import Service
 from .settings import Settings
@@ -44,11 +45,13 @@ def create_app(settings: Settings, handler: Handler | LoadedHandler) -> Flask:
     the gunicorn ``post_fork`` hook does in each worker.
     """
     loaded = handler if isinstance(handler, LoadedHandler) else LoadedHandler(handler, "", None)
-    service = Service(settings, loaded)
+    metrics = Metrics()
+    service = Service(settings, loaded, observer=metrics)
     app = Flask("serving_core")
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
     app.config["MAX_FORM_MEMORY_SIZE"] = settings.max_body_bytes
     app.extensions["serving_core"] = service
+    app.extensions["serving_core.metrics"] = metrics
 
     api = ErrorFunnelApi(app, catch_all_404s=True)
     api.representations = {"application/json": _json_response}
@@ -56,9 +59,19 @@ def create_app(settings: Settings, handler: Handler | LoadedHandler) -> Flask:
     api.add_resource(Healthz, "/healthz")
     api.add_resource(Readyz, "/readyz", resource_class_args=(service,))
     api.add_resource(Metadata, "/metadata", resource_class_args=(service,))
+    api.add_resource(MetricsEndpoint, "/metrics", resource_class_args=(metrics,))
 
     app.before_request(_start_request)
     app.after_request(_tag_response)
+
+    @app.after_request
+    def _count(response: Response) -> Response:
+        rule = request.url_rule
+        # Unmatched paths share one label: a scanner must not create series.
+        route = rule.rule if rule is not None else "unmatched"
+        metrics.request(route, response.status_code, time.monotonic() - g.arrival)
+        return response
+
     # Errors outside Flask-RESTful's routes (unknown URLs, wrong methods) take the same funnel.
     app.register_error_handler(HTTPException, error_response)
     app.register_error_handler(Exception, error_response)
@@ -102,6 +115,14 @@ class Metadata(Resource):  # type: ignore[misc]
 
     def get(self) -> dict[str, Any]:
         return self.service.metadata()
+
+
+class MetricsEndpoint(Resource):  # type: ignore[misc]
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    def get(self) -> Response:
+        return Response(self.metrics.exposition(), content_type=CONTENT_TYPE)
 
 
 def _start_request() -> None:

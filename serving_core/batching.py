@@ -49,6 +49,8 @@ class Observer(Protocol):
 
     def failed(self, size: int) -> None: ...
 
+    def depth(self, depth: int) -> None: ...
+
 
 class _NoObserver:
     def batch(self, size: int, duration_s: float, queue_waits_s: Sequence[float]) -> None:
@@ -58,6 +60,9 @@ class _NoObserver:
         pass
 
     def failed(self, size: int) -> None:
+        pass
+
+    def depth(self, depth: int) -> None:
         pass
 
 
@@ -115,6 +120,7 @@ class Batcher:
             pending = Pending(item, request_id, arrival, deadline, enqueued=now)
             self._queue.append(pending)
             self.policy.arrived(now)
+            self._observer.depth(len(self._queue))
             self._cond.notify()
         return pending
 
@@ -170,6 +176,7 @@ class Batcher:
             size = min(len(self._queue), self.max_batch_size)
             batch = [self._queue.popleft() for _ in range(size)]
             self._busy_until = now + self.policy.batch_cost_s(size)
+            self._observer.depth(len(self._queue))
             return batch
 
     def _run(self, batch: list[Pending]) -> None:

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from . import encoding
 from .errors import ServingError
 from .loading import HandlerError, load_handler
+from .metrics import enable_multiprocess
 from .settings import Settings, SettingsError
 
 EXIT_CONFIG = 2  # a bad setting or a broken handler: nothing was served
@@ -38,6 +39,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "check":
             settings = dataclasses.replace(settings, handler=args.handler)
         _configure_logging(settings.log_level)
+        if args.command == "serve":
+            # Before the handler is imported: it might import prometheus_client.
+            enable_multiprocess(settings.metrics_dir)
         loaded = load_handler(settings.handler)
     except (SettingsError, HandlerError) as exc:
         print(f"serving-core: error: {exc}", file=sys.stderr)

@@ -27,6 +27,7 @@ from typing import Any
 from flask import Flask
 from gunicorn.app.base import BaseApplication
 
+from . import metrics
 from .app import create_app
 from .loading import LoadedHandler
 from .resources import usable_cores
@@ -64,6 +65,12 @@ def gunicorn_options(settings: Settings, service: Service) -> dict[str, Any]:
         if not service.stop():
             log.warning("worker %s: the model thread did not finish in time", worker.pid)
 
+    def child_exit(server: Any, worker: Any) -> None:
+        metrics.worker_exited(worker.pid)
+
+    def on_exit(server: Any) -> None:
+        metrics.remove_metrics_dir()
+
     return {
         "bind": [settings.bind],
         "workers": settings.workers,
@@ -83,6 +90,8 @@ def gunicorn_options(settings: Settings, service: Service) -> dict[str, Any]:
         "access_log_format": ACCESS_LOG_FORMAT,
         "post_fork": post_fork,
         "worker_exit": worker_exit,
+        "child_exit": child_exit,
+        "on_exit": on_exit,
         "proc_name": f"serving-core[{service.name}]",
         # gunicorn 24+ opens a control socket under $HOME by default; we do not
         # use it, and the chart's root filesystem is read-only.

@@ -1,0 +1,156 @@
+"""Prometheus metrics, correct across gunicorn workers.
+
+prometheus-client's multiprocess mode keeps each worker's values in memory-
+mapped files under one directory, and ``/metrics`` sums them. It chooses its
+storage when ``prometheus_client`` is first imported, from
+``PROMETHEUS_MULTIPROC_DIR``; so ``enable_multiprocess`` sets that variable
+before anything imports it, and this module imports it lazily. Without it
+(the Flask test client, ``serving-core check``) the metrics live in-process.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+LATENCY_BUCKETS_S = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+)  # fmt: skip
+BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+def enable_multiprocess(directory: str) -> str:
+    """Point prometheus-client at a fresh directory; call before it is imported.
+
+    An empty ``directory`` means a new temporary one. Files left by an earlier
+    run are removed: they would be summed into this run's counters.
+    """
+    if "prometheus_client" in sys.modules and MULTIPROC_ENV not in os.environ:
+        raise RuntimeError(
+            "prometheus_client was imported before the metrics directory was set; "
+            "import it lazily in your handler (inside setup())"
+        )
+    path = Path(directory) if directory else Path(tempfile.mkdtemp(prefix="serving-metrics-"))
+    path.mkdir(parents=True, exist_ok=True)
+    for stale in path.glob("*.db"):
+        stale.unlink()
+    os.environ[MULTIPROC_ENV] = str(path)
+    return str(path)
+
+
+def remove_metrics_dir() -> None:
+    path = os.environ.get(MULTIPROC_ENV)
+    if path and Path(path).name.startswith("serving-metrics-"):
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def worker_exited(pid: int) -> None:
+    """gunicorn ``child_exit``: drop a dead worker's live gauges (its counters stay counted)."""
+    if MULTIPROC_ENV in os.environ:
+        from prometheus_client import multiprocess
+
+        multiprocess.mark_process_dead(pid)  # type: ignore[no-untyped-call]
+
+
+class Metrics:
+    """The service's metrics; implements the batcher's ``Observer``."""
+
+    def __init__(self) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+        # A registry per instance: tests build many apps in one process.
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "serving_requests_total",
+            "HTTP requests answered, by route and status code.",
+            ["route", "status"],
+            registry=r,
+        )
+        self.latency = Histogram(
+            "serving_request_duration_seconds",
+            "Time from a request's arrival to its response, by route.",
+            ["route"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.queue_wait = Histogram(
+            "serving_queue_wait_seconds",
+            "Time from a request's arrival to the start of the batch that ran it.",
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.batch_size = Histogram(
+            "serving_batch_size",
+            "Items per batch run by the handler.",
+            buckets=BATCH_SIZE_BUCKETS,
+            registry=r,
+        )
+        self.batch_duration = Histogram(
+            "serving_batch_duration_seconds",
+            "Time the handler took per batch.",
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.queue_depth = Gauge(
+            "serving_queue_depth",
+            "Requests waiting for the model thread, summed over live workers.",
+            multiprocess_mode="livesum",
+            registry=r,
+        )
+        self.rejections = Counter(
+            "serving_rejections_total",
+            "Requests refused without running, by reason "
+            "(queue_full, predicted_late, deadline_passed).",
+            ["reason"],
+            registry=r,
+        )
+        self.model_errors = Counter(
+            "serving_model_errors_total",
+            "Requests failed by an exception in the handler (500s).",
+            registry=r,
+        )
+        for reason in ("queue_full", "predicted_late", "deadline_passed"):
+            self.rejections.labels(reason)
+
+    # -- batcher Observer -----------------------------------------------------
+
+    def batch(self, size: int, duration_s: float, queue_waits_s: Sequence[float]) -> None:
+        self.batch_size.observe(size)
+        self.batch_duration.observe(duration_s)
+        for wait in queue_waits_s:
+            self.queue_wait.observe(wait)
+
+    def rejected(self, reason: str) -> None:
+        self.rejections.labels(reason).inc()
+
+    def failed(self, size: int) -> None:
+        self.model_errors.inc(size)
+
+    def depth(self, depth: int) -> None:
+        self.queue_depth.set(depth)
+
+    # -- HTTP -------------------------------------------------------------------
+
+    def request(self, route: str, status: int, duration_s: float) -> None:
+        self.requests.labels(route, str(status)).inc()
+        self.latency.labels(route).observe(duration_s)
+
+    def exposition(self) -> bytes:
+        from prometheus_client import CollectorRegistry, generate_latest, multiprocess
+
+        if MULTIPROC_ENV not in os.environ:
+            return bytes(generate_latest(self.registry))
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+        return bytes(generate_latest(registry))
+
+    def describe(self) -> dict[str, Any]:
+        return {"multiprocess_dir": os.environ.get(MULTIPROC_ENV)}

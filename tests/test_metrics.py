@@ -1,0 +1,94 @@
+from __future__ import annotations
+
+import os
+import re
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import requests
+
+from serving_core.metrics import Metrics
+from tests.conftest import PROBE
+from tests.servers import gunicorn_server
+
+
+def sample(text, name, **labels):
+    """The value of one sample in a Prometheus exposition, or None."""
+    wanted = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    pattern = rf"^{re.escape(name)}(?:\{{{re.escape(wanted)}\}})? ([0-9.e+-]+)$"
+    if not labels:
+        pattern = rf"^{re.escape(name)} ([0-9.e+-]+)$"
+    match = re.search(pattern, text, re.MULTILINE)
+    return None if match is None else float(match.group(1))
+
+
+def test_the_batcher_and_requests_feed_the_metrics():
+    metrics = Metrics()
+    metrics.batch(3, 0.02, [0.001, 0.002, 0.003])
+    metrics.rejected("queue_full")
+    metrics.failed(2)
+    metrics.depth(5)
+    metrics.request("/predict", 200, 0.01)
+    text = metrics.exposition().decode()
+    assert sample(text, "serving_batch_size_count") == 1
+    assert sample(text, "serving_batch_size_sum") == 3
+    assert sample(text, "serving_queue_wait_seconds_count") == 3
+    assert sample(text, "serving_rejections_total", reason="queue_full") == 1
+    assert sample(text, "serving_rejections_total", reason="predicted_late") == 0
+    assert sample(text, "serving_model_errors_total") == 2
+    assert sample(text, "serving_queue_depth") == 5
+    assert sample(text, "serving_requests_total", route="/predict", status="200") == 1
+
+
+def test_the_app_counts_requests_by_route_and_status(client):
+    client.post("/predict", json={"text": "a"})
+    client.post("/predict", json={"n": -1})
+    client.get("/no/such/path")
+    response = client.get("/metrics")
+    assert response.status_code == 200
+    assert response.content_type.startswith("text/plain")
+    text = response.get_data(as_text=True)
+    assert sample(text, "serving_requests_total", route="/predict", status="200") == 1
+    assert sample(text, "serving_requests_total", route="/predict", status="400") == 1
+    assert sample(text, "serving_requests_total", route="unmatched", status="404") == 1
+    assert sample(text, "serving_batch_size_count") >= 1
+
+
+@pytest.mark.e2e
+def test_metrics_add_up_across_two_workers_and_survive_a_dead_worker(tmp_path):
+    env = {"SERVING_HANDLER": PROBE, "SERVING_WORKERS": "2", "SERVING_METRICS_DIR": str(tmp_path)}
+    (tmp_path / "counter_99999.db").write_bytes(b"stale")  # an earlier run's file
+    with gunicorn_server(env) as server:
+        barrier = threading.Barrier(8)
+
+        def client(n):
+            barrier.wait()
+            session = requests.Session()
+            return [
+                session.post(
+                    server.url + "/predict", json={"text": f"{n}", "sleep_s": 0.01}, timeout=30
+                ).json()["pid"]
+                for _ in range(10)
+            ]
+
+        with ThreadPoolExecutor(8) as pool:
+            pids = [pid for batch in pool.map(client, range(8)) for pid in batch]
+        assert len(set(pids)) == 2, "both workers must have answered"
+        text = requests.get(server.url + "/metrics", timeout=10).text
+        assert sample(text, "serving_requests_total", route="/predict", status="200") == 80
+        assert sample(text, "serving_batch_size_sum") == 80 + 2  # + each worker's warm-up
+
+        assert not (tmp_path / "counter_99999.db").exists()
+        assert (tmp_path / f"gauge_livesum_{pids[0]}.db").exists()
+        os.kill(pids[0], signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while server.output().count(" ready: ") < 3 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        text = requests.get(server.url + "/metrics", timeout=10).text
+        # The dead worker's counts stay counted; its live gauge is gone.
+        assert sample(text, "serving_requests_total", route="/predict", status="200") == 80
+        assert sample(text, "serving_queue_depth") == 0
+        assert not (tmp_path / f"gauge_livesum_{pids[0]}.db").exists()
