@@ -13,7 +13,7 @@ from flask import Flask, Response, g, request
 from flask_restful import Api, Resource
 from werkzeug.exceptions import HTTPException
 
-from . import encoding
+from . import arrival, encoding
 from .errors import BadRequest, ServingError
 from .handler import Handler
 from .loading import LoadedHandler
@@ -126,7 +126,9 @@ class MetricsEndpoint(Resource):  # type: ignore[misc]
 
 
 def _start_request() -> None:
-    g.arrival = time.monotonic()
+    g.arrival = arrival.arrival(
+        request.headers.get("X-Request-Start"), now=time.monotonic(), wall_now=time.time()
+    )
     sent = request.headers.get(REQUEST_ID, "")
     g.request_id = sent if _REQUEST_ID_OK.match(sent) else uuid.uuid4().hex
 

@@ -138,6 +138,10 @@ class Batcher:
             self._thread.join(timeout_s)
         return not self._thread.is_alive()
 
+    def rejected(self, reason: str) -> None:
+        """Count a request refused before it reached the queue."""
+        self._observer.rejected(reason)
+
     @property
     def alive(self) -> bool:
         return self._thread.is_alive() and not self._stopping

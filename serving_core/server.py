@@ -74,7 +74,7 @@ def gunicorn_options(settings: Settings, service: Service) -> dict[str, Any]:
     return {
         "bind": [settings.bind],
         "workers": settings.workers,
-        "worker_class": "gthread",
+        "worker_class": "serving_core.worker.StampingThreadWorker",
         "threads": settings.threads,
         "preload_app": True,
         # gunicorn takes whole seconds here.

@@ -99,6 +99,12 @@ class Service:
         arrival = now if arrival is None else arrival
         limit = self.settings.request_timeout_s
         deadline = arrival + (limit if timeout_s is None else min(timeout_s, limit))
+        if deadline <= now:
+            self.batcher.rejected("deadline_passed")
+            raise DeadlineExceeded(
+                f"the request waited {now - arrival:.3f} s before reaching the app (in a proxy "
+                "or the server's connection queue), past its deadline; retry later"
+            )
         self.validate(params)
         try:
             item = self.handler.preprocess(params)

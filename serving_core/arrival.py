@@ -1,0 +1,60 @@
+"""When a request really arrived, so that its deadline counts from there.
+
+A request can wait before the app sees it: in nginx, and inside a gunicorn
+gthread worker whose threads are all busy (the connection is readable, its
+request sits in the worker's thread-pool queue). Two stamps make that wait
+visible; the earliest of them and the app's own clock is the arrival:
+
+- ``X-Request-Start: t=<unix seconds>``, set by nginx (``t=${msec}``) or any
+  proxy in the same convention (seconds, milliseconds or microseconds);
+- the moment the gthread worker queued the connection (``worker.py``),
+  passed to the request's thread in a thread-local.
+"""
+
+from __future__ import annotations
+
+import threading
+
+_local = threading.local()
+
+
+def set_queued_at(monotonic_s: float | None) -> None:
+    """Called by the worker on the thread about to handle the request."""
+    _local.queued_at = monotonic_s
+
+
+def queued_at() -> float | None:
+    value: float | None = getattr(_local, "queued_at", None)
+    return value
+
+
+def from_header(value: str | None, *, now: float, wall_now: float) -> float | None:
+    """The monotonic time that an ``X-Request-Start`` header stands for, or None."""
+    if not value:
+        return None
+    text = value.strip()
+    if text.startswith("t="):
+        text = text[2:]
+    try:
+        stamp = float(text)
+    except ValueError:
+        return None
+    if stamp > 1e14:  # microseconds
+        stamp /= 1e6
+    elif stamp > 1e11:  # milliseconds
+        stamp /= 1e3
+    waited = wall_now - stamp
+    if not 0.0 <= waited < 3600.0:
+        return None  # clock skew or nonsense: trust our own clock instead
+    return now - waited
+
+
+def arrival(header: str | None, *, now: float, wall_now: float) -> float:
+    candidates = [now]
+    stamped = from_header(header, now=now, wall_now=wall_now)
+    if stamped is not None:
+        candidates.append(stamped)
+    queued = queued_at()
+    if queued is not None and queued <= now:
+        candidates.append(queued)
+    return min(candidates)
