@@ -1,4 +1,4 @@
-"""Served throughput and latency of the MiniLM handler through gunicorn, as a ratio of the bare model.
+"""Served MiniLM throughput and latency through gunicorn, as a ratio of the bare model.
 
 Measures the bare-model limit first (``bare_model.py``, same run, same
 machine), then starts ``serving-core serve`` and drives it with ``wrk``
@@ -40,9 +40,21 @@ def wrk(url: str, connections: int, seconds: float, delay_ms: float = 0.0) -> di
     env = dict(os.environ, WRK_SENTENCES=f.name, WRK_DELAY_MS=str(delay_ms))
     threads = min(2, connections)
     out = subprocess.run(
-        ["wrk", f"-t{threads}", f"-c{connections}", f"-d{round(seconds)}s", "--timeout", "30s",
-         "-s", str(LUA), url],
-        env=env, capture_output=True, text=True, check=True,
+        [
+            "wrk",
+            f"-t{threads}",
+            f"-c{connections}",
+            f"-d{round(seconds)}s",
+            "--timeout",
+            "30s",
+            "-s",
+            str(LUA),
+            url,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     os.unlink(f.name)
     match = re.search(r"^WRK_JSON (.*)$", out, re.MULTILINE)
@@ -87,8 +99,10 @@ def main() -> None:
             f"batch-1 latency {batch1_ms:.2f} ms"
         )
     extra = dict(item.split("=", 1) for item in args.env)
-    print(f"{'policy':>8} {'conc':>5} {'ok/s':>8} {'ratio':>6} {'p50 ms':>8} {'p99 ms':>8} "
-          f"{'503':>6} {'504':>5} {'errors':>6}")
+    print(
+        f"{'policy':>8} {'conc':>5} {'ok/s':>8} {'ratio':>6} {'p50 ms':>8} {'p99 ms':>8} "
+        f"{'503':>6} {'504':>5} {'errors':>6}"
+    )
     for policy in args.policy:
         env = {"SERVING_BATCH_POLICY": policy, **extra}
         for row in run(env, args.concurrency, args.seconds):

@@ -74,9 +74,11 @@ class Settings:
     def resolved(self, cores: int) -> Settings:
         """Fill the defaults that depend on the machine, then check cross-field rules."""
         workers = self.workers or max(1, cores)
-        # A gthread worker batches only the requests its threads hold at once:
-        # twice the batch size lets the next batch fill while one runs.
-        threads = self.threads or 2 * self.max_batch_size
+        # A gthread worker batches only the requests its threads hold at once,
+        # and a request waiting for a thread is invisible to admission: four
+        # batches' worth lets the next batches fill while one runs, and lets
+        # overload be refused quickly instead of queueing inside gunicorn.
+        threads = self.threads or 4 * self.max_batch_size
         settings = dataclasses.replace(self, workers=workers, threads=threads)
         if settings.max_queue < settings.max_batch_size:
             raise SettingsError(
