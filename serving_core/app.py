@@ -69,7 +69,8 @@ def create_app(settings: Settings, handler: Handler | LoadedHandler) -> Flask:
         rule = request.url_rule
         # Unmatched paths share one label: a scanner must not create series.
         route = rule.rule if rule is not None else "unmatched"
-        metrics.request(route, response.status_code, time.monotonic() - g.arrival)
+        now = time.monotonic()
+        metrics.request(route, response.status_code, now - g.get("arrival", now))
         return response
 
     # Errors outside Flask-RESTful's routes (unknown URLs, wrong methods) take the same funnel.
@@ -187,9 +188,6 @@ def error_response(exc: Exception) -> Response:
                 "message": _http_message(exc, status),
             }
         }
-        if status == 413:
-            # The unread body would otherwise be drained from the socket.
-            headers["Connection"] = "close"
         if status == 405 and exc.get_response().headers.get("Allow"):
             headers["Allow"] = exc.get_response().headers["Allow"]
     else:
