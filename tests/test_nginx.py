@@ -221,6 +221,17 @@ def test_the_access_log_is_one_json_object_per_request(echo_stack: Stack) -> Non
 
 
 @pytest.mark.e2e
+def test_nginx_stamps_x_request_start_over_the_clients(echo_stack: Stack) -> None:
+    # The app counts a request's deadline from X-Request-Start. A stamp a minute
+    # old is past the 10 s deadline straight to the app; nginx replaces it.
+    forged = {"X-Request-Start": f"t={time.time() - 60:.3f}"}
+    direct = requests.post(echo_stack.app.url + "/predict", json={}, headers=forged, timeout=10)
+    assert direct.status_code in (503, 504)
+    proxied = requests.post(echo_stack.nginx.url + "/predict", json={}, headers=forged, timeout=10)
+    assert proxied.status_code == 200
+
+
+@pytest.mark.e2e
 def test_nginx_reuses_its_connections_to_gunicorn(echo_stack: Stack) -> None:
     app_port = int(echo_stack.app.bind.rpartition(":")[2])
 
