@@ -9,6 +9,13 @@ back to back, so slow drift (CPU steal, frequency) falls on both alike; the
 ratio reported is the median of the per-round ratios, next to each path's
 median. The goal is >= 0.95.
 
+Between measurements the load pauses longer than nginx keeps idle upstream
+connections (SERVING_KEEPALIVE_S - 1 s): with several gunicorn workers, how
+the connections happen to split across them moves throughput by several
+percent, and each wrk run opens new client connections, so nginx must open
+new upstream ones too or the direct path would sample that split every round
+and the proxied path only once.
+
     .venv/bin/python bench/nginx_overhead.py [--rounds 3] [--seconds 10] [--concurrency 32]
         [--env SERVING_X=Y ...] [--nginx-env NGINX_X=Y ...]
 """
@@ -40,6 +47,7 @@ def measure(
     seconds: float,
     concurrency: int,
     warmup_s: float,
+    pause_s: float,
 ) -> dict[str, list[dict[str, Any]]]:
     results: dict[str, list[dict[str, Any]]] = {"direct": [], "nginx": []}
     with (
@@ -53,7 +61,7 @@ def measure(
             # Alternate which path goes first, so neither always follows a pause.
             order = ["direct", "nginx"] if round_ % 2 == 0 else ["nginx", "direct"]
             for path in order:
-                time.sleep(1)
+                time.sleep(pause_s)
                 row = wrk(urls[path], concurrency, seconds)
                 results[path].append(row)
                 print(
@@ -68,8 +76,8 @@ def measure(
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--warmup", type=float, default=10.0, help="seconds per path")
     parser.add_argument("--env", nargs="*", default=[], help="extra SERVING_X=Y for the app")
@@ -86,6 +94,8 @@ def main() -> int:
         seconds=args.seconds,
         concurrency=args.concurrency,
         warmup_s=args.warmup,
+        # nginx closes idle upstream connections 1 s before gunicorn's keep-alive.
+        pause_s=float(app_env.get("SERVING_KEEPALIVE_S", "5")) + 0.5,
     )
     direct = statistics.median(r["ok_per_s"] for r in results["direct"])
     proxied = statistics.median(r["ok_per_s"] for r in results["nginx"])
