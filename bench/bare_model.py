@@ -33,7 +33,7 @@ from serving_core.resources import usable_cores  # noqa: E402
 BATCH_SIZES = [1, 2, 4, 8, 16, 32]
 
 
-def run_worker(threads: int, seconds: float, start_at: float) -> dict[int, int]:
+def run_worker(threads: int, seconds: float, start_at: float, sizes: list[int]) -> dict[int, int]:
     """For each batch size, embed for ``seconds`` in a slot fixed in wall-clock time
     (so that side-by-side processes measure together); return sentences per size."""
     import torch
@@ -44,7 +44,7 @@ def run_worker(threads: int, seconds: float, start_at: float) -> dict[int, int]:
     handler = load_handler(str(ROOT / "handlers/minilm/handler.py")).handler
     handler.setup()
     counts = {}
-    for slot, batch_size in enumerate(BATCH_SIZES):
+    for slot, batch_size in enumerate(sizes):
         batches = [
             [{"text": SENTENCES[(i + j) % len(SENTENCES)]} for j in range(batch_size)]
             for i in range(0, len(SENTENCES), batch_size)
@@ -61,25 +61,37 @@ def run_worker(threads: int, seconds: float, start_at: float) -> dict[int, int]:
     return counts
 
 
-def side_by_side(processes: int, threads: int, seconds: float) -> dict[int, float]:
+def side_by_side(
+    processes: int, threads: int, seconds: float, sizes: list[int] = BATCH_SIZES
+) -> dict[int, float]:
     """Sentences/s per batch size, summed over ``processes`` running at once."""
     start_at = time.time() + 15.0  # time for every process to load the model
     procs = [
         subprocess.Popen(
-            [sys.executable, __file__, "--worker", str(threads), str(seconds), str(start_at)],
+            [
+                sys.executable,
+                __file__,
+                "--worker",
+                str(threads),
+                str(seconds),
+                str(start_at),
+                ",".join(map(str, sizes)),
+            ],
             stdout=subprocess.PIPE,
             text=True,
         )
         for _ in range(processes)
     ]
     outputs = [json.loads(p.communicate()[0].strip().splitlines()[-1]) for p in procs]
-    return {b: sum(o[str(b)] for o in outputs) / seconds for b in BATCH_SIZES}
+    return {b: sum(o[str(b)] for o in outputs) / seconds for b in sizes}
 
 
 def measure(seconds: float) -> dict[str, Any]:
     cores = usable_cores()
     one = side_by_side(1, cores, seconds)
     per_core = side_by_side(cores, 1, seconds)
+    # What one request alone costs in a served worker: one process, one torch thread.
+    single = side_by_side(1, 1, seconds, [1])
     rows = [
         {"batch_size": b, "one_process": one[b], "process_per_core": per_core[b]}
         for b in BATCH_SIZES
@@ -90,14 +102,18 @@ def measure(seconds: float) -> dict[str, Any]:
         "best_one_process": max(one.values()),
         "best_process_per_core": max(per_core.values()),
         "batch1_ms": 1000.0 / one[1] if one[1] else None,
+        "batch1_ms_one_thread": 1000.0 / single[1] if single[1] else None,
         "limit_per_s": max(*one.values(), *per_core.values()),
     }
 
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
-        threads, seconds, start_at = sys.argv[2:5]
-        print(json.dumps(run_worker(int(threads), float(seconds), float(start_at))))
+        threads, seconds, start_at, sizes = sys.argv[2:6]
+        counts = run_worker(
+            int(threads), float(seconds), float(start_at), [int(b) for b in sizes.split(",")]
+        )
+        print(json.dumps(counts))
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=3.0)
@@ -117,6 +133,7 @@ def main() -> None:
     print(f"best, 1 process x all cores: {result['best_one_process']:.1f} /s")
     print(f"best, 1 process per core:    {result['best_process_per_core']:.1f} /s")
     print(f"batch-1 latency, all cores:  {result['batch1_ms']:.2f} ms")
+    print(f"batch-1 latency, one thread: {result['batch1_ms_one_thread']:.2f} ms")
     print(f"limit: {result['limit_per_s']:.1f} sentences/s")
 
 

@@ -96,7 +96,8 @@ def main() -> None:
         print(
             f"bare model: limit {limit:.1f} sentences/s (one process on all cores "
             f"{bare['best_one_process']:.1f}, one per core {bare['best_process_per_core']:.1f}); "
-            f"batch-1 latency {batch1_ms:.2f} ms"
+            f"batch-1 latency {batch1_ms:.2f} ms on all cores, "
+            f"{bare['batch1_ms_one_thread']:.2f} ms on one thread (a served worker's)"
         )
     extra = dict(item.split("=", 1) for item in args.env)
     print(

@@ -46,6 +46,12 @@ class CostModel:
         return intercept + slope * size
 
     @property
+    def intercept_s(self) -> float:
+        """The fixed cost of a batch, whatever its size: what batching amortises."""
+        fit = self._fit
+        return 0.0 if fit is None else fit[0]
+
+    @property
     def known(self) -> bool:
         return self._fit is not None
 

@@ -5,10 +5,9 @@ Two policies share one cost model (``t(n) = a + b*n``, fitted per worker):
 - ``FixedWindow``: wait until ``max_wait_ms`` after the first queued item
   arrived (one deadline, never reset), or until the batch is full.
 - ``Adaptive``: run at once unless waiting for more items is predicted to raise
-  throughput, that is, unless items arrive faster than batches of the current
-  size can serve them; then wait only as long as the expected arrivals take to
-  fill the batch to the size that keeps up, never past any queued item's
-  deadline nor ``max_wait_ms``.
+  throughput: more requests can still come, and they arrive closer together
+  than the fixed cost of a batch that each one joining saves; never past any
+  queued item's deadline nor ``max_wait_ms``.
 
 Both refuse a request at admission when its predicted completion (the batch in
 flight, the queue ahead of it, its own batch) is later than its deadline.
@@ -18,7 +17,9 @@ Imports no Flask; time is passed in, so tests use a fake clock.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import statistics
+from collections import deque
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from .costmodel import CostModel
@@ -89,64 +90,104 @@ class FixedWindow(Policy):
 
 
 class ArrivalRate:
-    """Requests per second from an exponentially weighted mean of the gaps between arrivals."""
+    """Requests per second from the median of the last gaps between arrivals.
 
-    def __init__(self, alpha: float = 0.2) -> None:
-        self._alpha = alpha
+    The median, not a mean: closed-loop clients arrive in bursts (a batch's
+    answers go out, its clients send again at once) separated by a batch's
+    run time, and a mean of the gaps would call the burst slow and run its
+    first request alone.
+    """
+
+    def __init__(self, window: int = 16) -> None:
+        self._gaps: deque[float] = deque(maxlen=window)
         self._gap_s: float | None = None
         self._last: float | None = None
 
     def arrived(self, now: float) -> None:
         if self._last is not None:
-            gap = max(0.0, now - self._last)
-            self._gap_s = (
-                gap if self._gap_s is None else self._gap_s + self._alpha * (gap - self._gap_s)
-            )
+            self._gaps.append(max(0.0, now - self._last))
+            self._gap_s = statistics.median(self._gaps)
         self._last = now
 
-    def per_s(self, now: float) -> float:
+    @property
+    def last(self) -> float | None:
+        return self._last
+
+    def expected_gap_s(self, now: float) -> float:
+        """Seconds to the next arrival, as far as the recent gaps tell; inf before two arrivals."""
         if self._gap_s is None or self._last is None:
-            return 0.0
+            return math.inf
         # A silence longer than the usual gap is evidence of a lower rate: an
         # idle queue must never be held for arrivals that are not coming.
-        gap = max(self._gap_s, now - self._last)
-        return math.inf if gap == 0.0 else 1.0 / gap
+        return max(self._gap_s, now - self._last)
+
+    def per_s(self, now: float) -> float:
+        gap = self.expected_gap_s(now)
+        return 0.0 if math.isinf(gap) else math.inf if gap == 0.0 else 1.0 / gap
 
 
 class Adaptive(Policy):
+    """Wait for another item only while that is predicted to raise throughput.
+
+    One more item in this batch saves it a batch of its own, that is the
+    fitted fixed cost ``a`` of a batch; waiting for it leaves the model idle
+    for about the gap until it arrives. So the batch waits while (1) more
+    requests can still come (with gunicorn, the worker's open connections
+    outnumber the queued items: HTTP/1.1 carries one request per connection
+    at a time), and (2) arrivals keep coming closer together than ``a``;
+    never past ``max_wait_ms`` after the first item, nor so late that a
+    queued item would miss its deadline.
+    """
+
     name = "adaptive"
 
-    def __init__(self, *, max_batch_size: int, max_wait_s: float, cost: CostModel) -> None:
+    def __init__(
+        self,
+        *,
+        max_batch_size: int,
+        max_wait_s: float,
+        cost: CostModel,
+        open_connections: Callable[[], int | None] = lambda: None,
+    ) -> None:
         super().__init__(max_batch_size=max_batch_size, max_wait_s=max_wait_s, cost=cost)
         self.rate = ArrivalRate()
+        self._open_connections = open_connections
 
     def arrived(self, now: float) -> None:
         self.rate.arrived(now)
 
     def dispatch_at(self, queue: Sequence[Queued], now: float) -> float:
         size = len(queue)
-        rate = self.rate.per_s(now)
-        if not self.cost.known or rate <= 0.0 or size >= self.max_batch_size:
+        if size >= self.max_batch_size or not self.cost.known:
             return now
-        # Batches of `size` keep up when no more than `size` items arrive while
-        # one runs; then waiting only adds latency.
-        if rate * self.cost.predict(size) <= size:
+        senders = self._open_connections()
+        if senders is not None and senders <= size:
+            return now  # every client that could send has sent
+        saved_s = self.cost.intercept_s
+        if self.rate.expected_gap_s(now) >= saved_s:
             return now
-        target = self._keeps_up_size(size, rate)
-        wait = (target - size) / rate
-        oldest = queue[0].enqueued
-        slack = min(item.deadline for item in queue) - now - self.cost.predict(target)
-        wait = min(wait, slack, oldest + self.max_wait_s - now)
-        return now + max(0.0, wait)
-
-    def _keeps_up_size(self, size: int, rate: float) -> int:
-        """The smallest batch size whose run time gathers no more arrivals than it serves."""
-        for candidate in range(size + 1, self.max_batch_size + 1):
-            if rate * self.cost.predict(candidate) <= candidate:
-                return candidate
-        return self.max_batch_size
+        last = self.rate.last if self.rate.last is not None else now
+        at = min(
+            last + saved_s,
+            queue[0].enqueued + self.max_wait_s,
+            min(item.deadline for item in queue) - self.cost.predict(size + 1),
+        )
+        return max(now, at)
 
 
-def make_policy(name: str, *, max_batch_size: int, max_wait_ms: float) -> Policy:
-    cls = {"fixed": FixedWindow, "adaptive": Adaptive}[name]
-    return cls(max_batch_size=max_batch_size, max_wait_s=max_wait_ms / 1000, cost=CostModel())
+def make_policy(
+    name: str,
+    *,
+    max_batch_size: int,
+    max_wait_ms: float,
+    open_connections: Callable[[], int | None] = lambda: None,
+) -> Policy:
+    cost = CostModel()
+    if name == "fixed":
+        return FixedWindow(max_batch_size=max_batch_size, max_wait_s=max_wait_ms / 1000, cost=cost)
+    return Adaptive(
+        max_batch_size=max_batch_size,
+        max_wait_s=max_wait_ms / 1000,
+        cost=cost,
+        open_connections=open_connections,
+    )

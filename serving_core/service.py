@@ -15,6 +15,7 @@ from typing import Any
 
 import jsonschema
 
+from . import arrival
 from .batching import Batcher, Observer
 from .dispatch import make_policy
 from .errors import DeadlineExceeded, InvalidParams, NotReady
@@ -57,6 +58,7 @@ class Service:
             self.settings.batch_policy,
             max_batch_size=self.max_batch_size,
             max_wait_ms=self.settings.max_wait_ms if self.batched else 0.0,
+            open_connections=arrival.open_connections,
         )
         self.batcher = Batcher(
             lambda items: call_batch(self.handler, items),

@@ -1,8 +1,12 @@
-"""gunicorn's gthread worker, stamping when each request started to wait for a thread.
+"""gunicorn's gthread worker, telling the app what only the worker knows.
 
-With every thread busy, a readable connection waits in the worker's thread-pool
-queue where the app cannot see it; the stamp lets the deadline (and admission)
-count that wait. Selected by ``serving-core serve``; nothing else changes.
+- When each request started to wait for a thread: with every thread busy, a
+  readable connection waits in the worker's thread-pool queue where the app
+  cannot see it; the stamp lets the deadline (and admission) count that wait.
+- How many client connections are open: the adaptive batcher's bound on who
+  may still send.
+
+Selected by ``serving-core serve``; nothing else changes.
 """
 
 from __future__ import annotations
@@ -16,6 +20,10 @@ from . import arrival
 
 
 class StampingThreadWorker(ThreadWorker):  # type: ignore[misc]
+    def init_process(self) -> None:
+        arrival.count_connections_with(lambda: int(self.nr_conns))
+        super().init_process()
+
     def enqueue_req(self, conn: Any) -> None:
         conn.serving_queued_at = time.monotonic()
         super().enqueue_req(conn)

@@ -23,15 +23,24 @@ def linear_cost(intercept_s=0.010, per_item_s=0.005, sizes=(1, 4, 16)):
     return cost
 
 
-def adaptive(cost=None, max_batch_size=16, max_wait_s=0.050):
+def adaptive(cost=None, max_batch_size=16, max_wait_s=0.050, open_connections=lambda: None):
     return Adaptive(
-        max_batch_size=max_batch_size, max_wait_s=max_wait_s, cost=cost or linear_cost()
+        max_batch_size=max_batch_size,
+        max_wait_s=max_wait_s,
+        cost=cost or linear_cost(),
+        open_connections=open_connections,
     )
 
 
 def arrivals(policy, times):
     for t in times:
         policy.arrived(t)
+
+
+def burst(policy, start=0.0, n=8, gap=0.0002):
+    times = [start + i * gap for i in range(n)]
+    arrivals(policy, times)
+    return times[-1]
 
 
 def test_the_fixed_window_runs_at_the_first_items_arrival_plus_the_window():
@@ -42,57 +51,60 @@ def test_the_fixed_window_runs_at_the_first_items_arrival_plus_the_window():
 
 def test_adaptive_runs_at_once_when_it_knows_no_cost_yet():
     policy = adaptive(cost=CostModel())
-    arrivals(policy, [0.0, 0.001, 0.002])
-    assert policy.dispatch_at([Item(0.002, 10.0)], now=0.002) == 0.002
+    last = burst(policy)
+    assert policy.dispatch_at([Item(last, 10.0)], now=last) == last
 
 
-def test_adaptive_runs_at_once_at_low_load():
-    policy = adaptive()
-    arrivals(policy, [0.0, 0.1, 0.2, 0.3])  # 10/s, far below what batches of 1 serve
-    assert policy.dispatch_at([Item(0.3, 10.3)], now=0.3) == 0.3
+def test_adaptive_runs_at_once_when_arrivals_are_further_apart_than_a_batchs_fixed_cost():
+    policy = adaptive()  # a = 10 ms
+    arrivals(policy, [0.0, 0.02, 0.04, 0.06])  # one every 20 ms
+    assert policy.dispatch_at([Item(0.06, 10.0)], now=0.06) == 0.06
 
 
-def test_adaptive_never_holds_an_idle_queue():
-    policy = adaptive()
-    arrivals(policy, [i * 0.001 for i in range(20)])  # a burst at 1000/s...
-    # ...then silence: the rate seen now is low, so one item runs at once.
-    assert policy.dispatch_at([Item(0.019, 10.0)], now=0.5) == 0.5
+def test_adaptive_waits_while_a_burst_keeps_coming():
+    policy = adaptive()  # a = 10 ms: an arrival within 10 ms is worth waiting for
+    last = burst(policy)
+    queue = [Item(last - 0.001, 10.0), Item(last, 10.0)]
+    assert policy.dispatch_at(queue, now=last) == pytest.approx(last + 0.010)
 
 
-def test_adaptive_waits_when_arrivals_outpace_small_batches():
-    policy = adaptive()
-    arrivals(policy, [i * 0.001 for i in range(50)])  # 1000/s, batches of 1 serve ~67/s
-    now = 0.049
-    at = policy.dispatch_at([Item(now, now + 10.0)], now=now)
-    assert now < at <= now + 0.050
-    # the wait gathers about as many items as the batch size that keeps up needs
-    target = policy._keeps_up_size(1, 1000.0)
-    assert at - now == pytest.approx((target - 1) / 1000.0)
+def test_adaptive_stops_waiting_once_the_burst_is_over():
+    policy = adaptive(max_wait_s=1.0)
+    last = burst(policy)
+    assert policy.dispatch_at([Item(last, 10.0)], now=last + 0.011) == last + 0.011
+
+
+def test_adaptive_runs_at_once_when_every_open_connection_has_sent():
+    policy = adaptive(open_connections=lambda: 2)
+    last = burst(policy)
+    queue = [Item(last, 10.0), Item(last, 10.0)]
+    assert policy.dispatch_at(queue, now=last) == last
+    policy = adaptive(open_connections=lambda: 3)
+    burst(policy)
+    assert policy.dispatch_at(queue, now=last) > last
 
 
 def test_adaptive_never_waits_past_a_queued_items_deadline():
     policy = adaptive()
-    arrivals(policy, [i * 0.001 for i in range(50)])  # so fast that only 16 keeps up
-    now = 0.049
-    full_batch_s = policy.cost.predict(16)
-    tight = Item(now, now + full_batch_s + 0.003)  # 3 ms to spare after a full batch
-    assert policy.dispatch_at([tight], now=now) == pytest.approx(now + 0.003)
-    too_tight = Item(now, now + full_batch_s - 0.001)
-    assert policy.dispatch_at([too_tight], now=now) == now
+    last = burst(policy)
+    two_items_s = policy.cost.predict(2)
+    tight = Item(last, last + two_items_s + 0.003)  # 3 ms to spare
+    assert policy.dispatch_at([tight], now=last) == pytest.approx(last + 0.003)
+    too_tight = Item(last, last + two_items_s - 0.001)
+    assert policy.dispatch_at([too_tight], now=last) == last
 
 
 def test_adaptive_never_waits_longer_than_max_wait():
     policy = adaptive(max_wait_s=0.002)
-    arrivals(policy, [i * 0.01 for i in range(10)])  # 100/s against ~67/s at size 1
-    now = 0.09
-    assert policy.dispatch_at([Item(now, now + 10)], now=now) <= now + 0.002 + 1e-9
+    last = burst(policy)
+    assert policy.dispatch_at([Item(last, last + 10)], now=last) == pytest.approx(last + 0.002)
 
 
 def test_a_full_batch_runs_at_once():
     policy = adaptive(max_batch_size=2)
-    arrivals(policy, [i * 0.0001 for i in range(100)])
-    queue = [Item(0.0099, 10.0), Item(0.0099, 10.0)]
-    assert policy.dispatch_at(queue, now=0.0099) == 0.0099
+    last = burst(policy)
+    queue = [Item(last, 10.0), Item(last, 10.0)]
+    assert policy.dispatch_at(queue, now=last) == last
 
 
 def test_admission_accepts_what_can_finish_in_time():
@@ -119,3 +131,15 @@ def test_the_arrival_rate_follows_the_gaps():
         rate.arrived(i * 0.01)
     assert rate.per_s(0.99) == pytest.approx(100.0, rel=0.01)
     assert rate.per_s(10.0) < 1.0  # long silence
+
+
+def test_a_burst_after_a_pause_still_counts_as_fast():
+    rate = ArrivalRate()
+    t = 0.0
+    for _ in range(3):  # closed-loop clients: 16 arrivals within 1.5 ms, then 80 ms of work
+        for _ in range(16):
+            t += 0.0001
+            rate.arrived(t)
+        t += 0.080
+    rate.arrived(t)  # the first of the next burst
+    assert rate.per_s(t) >= 1000.0
