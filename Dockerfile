@@ -16,7 +16,7 @@
 # Environment (the full table is in the README; these are the image's values)
 #   SERVING_HANDLER  ${HANDLER_DIR}/handler.py, relative to /app
 #   SERVING_BIND     0.0.0.0:8000, so nginx in another container can reach it;
-#                    the HEALTHCHECK assumes a TCP bind
+#                    the HEALTHCHECK follows it (TCP or unix:)
 #   SERVING_*        workers, threads, batching, limits and timeouts: unset
 #                    here, so serving-core's defaults apply (README: Settings)
 #   HF_HUB_OFFLINE, TRANSFORMERS_OFFLINE = 1: the model is in the image and
@@ -96,10 +96,11 @@ USER 10001:10001
 RUN serving-core check "${SERVING_HANDLER}" > /dev/null
 
 EXPOSE 8000
-# Liveness of gunicorn itself (slim images have no curl). Readiness is /readyz,
-# which the compose file and the chart probe.
+# Liveness of gunicorn itself, asked at SERVING_BIND whether TCP or a unix
+# socket (slim images have no curl). Readiness is /readyz, which the compose
+# file and the chart probe.
 HEALTHCHECK --interval=10s --timeout=3s --start-period=120s --retries=3 \
-    CMD ["python", "-c", "import os, urllib.request; port = os.environ['SERVING_BIND'].rpartition(':')[2]; urllib.request.urlopen(f'http://127.0.0.1:{port}/healthz', timeout=2)"]
+    CMD ["serving-core", "healthcheck", "--timeout-s", "2"]
 
 # Exec form: gunicorn is PID 1 and gets SIGTERM itself, so it drains.
 CMD ["serving-core", "serve"]

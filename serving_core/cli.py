@@ -10,7 +10,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from . import encoding
+from . import encoding, probe
 from .errors import ServingError
 from .loading import HandlerError, load_handler
 from .metrics import enable_multiprocess
@@ -33,9 +33,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     check.add_argument("handler", help="handler.py path, its folder, or module[:Class]")
     check.add_argument("--params", help="JSON object to send instead of the sample.json")
+    health = commands.add_parser(
+        "healthcheck", help="exit 0 if the server at SERVING_BIND answers 200 (for HEALTHCHECK)"
+    )
+    health.add_argument("--path", default="/healthz", help="the route to ask (default /healthz)")
+    health.add_argument("--timeout-s", type=float, default=3.0)
     args = parser.parse_args(argv)
     try:
         settings = Settings.from_env(os.environ)
+        if args.command == "healthcheck":
+            healthy, seen = probe.check(settings.bind, args.path, args.timeout_s)
+            print(f"serving-core: {seen}", file=sys.stdout if healthy else sys.stderr)
+            return 0 if healthy else 1
         if args.command == "check":
             settings = dataclasses.replace(settings, handler=args.handler)
         _configure_logging(settings.log_level)

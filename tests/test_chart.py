@@ -350,6 +350,8 @@ def test_nginx_limits_follow_the_serving_values(chart: helm.Chart) -> None:
     # Idle upstream connections close before gunicorn's keep-alive does.
     assert "keepalive_timeout 9000ms;" in conf
     assert "proxy_set_header X-Request-ID $serving_request_id;" in conf
+    # The app's deadline counts from nginx's hand-off.
+    assert 'proxy_set_header X-Request-Start "t=$msec";' in conf
 
 
 def test_nginx_keeps_no_idle_upstream_connections_when_gunicorn_has_no_keepalive(

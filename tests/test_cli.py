@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from tests.servers import ROOT, SERVING_CORE, base_env
+from tests.servers import ROOT, SERVING_CORE, base_env, gunicorn_server
 
 
 def check(*args):
@@ -68,3 +68,31 @@ def test_check_reports_invalid_params():
     result = check("handlers/minilm/handler.py", "--params", '{"txt": 1}')
     assert result.returncode == 1
     assert "'text' is a required property" in result.stderr
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("unix", [False, True])
+def test_healthcheck_follows_the_bind_tcp_or_unix_socket(tmp_path, unix):
+    env = {"SERVING_HANDLER": "handlers/echo/handler.py", "SERVING_WORKERS": "1"}
+    if unix:
+        env["SERVING_BIND"] = f"unix:{tmp_path / 'app.sock'}"
+    with gunicorn_server(env) as server:
+        healthy = healthcheck({"SERVING_BIND": server.bind})
+        missing = healthcheck({"SERVING_BIND": server.bind}, "--path", "/nowhere")
+    assert healthy.returncode == 0, healthy.stderr
+    assert missing.returncode == 1
+    assert "404" in missing.stderr
+    down = healthcheck({"SERVING_BIND": server.bind})
+    assert down.returncode == 1
+
+
+def healthcheck(env, *args):
+    return subprocess.run(
+        [str(SERVING_CORE), "healthcheck", *args],
+        cwd=ROOT,
+        env=base_env(env),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
