@@ -121,6 +121,14 @@ def warn_about(settings: Settings, service: Service) -> None:
             settings.threads,
             settings.max_batch_size,
         )
+    elif settings.threads <= settings.max_queue + service.max_batch_size:
+        log.warning(
+            "SERVING_THREADS=%d leaves no thread free beyond a full queue "
+            "(SERVING_MAX_QUEUE=%d) and a running batch: under overload, refusals "
+            "wait for a thread; raise SERVING_THREADS or lower SERVING_MAX_QUEUE",
+            settings.threads,
+            settings.max_queue,
+        )
 
 
 def serve(settings: Settings, loaded: LoadedHandler) -> None:

@@ -37,7 +37,7 @@ class Settings:
     max_batch_size: int = 16
     max_wait_ms: float = 5.0
     batch_policy: BatchPolicy = "adaptive"
-    max_queue: int = 256
+    max_queue: int = 0  # 0: twice the batch size, resolved by from_env
     request_timeout_s: float = 10.0
     max_body_bytes: int = 1024 * 1024
     graceful_timeout_s: float = 30.0
@@ -79,7 +79,11 @@ class Settings:
         # batches' worth lets the next batches fill while one runs, and lets
         # overload be refused quickly instead of queueing inside gunicorn.
         threads = self.threads or 4 * self.max_batch_size
-        settings = dataclasses.replace(self, workers=workers, threads=threads)
+        # Every queued request holds a thread while it waits; a queue of two
+        # batches leaves a batch's worth of threads free to refuse newcomers
+        # at once (a refusal that waits for a thread is no longer fast).
+        max_queue = self.max_queue or 2 * self.max_batch_size
+        settings = dataclasses.replace(self, workers=workers, threads=threads, max_queue=max_queue)
         if settings.max_queue < settings.max_batch_size:
             raise SettingsError(
                 f"SERVING_MAX_QUEUE={settings.max_queue} is smaller than "

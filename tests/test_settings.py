@@ -9,6 +9,7 @@ def test_defaults_resolve_workers_from_cores_and_threads_from_batch_size():
     settings = Settings.from_env({}, cores=4)
     assert settings.workers == 4
     assert settings.threads == 4 * settings.max_batch_size
+    assert settings.max_queue == 2 * settings.max_batch_size
     assert settings.bind == "127.0.0.1:8000"
     assert settings.handler == "handlers/minilm/handler.py"
 

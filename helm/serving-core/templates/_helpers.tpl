@@ -101,7 +101,7 @@ threads: {env: SERVING_THREADS, kind: auto}
 maxBatchSize: {env: SERVING_MAX_BATCH_SIZE, kind: int}
 maxWaitMs: {env: SERVING_MAX_WAIT_MS, kind: number}
 batchPolicy: {env: SERVING_BATCH_POLICY, kind: string}
-maxQueue: {env: SERVING_MAX_QUEUE, kind: int}
+maxQueue: {env: SERVING_MAX_QUEUE, kind: auto}
 requestTimeoutSeconds: {env: SERVING_REQUEST_TIMEOUT_S, kind: number}
 maxBodyBytes: {env: SERVING_MAX_BODY_BYTES, kind: int}
 gracefulTimeoutSeconds: {env: SERVING_GRACEFUL_TIMEOUT_S, kind: number}
@@ -116,7 +116,7 @@ Checks that JSON Schema cannot express; each message says what to change.
 */}}
 {{- define "serving-core.validate" -}}
 {{- $s := .Values.serving }}
-{{- if lt (int64 $s.maxQueue) (int64 $s.maxBatchSize) }}
+{{- if and (gt (int64 $s.maxQueue) 0) (lt (int64 $s.maxQueue) (int64 $s.maxBatchSize)) }}
 {{- fail (printf "serving.maxQueue (%d) is smaller than serving.maxBatchSize (%d): raise serving.maxQueue so that a full batch can queue" (int64 $s.maxQueue) (int64 $s.maxBatchSize)) }}
 {{- end }}
 {{- if eq (int .Values.nginx.port) (int .Values.nginx.metricsPort) }}
