@@ -132,7 +132,9 @@ def main() -> None:
         wrk(server.url, 8, 3)  # warm-up
         capacity = wrk(server.url, 32, 8)["ok_per_s"]
         rate = args.times * capacity
+        cpu_before, wall_before = time.process_time(), time.monotonic()
         results = asyncio.run(open_loop(server.url, rate, args.seconds, args.connections))
+        client_cores = (time.process_time() - cpu_before) / (time.monotonic() - wall_before)
     ok = [t for s, t in results if s == 200]
     refused = [t for s, t in results if s == 503]
     late = [s for s, _ in results if s == 504]
@@ -154,6 +156,7 @@ def main() -> None:
         f" within 10 ms {sum(t <= 0.010 for t in refused) / max(1, len(refused)):.1%}"
     )
     print(f"504: {len(late)} ({len(late) / max(1, len(results)):.2%}); other/errors: {len(other)}")
+    print(f"the load generator itself used {client_cores:.2f} of a core (on the same machine)")
 
 
 if __name__ == "__main__":
