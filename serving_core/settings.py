@@ -93,34 +93,27 @@ class Settings:
         return settings
 
 
-def _int(minimum: int, maximum: int = 1 << 40) -> Callable[[str, str], int]:
-    def parse(name: str, raw: str) -> int:
+def _number(
+    convert: Callable[[str], float], kind: str, minimum: float, maximum: float
+) -> Callable[[str, str], Any]:
+    def parse(name: str, raw: str) -> Any:
         try:
-            value = int(raw)
+            value = convert(raw)
         except ValueError:
-            raise SettingsError(
-                f"{name}={raw!r} is not an integer; set it to e.g. {minimum}"
-            ) from None
-        if not minimum <= value <= maximum:
-            raise SettingsError(f"{name}={raw!r} is out of range; use {minimum}..{maximum}")
-        return value
-
-    return parse
-
-
-def _float(minimum: float, maximum: float = 1e9) -> Callable[[str, str], float]:
-    def parse(name: str, raw: str) -> float:
-        try:
-            value = float(raw)
-        except ValueError:
-            raise SettingsError(
-                f"{name}={raw!r} is not a number; set it to e.g. {minimum}"
-            ) from None
+            raise SettingsError(f"{name}={raw!r} is not {kind}; set it to e.g. {minimum}") from None
         if math.isnan(value) or not minimum <= value <= maximum:
             raise SettingsError(f"{name}={raw!r} is out of range; use {minimum}..{maximum}")
         return value
 
     return parse
+
+
+def _int(minimum: int, maximum: int = 1 << 40) -> Callable[[str, str], Any]:
+    return _number(int, "an integer", minimum, maximum)
+
+
+def _float(minimum: float, maximum: float = 1e9) -> Callable[[str, str], Any]:
+    return _number(float, "a number", minimum, maximum)
 
 
 def _choice(*choices: str) -> Callable[[str, str], str]:
