@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from . import encoding, probe
 from .errors import ServingError
-from .loading import HandlerError, load_handler
+from .loading import HandlerError, LoadedHandler, load_handler
 from .metrics import enable_multiprocess
 from .settings import Settings, SettingsError
 
@@ -69,11 +69,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     return _check(settings, loaded, args.params)
 
 
-def _check(settings: Settings, loaded: object, raw_params: str | None) -> int:
-    from .loading import LoadedHandler
+def _check(settings: Settings, loaded: LoadedHandler, raw_params: str | None) -> int:
     from .service import Service
 
-    assert isinstance(loaded, LoadedHandler)
     if raw_params is not None:
         try:
             params = json.loads(raw_params)

@@ -18,6 +18,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .settings import SettingsError
+
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 LATENCY_BUCKETS_S = (
@@ -33,14 +35,20 @@ def enable_multiprocess(directory: str) -> str:
     run are removed: they would be summed into this run's counters.
     """
     if "prometheus_client" in sys.modules and MULTIPROC_ENV not in os.environ:
-        raise RuntimeError(
-            "prometheus_client was imported before the metrics directory was set; "
+        raise SettingsError(
+            "prometheus_client was imported before SERVING_METRICS_DIR was applied; "
             "import it lazily in your handler (inside setup())"
         )
-    path = Path(directory) if directory else Path(tempfile.mkdtemp(prefix="serving-metrics-"))
-    path.mkdir(parents=True, exist_ok=True)
-    for stale in path.glob("*.db"):
-        stale.unlink()
+    try:
+        path = Path(directory) if directory else Path(tempfile.mkdtemp(prefix="serving-metrics-"))
+        path.mkdir(parents=True, exist_ok=True)
+        for stale in path.glob("*.db"):
+            stale.unlink()
+    except OSError as exc:
+        raise SettingsError(
+            f"SERVING_METRICS_DIR={directory!r} cannot be used ({exc}); "
+            "point it at a writable directory (an emptyDir in Kubernetes)"
+        ) from exc
     os.environ[MULTIPROC_ENV] = str(path)
     return str(path)
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import subprocess
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -12,7 +13,7 @@ import requests
 
 from serving_core.metrics import Metrics
 from tests.conftest import PROBE
-from tests.servers import gunicorn_server
+from tests.servers import ROOT, SERVING_CORE, base_env, gunicorn_server
 
 
 def sample(text, name, **labels):
@@ -92,3 +93,25 @@ def test_metrics_add_up_across_two_workers_and_survive_a_dead_worker(tmp_path):
         assert sample(text, "serving_requests_total", route="/predict", status="200") == 80
         assert sample(text, "serving_queue_depth") == 0
         assert not (tmp_path / f"gauge_livesum_{pids[0]}.db").exists()
+
+
+def test_an_unusable_metrics_dir_names_the_variable(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    result = subprocess.run(
+        [str(SERVING_CORE), "serve"],
+        cwd=ROOT,
+        env=base_env(
+            {
+                "SERVING_HANDLER": "handlers/echo/handler.py",
+                "SERVING_METRICS_DIR": str(blocker / "sub"),
+            }
+        ),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert "SERVING_METRICS_DIR=" in result.stderr
+    assert "writable directory" in result.stderr
