@@ -160,7 +160,19 @@ class Batcher:
             batch = self._next_batch()
             if batch is None:
                 return
-            self._run(batch)
+            try:
+                self._run(batch)
+            except Exception:
+                # A bug outside the handler (an observer, say) must not kill the
+                # model thread: every later request would wait for its deadline.
+                log.exception("the batcher failed around a batch of %d", len(batch))
+                for pending in batch:
+                    if not pending.future.done():
+                        pending.future.set_exception(
+                            ModelError(f"internal error; request id {pending.request_id}")
+                        )
+                with self._cond:
+                    self._busy_until = 0.0
 
     def _next_batch(self) -> list[Pending] | None:
         with self._cond:

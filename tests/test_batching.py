@@ -206,3 +206,35 @@ def test_the_fixed_window_waits_for_the_first_items_deadline(model):
         assert time.monotonic() - started >= 0.14
     finally:
         batcher.stop(5)
+
+
+def test_a_failing_observer_fails_its_batch_but_not_the_model_thread(model):
+    class Broken:
+        def batch(self, size, duration_s, queue_waits_s):
+            raise OSError("disk full")
+
+        def rejected(self, reason):
+            pass
+
+        def failed(self, size):
+            pass
+
+        def depth(self, depth):
+            pass
+
+    batcher = Batcher(
+        model,
+        policy=make_policy("fixed", max_batch_size=4, max_wait_ms=0),
+        max_batch_size=4,
+        max_queue=8,
+        observer=Broken(),
+    )
+    batcher.start()
+    try:
+        first = submit(batcher, "a")
+        # Its result was set before the observer failed: the client still gets it.
+        assert first.future.result(5) == {"out": "a"}
+        assert batcher.alive
+        assert submit(batcher, "b").future.result(5) == {"out": "b"}
+    finally:
+        batcher.stop(5)
