@@ -13,7 +13,7 @@ from flask import Flask, Response, g, request
 from flask_restful import Api, Resource
 from werkzeug.exceptions import HTTPException
 
-from . import arrival, encoding
+from . import arrival, encoding, openapi
 from .errors import BadRequest, ServingError
 from .handler import Handler
 from .loading import LoadedHandler
@@ -60,6 +60,8 @@ def create_app(settings: Settings, handler: Handler | LoadedHandler) -> Flask:
     api.add_resource(Readyz, "/readyz", resource_class_args=(service,))
     api.add_resource(Metadata, "/metadata", resource_class_args=(service,))
     api.add_resource(MetricsEndpoint, "/metrics", resource_class_args=(metrics,))
+    document = openapi.document(service.name, service.handler.version, service.handler.input_schema)
+    api.add_resource(OpenAPI, "/openapi.json", resource_class_args=(document,))
 
     app.before_request(_start_request)
     app.after_request(_tag_response)
@@ -116,6 +118,14 @@ class Metadata(Resource):  # type: ignore[misc]
 
     def get(self) -> dict[str, Any]:
         return self.service.metadata()
+
+
+class OpenAPI(Resource):  # type: ignore[misc]
+    def __init__(self, document: dict[str, Any]) -> None:
+        self.document = document
+
+    def get(self) -> dict[str, Any]:
+        return self.document
 
 
 class MetricsEndpoint(Resource):  # type: ignore[misc]

@@ -159,3 +159,14 @@ def test_not_ready_before_the_worker_starts():
     assert client.get("/readyz").status_code == 503
     assert client.get("/healthz").status_code == 200
     assert_error(client.post("/predict", json={}), 503, "not_ready")
+
+
+def test_the_openapi_document_is_valid_and_carries_the_handlers_schema(app, client):
+    from openapi_spec_validator import validate
+
+    document = client.get("/openapi.json").get_json()
+    validate(document)
+    body = document["paths"]["/predict"]["post"]["requestBody"]["content"]
+    handler = app.extensions["serving_core"].handler
+    assert body["application/json"]["schema"] == handler.input_schema
+    assert document["info"] == {"title": "probe", "version": "7"}
