@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import socket
 import subprocess
 import threading
 import time
@@ -221,3 +223,30 @@ def test_a_bad_setting_or_handler_stops_serve_before_fork(env, expected):
     assert "Booting worker" not in result.stderr + result.stdout
     if "SERVING_HANDLER" in env:
         assert Path(env["SERVING_HANDLER"]).name in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("raw", "status", "type_"),
+    [
+        (b"GARBAGE\r\n\r\n", 400, "bad_request"),
+        (
+            b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 9000 + b"\r\n\r\n",
+            431,
+            "request_header_fields_too_large",
+        ),
+    ],
+)
+def test_requests_gunicorn_refuses_itself_get_json_errors(raw, status, type_):
+    with gunicorn_server({"SERVING_HANDLER": PROBE, "SERVING_WORKERS": "1"}) as server:
+        host, port = server.bind.split(":")
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            sock.sendall(raw)
+            data = b""
+            while chunk := sock.recv(65536):
+                data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    assert head.split()[1] == str(status).encode()
+    assert b"Content-Type: application/json" in head
+    error = json.loads(body)["error"]
+    assert error["message"]
+    assert error["type"] == type_
