@@ -24,9 +24,10 @@ class Handler:
     Hooks run in this order:
 
     - ``setup()``: once, in the gunicorn master before fork (load the model and
-      tokenizer here so that workers share their memory). Do not run
-      inference here: a multi-threaded forward pass before fork hangs the
-      workers (GNU OpenMP is not fork-safe).
+      tokenizer here so that workers share their memory). Torch is capped at
+      one thread in the master, because a multi-threaded operation before fork
+      hangs the workers (GNU OpenMP is not fork-safe); computing here (tracing,
+      a warm-up) is safe but slows start-up.
     - ``setup_worker()``: once per worker after fork (per-process state, GPU moves).
     - ``preprocess(params)``: on the request thread, in parallel across requests
       (validation, cheap per-item work). Its return value is what the model

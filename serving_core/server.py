@@ -10,10 +10,13 @@ Order of events (``serving-core serve``):
    workers, ``setup_worker()``, start the model thread, run the sample.
 3. ``worker_exit``: finish the queued items, stop the model thread.
 
-The master runs no inference: one multi-threaded forward pass before fork
-leaves GNU OpenMP's thread pool in a state that hangs every forked worker on
-its first request (and each respawned one again). Capping torch at one thread
-in the master keeps even a handler that computes in ``setup()`` safe.
+Fork safety: one multi-threaded torch operation before fork leaves GNU
+OpenMP's thread pool unusable in the forked children, and a worker then hangs
+on its first parallel operation on its main thread (``setup_worker``; each
+respawned worker again). The pool belongs to the thread that made it, so the
+worker's model thread, a new thread, is spared. Capping torch at one thread
+in the master means no pool exists before fork, which keeps a handler that
+computes in ``setup()`` safe (the MiniLM handler traces its model there).
 """
 
 from __future__ import annotations
