@@ -198,8 +198,9 @@ def error_response(exc: Exception) -> Response:
                 "message": _http_message(exc, status),
             }
         }
-        if status == 405 and exc.get_response().headers.get("Allow"):
-            headers["Allow"] = exc.get_response().headers["Allow"]
+        allow = exc.get_response().headers.get("Allow") if status == 405 else None
+        if allow:
+            headers["Allow"] = allow
     else:
         log.exception("request %s failed with an unexpected error", request_id)
         status = 500

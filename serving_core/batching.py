@@ -171,6 +171,7 @@ class Batcher:
                         pending.future.set_exception(
                             ModelError(f"internal error; request id {pending.request_id}")
                         )
+            finally:
                 with self._cond:
                     self._busy_until = 0.0
 
@@ -202,9 +203,7 @@ class Batcher:
             if not pending.future.set_running_or_notify_cancel():
                 continue  # its request thread gave up at the deadline
             if pending.deadline <= now:
-                pending.future.set_exception(
-                    DeadlineExceeded(_deadline_message(pending), details=None)
-                )
+                pending.future.set_exception(DeadlineExceeded(_deadline_message(pending)))
                 self._observer.rejected("deadline_passed")
                 continue
             live.append(pending)
@@ -219,8 +218,6 @@ class Batcher:
                     pending.future.set_result(result)
             self.policy.observe(len(live), duration)
             self._observer.batch(len(live), duration, [started - p.arrival for p in live])
-        with self._cond:
-            self._busy_until = 0.0
 
     def _call(self, batch: list[Pending]) -> list[Any]:
         """Run the handler; isolate an ``InvalidInput`` to its item by halving the batch."""

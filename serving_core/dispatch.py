@@ -89,8 +89,8 @@ class FixedWindow(Policy):
         return queue[0].enqueued + self.max_wait_s
 
 
-class ArrivalRate:
-    """Requests per second from the median of the last gaps between arrivals.
+class ArrivalGaps:
+    """The expected gap to the next arrival, from the median of the last gaps.
 
     The median, not a mean: closed-loop clients arrive in bursts (a batch's
     answers go out, its clients send again at once) separated by a batch's
@@ -121,10 +121,6 @@ class ArrivalRate:
         # idle queue must never be held for arrivals that are not coming.
         return max(self._gap_s, now - self._last)
 
-    def per_s(self, now: float) -> float:
-        gap = self.expected_gap_s(now)
-        return 0.0 if math.isinf(gap) else math.inf if gap == 0.0 else 1.0 / gap
-
 
 class Adaptive(Policy):
     """Wait for another item only while that is predicted to raise throughput.
@@ -150,11 +146,11 @@ class Adaptive(Policy):
         open_connections: Callable[[], int | None] = lambda: None,
     ) -> None:
         super().__init__(max_batch_size=max_batch_size, max_wait_s=max_wait_s, cost=cost)
-        self.rate = ArrivalRate()
+        self.arrivals = ArrivalGaps()
         self._open_connections = open_connections
 
     def arrived(self, now: float) -> None:
-        self.rate.arrived(now)
+        self.arrivals.arrived(now)
 
     def dispatch_at(self, queue: Sequence[Queued], now: float) -> float:
         size = len(queue)
@@ -164,9 +160,9 @@ class Adaptive(Policy):
         if senders is not None and senders <= size:
             return now  # every client that could send has sent
         saved_s = self.cost.intercept_s
-        if self.rate.expected_gap_s(now) >= saved_s:
+        if self.arrivals.expected_gap_s(now) >= saved_s:
             return now
-        last = self.rate.last if self.rate.last is not None else now
+        last = self.arrivals.last if self.arrivals.last is not None else now
         at = min(
             last + saved_s,
             queue[0].enqueued + self.max_wait_s,

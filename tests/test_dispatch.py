@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import pytest
 
 from serving_core.costmodel import CostModel
-from serving_core.dispatch import Adaptive, ArrivalRate, FixedWindow
+from serving_core.dispatch import Adaptive, ArrivalGaps, FixedWindow
 
 
 @dataclass
@@ -126,15 +126,15 @@ def test_admission_admits_everything_before_any_cost_is_known():
 
 
 def test_the_arrival_rate_follows_the_gaps():
-    rate = ArrivalRate()
+    rate = ArrivalGaps()
     for i in range(100):
         rate.arrived(i * 0.01)
-    assert rate.per_s(0.99) == pytest.approx(100.0, rel=0.01)
-    assert rate.per_s(10.0) < 1.0  # long silence
+    assert rate.expected_gap_s(0.99) == pytest.approx(0.01, rel=0.01)
+    assert rate.expected_gap_s(10.0) > 1.0  # long silence
 
 
 def test_a_burst_after_a_pause_still_counts_as_fast():
-    rate = ArrivalRate()
+    rate = ArrivalGaps()
     t = 0.0
     for _ in range(3):  # closed-loop clients: 16 arrivals within 1.5 ms, then 80 ms of work
         for _ in range(16):
@@ -142,4 +142,4 @@ def test_a_burst_after_a_pause_still_counts_as_fast():
             rate.arrived(t)
         t += 0.080
     rate.arrived(t)  # the first of the next burst
-    assert rate.per_s(t) >= 1000.0
+    assert rate.expected_gap_s(t) <= 0.001
