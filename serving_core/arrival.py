@@ -8,7 +8,9 @@ visible; the earliest of them and the app's own clock is the arrival:
 - ``X-Request-Start: t=<unix seconds>``, set by nginx (``t=${msec}``) or any
   proxy in the same convention (seconds, milliseconds or microseconds);
 - the moment the gthread worker queued the connection (``worker.py``),
-  passed to the request's thread in a thread-local.
+  passed to the request's thread in a context variable. (The gevent worker
+  needs no stamp: each connection has its greenlet, which reads a request as
+  soon as it comes.)
 
 The worker also tells how many connections it holds, which bounds how many
 more requests can arrive before some are answered (HTTP/1.1 carries one
@@ -18,10 +20,11 @@ every connection's request is already queued.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
+from contextvars import ContextVar
 
-_local = threading.local()
+# A context variable, not a thread-local: one value per thread, and per greenlet.
+_queued_at: ContextVar[float | None] = ContextVar("serving_queued_at", default=None)
 _open_connections: Callable[[], int] | None = None
 
 
@@ -38,12 +41,11 @@ def open_connections() -> int | None:
 
 def set_queued_at(monotonic_s: float | None) -> None:
     """Called by the worker on the thread about to handle the request."""
-    _local.queued_at = monotonic_s
+    _queued_at.set(monotonic_s)
 
 
 def queued_at() -> float | None:
-    value: float | None = getattr(_local, "queued_at", None)
-    return value
+    return _queued_at.get()
 
 
 def from_header(value: str | None, *, now: float, wall_now: float) -> float | None:

@@ -89,6 +89,9 @@ class Batcher:
         self._stopping = False
         self._busy_until = 0.0  # predicted end of the batch in flight (0: idle)
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        # What a request waits on; the gevent worker swaps in futures its
+        # greenlets can wait on (``greenworker.GreenFuture``).
+        self.new_future: Callable[[], Future[Any]] = Future
 
     # -- request threads ---------------------------------------------------
 
@@ -117,7 +120,9 @@ class Batcher:
                     reason="predicted_late",
                     retry_after_s=late,
                 )
-            pending = Pending(item, request_id, arrival, deadline, enqueued=now)
+            pending = Pending(
+                item, request_id, arrival, deadline, enqueued=now, future=self.new_future()
+            )
             self._queue.append(pending)
             self.policy.arrived(now)
             self._observer.depth(len(self._queue))

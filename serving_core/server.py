@@ -39,7 +39,10 @@ from .settings import Settings
 
 log = logging.getLogger("serving_core.server")
 
-ACCESS_LOG_FORMAT = '%(h)s "%(r)s" %(s)s %(b)s %(M)sms request_id=%({x-request-id}o)s'
+WORKER_CLASSES = {
+    "gevent": "serving_core.greenworker.GreenWorker",
+    "gthread": "serving_core.worker.StampingThreadWorker",
+}
 
 
 def limit_master_threads() -> None:
@@ -77,8 +80,9 @@ def gunicorn_options(settings: Settings, service: Service) -> dict[str, Any]:
     return {
         "bind": [settings.bind],
         "workers": settings.workers,
-        "worker_class": "serving_core.worker.StampingThreadWorker",
+        "worker_class": WORKER_CLASSES[settings.worker_class],
         "threads": settings.threads,
+        "worker_connections": settings.worker_connections,
         "preload_app": True,
         # gunicorn takes whole seconds here.
         "keepalive": math.ceil(settings.keepalive_s),
@@ -90,7 +94,8 @@ def gunicorn_options(settings: Settings, service: Service) -> dict[str, Any]:
         "loglevel": settings.log_level,
         "accesslog": "-",
         "errorlog": "-",
-        "access_log_format": ACCESS_LOG_FORMAT,
+        # The same line as before, without gunicorn's per-request atoms dict.
+        "logger_class": "serving_core.accesslog.AccessLogger",
         "post_fork": post_fork,
         "worker_exit": worker_exit,
         "child_exit": child_exit,
@@ -117,6 +122,8 @@ class ServingApplication(BaseApplication):  # type: ignore[misc]
 
 
 def warn_about(settings: Settings, service: Service) -> None:
+    if settings.worker_class != "gthread":
+        return
     if service.batched and settings.threads < settings.max_batch_size:
         log.warning(
             "SERVING_THREADS=%d is below SERVING_MAX_BATCH_SIZE=%d: a worker can never "

@@ -161,5 +161,7 @@ class Service:
             "input_schema": self.handler.input_schema,
             "batching": batching,
             "workers": self.settings.workers,
+            "worker_class": self.settings.worker_class,
+            "worker_connections": self.settings.worker_connections,
             "threads": self.settings.threads,
         }

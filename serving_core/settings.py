@@ -20,6 +20,7 @@ PREFIX = "SERVING_"
 DEFAULT_HANDLER = "handlers/minilm/handler.py"
 BatchPolicy = Literal["adaptive", "fixed"]
 LogLevel = Literal["debug", "info", "warning", "error", "critical"]
+WorkerClass = Literal["gevent", "gthread"]
 
 
 class SettingsError(ValueError):
@@ -33,7 +34,9 @@ class Settings:
     handler: str = DEFAULT_HANDLER
     bind: str = "127.0.0.1:8000"
     workers: int = 0  # 0: one per usable core, resolved by from_env
-    threads: int = 0  # 0: enough for every batch to fill, resolved by from_env
+    worker_class: WorkerClass = "gevent"
+    worker_connections: int = 1000  # gevent: client connections per worker
+    threads: int = 0  # gthread: 0 is enough for every batch to fill, resolved by from_env
     max_batch_size: int = 16
     max_wait_ms: float = 5.0
     batch_policy: BatchPolicy = "adaptive"
@@ -74,16 +77,24 @@ class Settings:
     def resolved(self, cores: int) -> Settings:
         """Fill the defaults that depend on the machine, then check cross-field rules."""
         workers = self.workers or max(1, cores)
-        # A gthread worker batches only the requests its threads hold at once,
+        # (gthread only) A worker batches only the requests its threads hold at once,
         # and a request waiting for a thread is invisible to admission: four
         # batches' worth lets the next batches fill while one runs, and lets
         # overload be refused quickly instead of queueing inside gunicorn.
         threads = self.threads or 4 * self.max_batch_size
-        # Every queued request holds a thread while it waits; a queue of two
-        # batches leaves a batch's worth of threads free to refuse newcomers
-        # at once (a refusal that waits for a thread is no longer fast).
+        # Two batches: one fills while one runs. A longer queue only adds
+        # latency, and admission refuses what would miss its deadline anyway.
+        # (gthread: every queued request holds a thread, so threads = four
+        # batches leaves a batch's worth free to refuse newcomers at once.)
         max_queue = self.max_queue or 2 * self.max_batch_size
         settings = dataclasses.replace(self, workers=workers, threads=threads, max_queue=max_queue)
+        gevent = settings.worker_class == "gevent"
+        if gevent and settings.worker_connections < settings.max_batch_size:
+            raise SettingsError(
+                f"SERVING_WORKER_CONNECTIONS={settings.worker_connections} is smaller than "
+                f"SERVING_MAX_BATCH_SIZE={settings.max_batch_size}; a worker could never "
+                "fill a batch: raise SERVING_WORKER_CONNECTIONS"
+            )
         if settings.max_queue < settings.max_batch_size:
             raise SettingsError(
                 f"SERVING_MAX_QUEUE={settings.max_queue} is smaller than "
@@ -149,6 +160,8 @@ _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "handler": _text,
     "bind": _bind,
     "workers": _int(1, 1024),
+    "worker_class": _choice("gevent", "gthread"),
+    "worker_connections": _int(1, 1_000_000),
     "threads": _int(1, 4096),
     "max_batch_size": _int(1, 4096),
     "max_wait_ms": _float(0.0, 60_000.0),

@@ -64,6 +64,7 @@ def test_the_deadline_counts_from_the_proxy_stamp(client):
 def test_time_spent_waiting_for_a_gunicorn_thread_counts_against_the_deadline(tmp_path):
     env = {
         "SERVING_HANDLER": PROBE,
+        "SERVING_WORKER_CLASS": "gthread",
         "SERVING_WORKERS": "1",
         "SERVING_THREADS": "1",
         "SERVING_REQUEST_TIMEOUT_S": "5",

@@ -169,6 +169,8 @@ SETTINGS_TABLE = [
     # value key, value, env var, as the env carries it
     ("handler", "handlers/echo/handler.py", "SERVING_HANDLER", "handlers/echo/handler.py"),
     ("workers", 3, "SERVING_WORKERS", "3"),
+    ("workerClass", "gthread", "SERVING_WORKER_CLASS", "gthread"),
+    ("workerConnections", 250, "SERVING_WORKER_CONNECTIONS", "250"),
     ("threads", 48, "SERVING_THREADS", "48"),
     ("maxBatchSize", 24, "SERVING_MAX_BATCH_SIZE", "24"),
     ("maxWaitMs", 2.5, "SERVING_MAX_WAIT_MS", "2.5"),
@@ -197,11 +199,13 @@ def test_settings_table_covers_every_serving_value(chart: helm.Chart) -> None:
 
 
 def test_rendered_env_is_what_serving_core_accepts(chart: helm.Chart) -> None:
-    values = {"serving": {row[0]: row[1] for row in SETTINGS_TABLE[:12]}}
+    values = {"serving": {row[0]: row[1] for row in SETTINGS_TABLE[:14]}}
     env = env_of(containers(find(render(chart, values), "Deployment"))["app"])
     serving_env = {k: v for k, v in env.items() if k.startswith("SERVING_")}
     settings = Settings.from_env(serving_env, cores=2)
     assert settings.workers == 3
+    assert settings.worker_class == "gthread"
+    assert settings.worker_connections == 250
     assert settings.threads == 48
     assert settings.max_wait_ms == 2.5
     assert settings.max_queue == 1000000

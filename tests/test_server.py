@@ -1,4 +1,4 @@
-"""End to end: a real ``serving-core serve`` (gunicorn, preload, gthread workers) on 127.0.0.1."""
+"""End to end: a real ``serving-core serve`` (gunicorn, preload, gevent/gthread) on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -19,6 +19,9 @@ from tests.conftest import HANDLERS, PROBE
 from tests.servers import ROOT, SERVING_CORE, base_env, gunicorn_server
 
 pytestmark = pytest.mark.e2e
+
+# The behaviours that depend on how a worker waits run with both worker classes.
+each_worker_class = pytest.mark.parametrize("worker_class", ["gevent", "gthread"])
 
 
 def post(url, payload, **kwargs):
@@ -48,8 +51,14 @@ def test_the_model_is_loaded_once_in_the_master_and_shared_by_two_workers():
     assert {a["pid"] for a in answers} <= workers
 
 
-def test_32_concurrent_clients_are_batched_and_each_gets_its_own_answer():
-    env = {"SERVING_HANDLER": PROBE, "SERVING_WORKERS": "2", "SERVING_MAX_BATCH_SIZE": "16"}
+@each_worker_class
+def test_32_concurrent_clients_are_batched_and_each_gets_its_own_answer(worker_class):
+    env = {
+        "SERVING_HANDLER": PROBE,
+        "SERVING_WORKER_CLASS": worker_class,
+        "SERVING_WORKERS": "2",
+        "SERVING_MAX_BATCH_SIZE": "16",
+    }
     with gunicorn_server(env) as server:
         barrier = threading.Barrier(32)
 
@@ -75,9 +84,11 @@ def test_32_concurrent_clients_are_batched_and_each_gets_its_own_answer():
     assert max(body["batch_size"] for _, _, body in results) <= 16
 
 
-def test_a_full_queue_answers_503_at_once_with_retry_after():
+@each_worker_class
+def test_a_full_queue_answers_503_at_once_with_retry_after(worker_class):
     env = {
         "SERVING_HANDLER": PROBE,
+        "SERVING_WORKER_CLASS": worker_class,
         "SERVING_WORKERS": "1",
         "SERVING_THREADS": "8",
         "SERVING_MAX_BATCH_SIZE": "1",
@@ -99,10 +110,12 @@ def test_a_full_queue_answers_503_at_once_with_retry_after():
         assert queued.result().status_code == 200
 
 
-def test_a_slow_handler_gives_504_and_the_expired_item_never_reaches_it(tmp_path):
+@each_worker_class
+def test_a_slow_handler_gives_504_and_the_expired_item_never_reaches_it(tmp_path, worker_class):
     seen_file = tmp_path / "seen.txt"
     env = {
         "PROBE_SEEN_FILE": str(seen_file),
+        "SERVING_WORKER_CLASS": worker_class,
         "SERVING_HANDLER": PROBE,
         "SERVING_WORKERS": "1",
         "SERVING_MAX_BATCH_SIZE": "1",
@@ -168,7 +181,9 @@ def test_a_raising_handler_is_a_json_500_logged_once_and_the_next_request_works(
     assert log.count("request ids: boom-1") == 1
     assert "RuntimeError: the probe was asked to fail" in log
     assert failed.headers["X-Request-ID"] == "boom-1"
-    assert "request_id=boom-1" in log
+    # The access line (serving_core.accesslog), one per request.
+    line = r'^127\.0\.0\.1 "POST /predict HTTP/1\.1" 500 \d+ \d+ms request_id=boom-1$'
+    assert re.search(line, log, re.M)
 
 
 def test_computing_with_torch_in_setup_does_not_hang_the_forked_workers():
@@ -180,8 +195,10 @@ def test_computing_with_torch_in_setup_does_not_hang_the_forked_workers():
     assert response.json()["threads"] == max(1, len(os.sched_getaffinity(0)))
 
 
-def test_sigterm_drains_in_flight_requests():
-    with gunicorn_server({"SERVING_HANDLER": PROBE, "SERVING_WORKERS": "1"}) as server:
+@each_worker_class
+def test_sigterm_drains_in_flight_requests(worker_class):
+    env = {"SERVING_HANDLER": PROBE, "SERVING_WORKER_CLASS": worker_class, "SERVING_WORKERS": "1"}
+    with gunicorn_server(env) as server:
         with ThreadPoolExecutor(1) as pool:
             in_flight = pool.submit(post, server.url, {"text": "drained", "sleep_s": 1.0})
             time.sleep(0.3)
@@ -190,6 +207,22 @@ def test_sigterm_drains_in_flight_requests():
         assert server.process.wait(20) == 0
     assert response.status_code == 200
     assert response.json()["text"] == "drained"
+
+
+@each_worker_class
+def test_a_request_waiting_for_the_model_does_not_hold_up_the_others(worker_class):
+    env = {"SERVING_HANDLER": PROBE, "SERVING_WORKER_CLASS": worker_class, "SERVING_WORKERS": "1"}
+    with gunicorn_server(env) as server, ThreadPoolExecutor(1) as pool:
+        slow = pool.submit(post, server.url, {"text": "slow", "sleep_s": 1.5})
+        time.sleep(0.3)
+        started = time.monotonic()
+        health = requests.get(server.url + "/healthz", timeout=5)
+        metadata = requests.get(server.url + "/metadata", timeout=5)
+        elapsed = time.monotonic() - started
+        assert slow.result().status_code == 200
+    assert health.status_code == 200
+    assert metadata.json()["worker_class"] == worker_class
+    assert elapsed < 0.5
 
 
 def run_serve(env, timeout_s=60):

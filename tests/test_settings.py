@@ -8,6 +8,8 @@ from serving_core.settings import Settings, SettingsError
 def test_defaults_resolve_workers_from_cores_and_threads_from_batch_size():
     settings = Settings.from_env({}, cores=4)
     assert settings.workers == 4
+    assert settings.worker_class == "gevent"
+    assert settings.worker_connections == 1000
     assert settings.threads == 4 * settings.max_batch_size
     assert settings.max_queue == 2 * settings.max_batch_size
     assert settings.bind == "127.0.0.1:8000"
@@ -19,6 +21,8 @@ def test_every_variable_is_read_with_its_type():
         "SERVING_HANDLER": "handlers/echo/handler.py",
         "SERVING_BIND": "unix:/run/serving/app.sock",
         "SERVING_WORKERS": "3",
+        "SERVING_WORKER_CLASS": "GTHREAD",
+        "SERVING_WORKER_CONNECTIONS": "500",
         "SERVING_THREADS": "40",
         "SERVING_MAX_BATCH_SIZE": "8",
         "SERVING_MAX_WAIT_MS": "2.5",
@@ -36,6 +40,8 @@ def test_every_variable_is_read_with_its_type():
         handler="handlers/echo/handler.py",
         bind="unix:/run/serving/app.sock",
         workers=3,
+        worker_class="gthread",
+        worker_connections=500,
         threads=40,
         max_batch_size=8,
         max_wait_ms=2.5,
@@ -64,6 +70,8 @@ def test_non_serving_variables_are_ignored():
         ("SERVING_MAX_WAIT_MS", "nan", "out of range"),
         ("SERVING_REQUEST_TIMEOUT_S", "0", "out of range"),
         ("SERVING_BATCH_POLICY", "greedy", "is not one of: adaptive, fixed"),
+        ("SERVING_WORKER_CLASS", "sync", "is not one of: gevent, gthread"),
+        ("SERVING_WORKER_CONNECTIONS", "0", "out of range"),
         ("SERVING_BIND", "8000", "is not HOST:PORT or unix:PATH"),
         ("SERVING_BIND", "localhost:99999", "is not HOST:PORT"),
         ("SERVING_BIND", "unix:", "names no socket path"),
@@ -83,6 +91,14 @@ def test_a_bad_value_names_the_variable_and_the_value(name, value, expected):
 def test_a_queue_smaller_than_a_batch_is_refused():
     with pytest.raises(SettingsError, match="SERVING_MAX_QUEUE=4 is smaller than"):
         Settings.from_env({"SERVING_MAX_QUEUE": "4", "SERVING_MAX_BATCH_SIZE": "8"}, cores=2)
+
+
+def test_gevent_workers_need_room_for_a_full_batch():
+    env = {"SERVING_WORKER_CONNECTIONS": "4", "SERVING_MAX_BATCH_SIZE": "8"}
+    with pytest.raises(SettingsError, match="SERVING_WORKER_CONNECTIONS=4 is smaller than"):
+        Settings.from_env(env, cores=2)
+    # gthread holds its requests in threads; the connection limit does not apply.
+    assert Settings.from_env({**env, "SERVING_WORKER_CLASS": "gthread"}, cores=2).threads == 32
 
 
 def test_empty_values_mean_the_default():

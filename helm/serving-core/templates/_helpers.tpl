@@ -97,6 +97,8 @@ them from the container's CPU limit; "optional" ones are left unset when empty.
 {{- define "serving-core.settings" -}}
 handler: {env: SERVING_HANDLER, kind: string}
 workers: {env: SERVING_WORKERS, kind: auto}
+workerClass: {env: SERVING_WORKER_CLASS, kind: string}
+workerConnections: {env: SERVING_WORKER_CONNECTIONS, kind: int}
 threads: {env: SERVING_THREADS, kind: auto}
 maxBatchSize: {env: SERVING_MAX_BATCH_SIZE, kind: int}
 maxWaitMs: {env: SERVING_MAX_WAIT_MS, kind: number}

@@ -1,0 +1,102 @@
+"""GreenFuture: set on the native model thread, awaited by greenlets without blocking the hub.
+
+No monkey-patching here: the test process's main thread runs a gevent hub, and
+``threading`` makes native threads, as in the gevent worker.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import CancelledError
+from concurrent.futures import TimeoutError as FutureTimeout
+
+import gevent
+import pytest
+
+from serving_core.batching import Batcher
+from serving_core.dispatch import make_policy
+from serving_core.greenworker import GreenFuture
+
+
+def resolve_later(future, delay_s, value=None, exc=None):
+    def run():
+        time.sleep(delay_s)  # native sleep, on a native thread
+        if future.set_running_or_notify_cancel():
+            if exc is not None:
+                future.set_exception(exc)
+            else:
+                future.set_result(value)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def test_a_greenlet_waits_for_a_native_thread_while_other_greenlets_run():
+    future = GreenFuture()
+    ticks = []
+
+    def ticker():
+        while not future.done():
+            ticks.append(time.monotonic())
+            gevent.sleep(0.01)
+
+    ticking = gevent.spawn(ticker)
+    thread = resolve_later(future, 0.2, value=42)
+    assert future.result(timeout=5) == 42
+    ticking.join(1)
+    thread.join()
+    # The hub kept running other greenlets while this one waited.
+    assert len(ticks) >= 5
+
+
+def test_an_exception_set_on_the_model_thread_is_raised_in_the_greenlet():
+    future = GreenFuture()
+    thread = resolve_later(future, 0.05, exc=ValueError("bad item"))
+    with pytest.raises(ValueError, match="bad item"):
+        future.result(timeout=5)
+    thread.join()
+
+
+def test_a_timed_out_wait_raises_and_cancel_keeps_the_model_thread_from_running_it():
+    future = GreenFuture()
+    started = time.monotonic()
+    with pytest.raises(FutureTimeout):
+        future.result(timeout=0.05)
+    assert time.monotonic() - started < 1.0
+    assert future.cancel()
+    assert not future.set_running_or_notify_cancel()
+    with pytest.raises(CancelledError):
+        future.result(timeout=0)
+
+
+def test_greenlets_submit_to_a_batcher_and_get_their_own_answers():
+    batches = []
+
+    def run_batch(items):
+        batches.append(len(items))
+        time.sleep(0.02)
+        return [item * 10 for item in items]
+
+    batcher = Batcher(
+        run_batch,
+        policy=make_policy("fixed", max_batch_size=8, max_wait_ms=20.0),
+        max_batch_size=8,
+        max_queue=64,
+    )
+    batcher.new_future = GreenFuture
+    batcher.start()
+    try:
+
+        def request(n):
+            now = time.monotonic()
+            pending = batcher.submit(n, request_id=str(n), arrival=now, deadline=now + 5)
+            return pending.future.result(timeout=5)
+
+        greenlets = [gevent.spawn(request, n) for n in range(20)]
+        gevent.joinall(greenlets, timeout=10, raise_error=True)
+    finally:
+        batcher.stop(5)
+    assert [g.value for g in greenlets] == [n * 10 for n in range(20)]
+    assert max(batches) > 1
