@@ -40,8 +40,9 @@ from gevent import monkey
 from gevent.event import Event
 from gunicorn.workers.ggevent import GeventWorker
 
-from . import arrival
-from . import worker as _json_errors  # noqa: F401 - gunicorn's own errors as JSON, as in gthread
+from . import arrival, wire
+
+wire.install()
 
 SERVICE_KEY = "serving_core"
 

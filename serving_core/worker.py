@@ -6,7 +6,8 @@
 - How many client connections are open: the adaptive batcher's bound on who
   may still send.
 
-It also makes gunicorn's own protocol errors JSON, like every other error.
+Like the gevent worker, it installs ``wire`` (one send per response, and
+gunicorn's own protocol errors as JSON).
 
 Selected by ``serving-core serve``; nothing else changes.
 """
@@ -16,29 +17,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from gunicorn import util
 from gunicorn.workers.gthread import ThreadWorker
 
-from . import arrival, encoding
+from . import arrival, wire
 
-
-def write_json_error(sock: Any, status_int: int, reason: str, mesg: str) -> None:
-    """gunicorn's own errors (a malformed request line, headers too large) in our JSON shape.
-
-    gunicorn writes these itself, as HTML, before any app runs; this replaces
-    its ``util.write_error``, which its worker calls by module attribute.
-    """
-    body = encoding.dumps(
-        {"error": {"type": reason.lower().replace(" ", "_"), "message": mesg or reason}}
-    )
-    head = (
-        f"HTTP/1.1 {status_int} {reason}\r\nConnection: close\r\n"
-        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
-    )
-    util.write_nonblock(sock, head.encode("latin-1") + body)
-
-
-util.write_error = write_json_error
+wire.install()
 
 
 class StampingThreadWorker(ThreadWorker):  # type: ignore[misc]
