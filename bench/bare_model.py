@@ -1,7 +1,7 @@
 """The bare-model limit: MiniLM sentences/s with no server at all.
 
 Runs the MiniLM handler's ``predict_batch`` (tokenise, forward, pool,
-normalise, to lists) in a loop over batch sizes, two ways:
+normalise, to rows) in a loop, two ways:
 
 - one process whose torch uses every usable core;
 - one single-threaded process per core, side by side (their sum).
@@ -9,7 +9,12 @@ normalise, to lists) in a loop over batch sizes, two ways:
 The limit is the better of the two at its best batch size. ``served.py``
 divides the served throughput by it.
 
-    .venv/bin/python bench/bare_model.py [--seconds 3] [--json]
+The measuring processes load the model once and stay up (``Bare``), so that a
+benchmark can measure the limit again right before each served measurement:
+this VM's speed drifts by ±10% over minutes, and a ratio is only honest when
+both sides of it were measured under the same conditions.
+
+    .venv/bin/python bench/bare_model.py [--seconds 3] [--rounds 1] [--json]
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -31,11 +37,12 @@ from bench.workload import SENTENCES  # noqa: E402
 from serving_core.resources import usable_cores  # noqa: E402
 
 BATCH_SIZES = [1, 2, 4, 8, 16, 32]
+LIMIT_SIZES = [8, 16, 32]  # where the best batch size has always been; 1..4 are far below
 
 
-def run_worker(threads: int, seconds: float, start_at: float, sizes: list[int]) -> dict[int, int]:
-    """For each batch size, embed for ``seconds`` in a slot fixed in wall-clock time
-    (so that side-by-side processes measure together); return sentences per size."""
+def serve_commands(threads: int) -> None:
+    """The measuring process: load once, then run each ``{"sizes", "seconds", "start_at"}``
+    read from stdin and answer ``{size: items done}`` on stdout."""
     import torch
 
     from serving_core.loading import load_handler
@@ -43,98 +50,148 @@ def run_worker(threads: int, seconds: float, start_at: float, sizes: list[int]) 
     torch.set_num_threads(threads)
     handler = load_handler(str(ROOT / "handlers/minilm/handler.py")).handler
     handler.setup()
-    counts = {}
-    for slot, batch_size in enumerate(sizes):
-        batches = [
-            [{"text": SENTENCES[(i + j) % len(SENTENCES)]} for j in range(batch_size)]
-            for i in range(0, len(SENTENCES), batch_size)
+    batches = {
+        b: [
+            [{"text": SENTENCES[(i + j) % len(SENTENCES)]} for j in range(b)]
+            for i in range(0, len(SENTENCES), b)
         ]
-        handler.predict_batch(batches[0])  # warm-up
-        time.sleep(max(0.0, start_at + slot * (seconds + 1.0) - time.time()))
-        done, i = 0, 0
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
-            handler.predict_batch(batches[i % len(batches)])
-            done += batch_size
-            i += 1
-        counts[batch_size] = done
-    return counts
+        for b in BATCH_SIZES
+    }
+    for b in BATCH_SIZES:
+        handler.predict_batch(batches[b][0])  # warm-up
+    print("ready", flush=True)
+    for line in sys.stdin:
+        command = json.loads(line)
+        seconds = command["seconds"]
+        counts = {}
+        for slot, b in enumerate(command["sizes"]):
+            # A slot fixed in wall-clock time, so that side-by-side processes measure together.
+            time.sleep(max(0.0, command["start_at"] + slot * (seconds + 0.5) - time.time()))
+            done, i = 0, 0
+            end = time.monotonic() + seconds
+            while time.monotonic() < end:
+                handler.predict_batch(batches[b][i % len(batches[b])])
+                done += b
+                i += 1
+            counts[b] = done
+        print(json.dumps(counts), flush=True)
 
 
-def side_by_side(
-    processes: int, threads: int, seconds: float, sizes: list[int] = BATCH_SIZES
-) -> dict[int, float]:
-    """Sentences/s per batch size, summed over ``processes`` running at once."""
-    start_at = time.time() + 15.0  # time for every process to load the model
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                __file__,
-                "--worker",
-                str(threads),
-                str(seconds),
-                str(start_at),
-                ",".join(map(str, sizes)),
-            ],
+class Bare:
+    """Persistent measuring processes: one per core (one torch thread each), and one
+    process with a torch thread per core."""
+
+    def __init__(self) -> None:
+        self.cores = usable_cores()
+        self.per_core = [self._spawn(1) for _ in range(self.cores)]
+        self.all_cores = self._spawn(self.cores)
+        for proc in [*self.per_core, self.all_cores]:
+            assert proc.stdout is not None
+            line = proc.stdout.readline().strip()
+            if line != "ready":
+                raise RuntimeError(f"a bare-model process failed to start: {line!r}")
+
+    @staticmethod
+    def _spawn(threads: int) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [sys.executable, __file__, "--serve", str(threads)],
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
         )
-        for _ in range(processes)
-    ]
-    outputs = [json.loads(p.communicate()[0].strip().splitlines()[-1]) for p in procs]
-    return {b: sum(o[str(b)] for o in outputs) / seconds for b in sizes}
+
+    def close(self) -> None:
+        for proc in [*self.per_core, self.all_cores]:
+            if proc.stdin is not None:
+                proc.stdin.close()
+            proc.wait(30)
+
+    def __enter__(self) -> Bare:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _run(
+        self, procs: list[subprocess.Popen[str]], sizes: list[int], seconds: float
+    ) -> dict[int, float]:
+        """Sentences/s per batch size, summed over ``procs`` running side by side."""
+        command = json.dumps({"sizes": sizes, "seconds": seconds, "start_at": time.time() + 0.2})
+        for proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.write(command + "\n")
+            proc.stdin.flush()
+        outputs = []
+        for proc in procs:
+            assert proc.stdout is not None
+            outputs.append(json.loads(proc.stdout.readline()))
+        return {b: sum(o[str(b)] for o in outputs) / seconds for b in sizes}
+
+    def measure(self, seconds: float, sizes: list[int] = LIMIT_SIZES) -> dict[str, Any]:
+        per_core = self._run(self.per_core, sizes, seconds)
+        one = self._run([self.all_cores], sizes, seconds)
+        return {
+            "cores": self.cores,
+            "rows": [
+                {"batch_size": b, "one_process": one[b], "process_per_core": per_core[b]}
+                for b in sizes
+            ],
+            "best_one_process": max(one.values()),
+            "best_process_per_core": max(per_core.values()),
+            "limit_per_s": max(*one.values(), *per_core.values()),
+        }
+
+    def batch1_ms(self, seconds: float) -> dict[str, float]:
+        """A lone request's model time: on one torch thread (a served worker's) and on all."""
+        one_thread = self._run(self.per_core[:1], [1], seconds)[1]
+        all_threads = self._run([self.all_cores], [1], seconds)[1]
+        return {"one_thread": 1000.0 / one_thread, "all_cores": 1000.0 / all_threads}
 
 
 def measure(seconds: float) -> dict[str, Any]:
-    cores = usable_cores()
-    one = side_by_side(1, cores, seconds)
-    per_core = side_by_side(cores, 1, seconds)
-    # What one request alone costs in a served worker: one process, one torch thread.
-    single = side_by_side(1, 1, seconds, [1])
-    rows = [
-        {"batch_size": b, "one_process": one[b], "process_per_core": per_core[b]}
-        for b in BATCH_SIZES
-    ]
-    return {
-        "cores": cores,
-        "rows": rows,
-        "best_one_process": max(one.values()),
-        "best_process_per_core": max(per_core.values()),
-        "batch1_ms": 1000.0 / one[1] if one[1] else None,
-        "batch1_ms_one_thread": 1000.0 / single[1] if single[1] else None,
-        "limit_per_s": max(*one.values(), *per_core.values()),
-    }
+    """The limit over every batch size, and the batch-1 latencies (one round)."""
+    with Bare() as bare:
+        result = bare.measure(seconds, BATCH_SIZES)
+        latency = bare.batch1_ms(seconds)
+    result["batch1_ms"] = latency["all_cores"]
+    result["batch1_ms_one_thread"] = latency["one_thread"]
+    return result
 
 
 def main() -> None:
-    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
-        threads, seconds, start_at, sizes = sys.argv[2:6]
-        counts = run_worker(
-            int(threads), float(seconds), float(start_at), [int(b) for b in sizes.split(",")]
-        )
-        print(json.dumps(counts))
+    if len(sys.argv) > 1 and sys.argv[1] == "--serve":
+        serve_commands(int(sys.argv[2]))
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--rounds", type=int, default=1, help="repeat; print each and the median")
     parser.add_argument("--json", action="store_true", help="print one JSON object only")
     args = parser.parse_args()
-    result = measure(args.seconds)
+    results = []
+    with Bare() as bare:
+        for _ in range(args.rounds):
+            result = bare.measure(args.seconds, BATCH_SIZES)
+            result.update({f"batch1_ms_{k}": v for k, v in bare.batch1_ms(args.seconds).items()})
+            results.append(result)
     if args.json:
-        print(json.dumps(result))
+        print(json.dumps(results if args.rounds > 1 else results[0]))
         return
-    print(f"bare model, {result['cores']} usable cores, {args.seconds:.0f} s per cell")
-    print(f"{'batch':>5}  {'1 process x all cores':>22}  {'1 process per core':>19}")
-    for row in result["rows"]:
+    print(f"bare model, {results[0]['cores']} usable cores, {args.seconds:.0f} s per cell")
+    for n, result in enumerate(results, 1):
+        print(f"round {n}")
+        print(f"{'batch':>5}  {'1 process x all cores':>22}  {'1 process per core':>19}")
+        for row in result["rows"]:
+            print(
+                f"{row['batch_size']:>5}  {row['one_process']:>18.1f} /s  "
+                f"{row['process_per_core']:>15.1f} /s"
+            )
         print(
-            f"{row['batch_size']:>5}  {row['one_process']:>18.1f} /s  "
-            f"{row['process_per_core']:>15.1f} /s"
+            f"limit {result['limit_per_s']:.1f} /s; batch-1 latency "
+            f"{result['batch1_ms_all_cores']:.2f} ms on all cores, "
+            f"{result['batch1_ms_one_thread']:.2f} ms on one thread"
         )
-    print(f"best, 1 process x all cores: {result['best_one_process']:.1f} /s")
-    print(f"best, 1 process per core:    {result['best_process_per_core']:.1f} /s")
-    print(f"batch-1 latency, all cores:  {result['batch1_ms']:.2f} ms")
-    print(f"batch-1 latency, one thread: {result['batch1_ms_one_thread']:.2f} ms")
-    print(f"limit: {result['limit_per_s']:.1f} sentences/s")
+    if len(results) > 1:
+        print(f"median limit: {statistics.median(r['limit_per_s'] for r in results):.1f} /s")
 
 
 if __name__ == "__main__":

@@ -7,7 +7,10 @@ how many requests were refused and how fast (the goal: a 503 within 10 ms of
 arrival), how many were answered within their deadline, and the 504s.
 
     .venv/bin/python bench/overload.py [--times 2] [--seconds 20] [--timeout-s 2]
-        [--policy adaptive] [--limit SENTENCES_PER_S]
+        [--policy adaptive] [--connections 1500] [--rounds 3] [--env SERVING_X=Y ...]
+
+Each round measures the bare-model limit again first (``bare_model.Bare``)
+and divides that round's goodput by it; the last line gives the medians.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench import bare_model  # noqa: E402
+from bench.bare_model import Bare  # noqa: E402
 from bench.served import wrk  # noqa: E402
 from bench.workload import SENTENCES  # noqa: E402
 from tests.servers import gunicorn_server  # noqa: E402
@@ -38,6 +41,8 @@ class Client:
         self.open = 0
         self.max = max_connections
         self.freed = asyncio.Condition()
+        self.used: set[Any] = set()  # connections that carried a request already
+        self.stale = 0
 
     async def _acquire(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         async with self.freed:
@@ -54,18 +59,35 @@ class Client:
                 self.idle.append(conn)
             else:
                 self.open -= 1
+                self.used.discard(conn)
                 conn[1].close()
             self.freed.notify()
 
     async def post(self, body: bytes) -> int:
-        conn = await self._acquire()
+        status = await self._post(body, await self._acquire())
+        if status == -1:
+            # The server closed an idle keep-alive connection as this request went out
+            # (its keep-alive timeout): the request never reached the app. A fresh
+            # connection, as HTTP clients do for a stale pooled one.
+            self.stale += 1
+            async with self.freed:
+                self.open += 1
+            status = await self._post(body, await asyncio.open_connection(self.host, self.port))
+        return max(status, 0)
+
+    async def _post(self, body: bytes, conn: Any) -> int:
+        """The status; 0 for a failed exchange, -1 for a reused connection found closed."""
         reader, writer = conn
+        reused = conn in self.used
+        status = 0
         try:
             writer.write(
                 b"POST /predict HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
                 b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
             )
             status_line = await reader.readline()
+            if not status_line:
+                raise ConnectionResetError("closed before a status line")
             status = int(status_line.split()[1])
             length, close = 0, False
             while (line := await reader.readline()) not in (b"\r\n", b""):
@@ -77,12 +99,15 @@ class Client:
             await reader.readexactly(length)
         except (OSError, asyncio.IncompleteReadError, IndexError, ValueError):
             await self._release(conn, False)
-            return 0
+            return -1 if reused and status == 0 else 0
+        self.used.add(conn)
         await self._release(conn, not close)
         return status
 
 
-async def open_loop(url: str, rate: float, seconds: float, max_connections: int) -> list[Any]:
+async def open_loop(
+    url: str, rate: float, seconds: float, max_connections: int
+) -> tuple[list[Any], int]:
     host, port = url.removeprefix("http://").split(":")
     client = Client(host, int(port), max_connections)
     bodies = [f'{{"text": "{s}"}}'.encode() for s in SENTENCES]
@@ -101,7 +126,7 @@ async def open_loop(url: str, rate: float, seconds: float, max_connections: int)
             await asyncio.sleep(delay)
         tasks.append(asyncio.create_task(one(i, scheduled)))
     await asyncio.gather(*tasks)
-    return results
+    return results, client.stale
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -114,49 +139,94 @@ def percentile(values: list[float], q: float) -> float:
     )
 
 
+def one_round(url: str, limit: float, args: argparse.Namespace) -> dict[str, Any]:
+    capacity = wrk(url, 32, 8)["ok_per_s"]
+    rate = args.times * capacity
+    cpu_before, wall_before = time.process_time(), time.monotonic()
+    results, stale = asyncio.run(open_loop(url, rate, args.seconds, args.connections))
+    client_cores = (time.process_time() - cpu_before) / (time.monotonic() - wall_before)
+    ok = [t for s, t in results if s == 200]
+    refused = [t for s, t in results if s == 503]
+    n = max(1, len(results))
+    return {
+        "limit": limit,
+        "capacity": capacity,
+        "rate": rate,
+        "ok_per_s": len(ok) / args.seconds,
+        "ratio": len(ok) / args.seconds / limit,
+        "ok_p50_ms": percentile(ok, 50) * 1000,
+        "ok_p99_ms": percentile(ok, 99) * 1000,
+        "within_deadline": sum(t <= args.timeout_s for t in ok) / max(1, len(ok)),
+        "refused": len(refused) / n,
+        "refused_p50_ms": percentile(refused, 50) * 1000,
+        "refused_p99_ms": percentile(refused, 99) * 1000,
+        "refused_within_10ms": sum(t <= 0.010 for t in refused) / max(1, len(refused)),
+        "late": sum(s == 504 for s, _ in results) / n,
+        "other": sum(s not in (200, 503, 504) for s, _ in results),
+        "stale": stale,
+        "client_cores": client_cores,
+    }
+
+
+COLUMNS = [
+    # key, header, format
+    ("limit", "limit/s", "{:8.1f}"),
+    ("capacity", "c=32/s", "{:7.1f}"),
+    ("rate", "offered", "{:7.1f}"),
+    ("ok_per_s", "200/s", "{:6.1f}"),
+    ("ratio", "/limit", "{:6.2f}"),
+    ("ok_p50_ms", "p50", "{:6.0f}"),
+    ("ok_p99_ms", "p99", "{:6.0f}"),
+    ("within_deadline", "in-dl", "{:7.2%}"),
+    ("refused", "503", "{:6.1%}"),
+    ("refused_p50_ms", "503p50", "{:6.1f}"),
+    ("refused_p99_ms", "503p99", "{:6.1f}"),
+    ("refused_within_10ms", "<10ms", "{:6.1%}"),
+    ("late", "504", "{:6.2%}"),
+    ("other", "other", "{:5.0f}"),
+    ("stale", "stale", "{:5.0f}"),
+    ("client_cores", "client", "{:6.2f}"),
+]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--times", type=float, default=2.0, help="offered load / capacity")
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--timeout-s", type=float, default=2.0, help="SERVING_REQUEST_TIMEOUT_S")
     parser.add_argument("--policy", default="adaptive")
-    parser.add_argument("--connections", type=int, default=256)
-    parser.add_argument("--limit", type=float, help="skip the bare-model run; use this limit")
+    parser.add_argument("--connections", type=int, default=1500)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--env", nargs="*", default=[], help="extra SERVING_X=Y settings")
     args = parser.parse_args()
-    limit = args.limit or bare_model.measure(3.0)["limit_per_s"]
     env = {
         "SERVING_BATCH_POLICY": args.policy,
         "SERVING_REQUEST_TIMEOUT_S": str(args.timeout_s),
+        **dict(item.split("=", 1) for item in args.env),
     }
-    with gunicorn_server(env) as server:
+    print(
+        f"open loop at {args.times:g}x the closed-loop capacity (c=32, measured each round), "
+        f"{args.seconds:g} s, up to {args.connections} connections, policy {args.policy}, "
+        f"deadline {args.timeout_s:g} s"
+    )
+    print("round " + " ".join(f"{h:>{len(f.format(0))}}" for _, h, f in COLUMNS))
+    rows = []
+    with Bare() as bare, gunicorn_server(env) as server:
         wrk(server.url, 8, 3)  # warm-up
-        capacity = wrk(server.url, 32, 8)["ok_per_s"]
-        rate = args.times * capacity
-        cpu_before, wall_before = time.process_time(), time.monotonic()
-        results = asyncio.run(open_loop(server.url, rate, args.seconds, args.connections))
-        client_cores = (time.process_time() - cpu_before) / (time.monotonic() - wall_before)
-    ok = [t for s, t in results if s == 200]
-    refused = [t for s, t in results if s == 503]
-    late = [s for s, _ in results if s == 504]
-    other = [s for s, _ in results if s not in (200, 503, 504)]
-    duration = args.seconds
-    print(f"bare-model limit {limit:.1f}/s; closed-loop capacity (c=32) {capacity:.1f}/s")
+        for round_ in range(1, args.rounds + 1):
+            # The limit again right before this round: the VM's speed drifts.
+            row = one_round(server.url, bare.measure(3.0)["limit_per_s"], args)
+            rows.append(row)
+            print(f"{round_:>5} " + " ".join(f.format(row[k]) for k, _, f in COLUMNS), flush=True)
     print(
-        f"offered {rate:.1f}/s ({args.times:g}x capacity) for {duration:g} s, "
-        f"policy {args.policy}, deadline {args.timeout_s:g} s"
+        "median " + " ".join(f.format(statistics.median(r[k] for r in rows)) for k, _, f in COLUMNS)
     )
     print(
-        f"answered 200: {len(ok)} ({len(ok) / duration:.1f}/s = {len(ok) / duration / limit:.2f}"
-        f" x limit); p50 {percentile(ok, 50) * 1000:.1f} ms, p99 {percentile(ok, 99) * 1000:.1f}"
-        f" ms; within deadline {sum(t <= args.timeout_s for t in ok) / max(1, len(ok)):.3%}"
+        "200/s and /limit: answered requests (goodput); p50/p99 ms from each request's scheduled "
+        "send time; in-dl: answered within the deadline; 503p50/503p99 ms and <10ms: refusals; "
+        "other: failed exchanges; stale: idle keep-alive connections the server had closed, "
+        "retried on a new one (never reached the app); client: cores the load generator used"
     )
-    print(
-        f"refused 503: {len(refused)} ({len(refused) / max(1, len(results)):.1%}); "
-        f"p50 {percentile(refused, 50) * 1000:.1f} ms, p99 {percentile(refused, 99) * 1000:.1f} ms,"
-        f" within 10 ms {sum(t <= 0.010 for t in refused) / max(1, len(refused)):.1%}"
-    )
-    print(f"504: {len(late)} ({len(late) / max(1, len(results)):.2%}); other/errors: {len(other)}")
-    print(f"the load generator itself used {client_cores:.2f} of a core (on the same machine)")
 
 
 if __name__ == "__main__":

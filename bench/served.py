@@ -1,11 +1,14 @@
 """Served MiniLM throughput and latency through gunicorn, as a ratio of the bare model.
 
-Measures the bare-model limit first (``bare_model.py``, same run, same
-machine), then starts ``serving-core serve`` and drives it with ``wrk``
-(closed loop, keep-alive connections) at each concurrency.
+Starts ``serving-core serve`` and drives it with ``wrk`` (closed loop,
+keep-alive connections) at each concurrency, in rounds. Each round measures
+the bare-model limit again first (``bare_model.Bare``: processes that loaded
+the model once and wait, idle, while the server is measured), because this
+VM's speed drifts by ±10% over minutes; each served figure is divided by its
+own round's limit, and the summary gives the median of those ratios.
 
     .venv/bin/python bench/served.py [--policy adaptive fixed] [--concurrency 1 8 32]
-        [--seconds 10] [--limit SENTENCES_PER_S] [--env SERVING_X=Y ...]
+        [--seconds 10] [--rounds 3] [--env SERVING_X=Y ...]
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import json
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -25,7 +29,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench import bare_model  # noqa: E402
+from bench.bare_model import Bare  # noqa: E402
 from bench.workload import SENTENCES  # noqa: E402
 from tests.servers import gunicorn_server  # noqa: E402
 
@@ -68,49 +72,62 @@ def wrk(url: str, connections: int, seconds: float, delay_ms: float = 0.0) -> di
     return result
 
 
-def run(env: dict[str, str], concurrencies: list[int], seconds: float) -> list[dict[str, Any]]:
-    rows = []
-    with gunicorn_server(env) as server:
-        wrk(server.url, 8, 3)  # warm-up: the cost model and the allocator settle
-        for connections in concurrencies:
-            result = wrk(server.url, connections, seconds)
-            result["concurrency"] = connections
-            rows.append(result)
-            time.sleep(1)
-    return rows
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--policy", nargs="+", default=["adaptive"])
     parser.add_argument("--concurrency", nargs="+", type=int, default=[1, 8, 32])
     parser.add_argument("--seconds", type=float, default=10.0)
-    parser.add_argument("--limit", type=float, help="skip the bare-model run; use this limit")
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--env", nargs="*", default=[], help="extra SERVING_X=Y settings")
     args = parser.parse_args()
-    if args.limit:
-        limit, batch1_ms = args.limit, None
-    else:
-        bare = bare_model.measure(3.0)
-        limit, batch1_ms = bare["limit_per_s"], bare["batch1_ms"]
-        print(
-            f"bare model: limit {limit:.1f} sentences/s (one process on all cores "
-            f"{bare['best_one_process']:.1f}, one per core {bare['best_process_per_core']:.1f}); "
-            f"batch-1 latency {batch1_ms:.2f} ms on all cores, "
-            f"{bare['batch1_ms_one_thread']:.2f} ms on one thread (a served worker's)"
-        )
     extra = dict(item.split("=", 1) for item in args.env)
+    rows: list[dict[str, Any]] = []
+    with Bare() as bare:
+        latency = bare.batch1_ms(3.0)
+        print(
+            f"bare model batch-1 latency: {latency['one_thread']:.2f} ms on one torch thread "
+            f"(a served worker's), {latency['all_cores']:.2f} ms on all cores"
+        )
+        print(
+            f"{'policy':>8} {'round':>5} {'conc':>5} {'limit/s':>8} {'ok/s':>8} {'ratio':>6} "
+            f"{'p50 ms':>8} {'p99 ms':>8} {'503':>6} {'504':>5} {'errors':>6}"
+        )
+        for policy in args.policy:
+            env = {"SERVING_BATCH_POLICY": policy, **extra}
+            with gunicorn_server(env) as server:
+                wrk(server.url, 8, 3)  # warm-up: the cost model and the allocator settle
+                for round_ in range(1, args.rounds + 1):
+                    # The limit again right before this round's served runs: the VM drifts.
+                    limit = bare.measure(3.0)["limit_per_s"]
+                    for connections in args.concurrency:
+                        row = wrk(server.url, connections, args.seconds)
+                        row.update(policy=policy, round=round_, concurrency=connections)
+                        row.update(limit=limit, ratio=row["ok_per_s"] / limit)
+                        rows.append(row)
+                        print(
+                            f"{policy:>8} {round_:>5} {connections:>5} {limit:>8.1f} "
+                            f"{row['ok_per_s']:>8.1f} {row['ratio']:>6.2f} {row['p50_ms']:>8.2f} "
+                            f"{row['p99_ms']:>8.2f} {row['rejected']:>6} {row['timed_out']:>5} "
+                            f"{row['socket_errors']:>6}",
+                            flush=True,
+                        )
+                        time.sleep(1)
+    print(f"\nmedians over {args.rounds} rounds (ratio: of each round's served/limit pair)")
     print(
-        f"{'policy':>8} {'conc':>5} {'ok/s':>8} {'ratio':>6} {'p50 ms':>8} {'p99 ms':>8} "
-        f"{'503':>6} {'504':>5} {'errors':>6}"
+        f"{'policy':>8} {'conc':>5} {'ok/s':>8} {'ratio':>6} {'range':>11} "
+        f"{'p50 ms':>8} {'p99 ms':>8} {'p50 - bare batch-1 (1 thread)':>30}"
     )
     for policy in args.policy:
-        env = {"SERVING_BATCH_POLICY": policy, **extra}
-        for row in run(env, args.concurrency, args.seconds):
+        for connections in args.concurrency:
+            mine = [r for r in rows if r["policy"] == policy and r["concurrency"] == connections]
+            ratios = [r["ratio"] for r in mine]
+            p50 = statistics.median(r["p50_ms"] for r in mine)
+            ok = statistics.median(r["ok_per_s"] for r in mine)
             print(
-                f"{policy:>8} {row['concurrency']:>5} {row['ok_per_s']:>8.1f} "
-                f"{row['ok_per_s'] / limit:>6.2f} {row['p50_ms']:>8.2f} {row['p99_ms']:>8.2f} "
-                f"{row['rejected']:>6} {row['timed_out']:>5} {row['socket_errors']:>6}"
+                f"{policy:>8} {connections:>5} {ok:>8.1f} "
+                f"{statistics.median(ratios):>6.2f} {min(ratios):>5.2f}-{max(ratios):<5.2f} "
+                f"{p50:>8.2f} {statistics.median(r['p99_ms'] for r in mine):>8.2f} "
+                f"{p50 - latency['one_thread']:>+30.2f}"
             )
 
 

@@ -39,6 +39,7 @@ def write_json_error(sock: Any, status_int: int, reason: str, mesg: str) -> None
 class CoalescingResponse(wsgi.Response):  # type: ignore[misc]
     """gunicorn's HTTP/1 response, sending its headers with the first body bytes."""
 
+    sock: Any
     _head = b""
 
     def send_headers(self) -> None:
