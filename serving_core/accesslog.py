@@ -2,8 +2,9 @@
 
 gunicorn builds its access line from an "atoms" dict holding every request
 header, every response header and every WSGI environ entry, for each request,
-whatever the format uses: about a sixth of a worker's Python time per request
-here. This logger writes the one line we use from the few values it holds:
+whatever the format uses: 21.5 us per request in a micro-benchmark, against
+6.5 us for this logger, which writes the one line we use from the few values
+it needs:
 
     127.0.0.1 "POST /predict HTTP/1.1" 200 412 9ms request_id=3f2a...
 
