@@ -73,6 +73,10 @@ def gunicorn_options(settings: Settings, service: Service) -> dict[str, Any]:
 
     def child_exit(server: Any, worker: Any) -> None:
         metrics.worker_exited(worker.pid)
+        if settings.worker_class == "gevent":
+            from . import greenworker
+
+            greenworker.worker_exited(worker)
 
     def on_exit(server: Any) -> None:
         metrics.remove_metrics_dir()
@@ -149,6 +153,10 @@ def serve(settings: Settings, loaded: LoadedHandler) -> None:
     app = create_app(settings, loaded)
     service: Service = app.extensions["serving_core"]
     warn_about(settings, service)
+    if settings.worker_class == "gevent":
+        from . import greenworker
+
+        greenworker.share_connections(settings.workers)
     gc.collect()
     gc.freeze()
     ServingApplication(app, gunicorn_options(settings, service)).run()

@@ -116,3 +116,18 @@ def _wait_ready(server: Server, timeout_s: float, workers: int) -> None:
             return
         time.sleep(0.1)
     raise RuntimeError(f"server not ready after {timeout_s} s:\n{server.output()}")
+
+
+def wait_for_worker_pids(url: str, count: int, timeout_s: float = 10.0) -> set[int]:
+    """Until ``count`` workers have answered the probe handler (tests/handlers/probe),
+    each request on a new connection: a worker logs "ready" before its loop accepts."""
+    pids: set[int] = set()
+    deadline = time.monotonic() + timeout_s
+    while len(pids) < count and time.monotonic() < deadline:
+        response = requests.post(url + "/predict", json={"text": "hello"}, timeout=10)
+        pids.add(int(response.json()["pid"]))
+        if len(pids) < count:
+            time.sleep(0.05)
+    if len(pids) < count:
+        raise RuntimeError(f"only workers {sorted(pids)} answered within {timeout_s} s")
+    return pids

@@ -6,6 +6,7 @@ No monkey-patching here: the test process's main thread runs a gevent hub, and
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from concurrent.futures import CancelledError
@@ -14,9 +15,10 @@ from concurrent.futures import TimeoutError as FutureTimeout
 import gevent
 import pytest
 
+from serving_core import greenworker
 from serving_core.batching import Batcher
 from serving_core.dispatch import make_policy
-from serving_core.greenworker import GreenFuture
+from serving_core.greenworker import ConnectionShares, GreenFuture
 
 
 def resolve_later(future, delay_s, value=None, exc=None):
@@ -100,3 +102,66 @@ def test_greenlets_submit_to_a_batcher_and_get_their_own_answers():
         batcher.stop(5)
     assert [g.value for g in greenlets] == [n * 10 for n in range(20)]
     assert max(batches) > 1
+
+
+def test_a_worker_is_over_its_share_when_it_leads_by_three():
+    shares = ConnectionShares(2)
+    shares.counts[0], shares.counts[1] = 3, 1
+    assert not shares.over_share(0)  # 3 of 4: at its share plus one
+    shares.counts[0], shares.counts[1] = 4, 1
+    assert shares.over_share(0)  # 4 of 5
+    assert not shares.over_share(1)
+
+
+def test_the_master_frees_a_dead_workers_slot_for_its_replacement():
+    shares = ConnectionShares(2)
+    first, second, replacement = object(), object(), object()
+    assert (shares.claim(first), shares.claim(second)) == (0, 1)
+    shares.counts[0] = 7
+    shares.release(first)
+    assert shares.counts[0] == 0
+    assert shares.claim(replacement) == 0
+    assert shares.claim(object()) is None  # more workers than slots: no balancing for it
+
+
+@pytest.fixture
+def fair_server(monkeypatch):
+    """A _FairServer in slot 0 of two, whose worker already holds 5 connections."""
+    shares = ConnectionShares(2)
+    shares.counts[0] = 5
+    monkeypatch.setattr(greenworker, "_shares", shares)
+    accepted = []
+    server = greenworker._FairServer(("127.0.0.1", 0), handle=lambda sock, addr: accepted.append(1))
+    server.slot = 0
+    server.start()
+    clients = []
+
+    def connect():
+        clients.append(socket.create_connection(server.address))  # the backlog takes it
+
+    yield shares, accepted, connect
+    for client in clients:
+        client.close()
+    server.stop()
+
+
+def test_a_server_over_its_share_leaves_new_connections_to_its_sibling(fair_server):
+    shares, accepted, connect = fair_server
+    connect()
+    gevent.sleep(0.001)
+    assert len(accepted) == 1
+    connect()
+    gevent.sleep(greenworker.ACCEPT_PAUSE_S * 3)
+    assert len(accepted) == 1, "accepted while over its share"
+    shares.counts[1] = 5  # the sibling took its share
+    gevent.sleep(greenworker.ACCEPT_PAUSE_S * 3)
+    assert len(accepted) == 2, "did not resume once back within its share"
+
+
+def test_a_server_resumes_accepting_when_its_sibling_never_does(fair_server):
+    _, accepted, connect = fair_server
+    connect()
+    gevent.sleep(0.001)
+    connect()
+    gevent.sleep(greenworker.ACCEPT_PAUSE_MAX_S + greenworker.ACCEPT_PAUSE_S * 3)
+    assert len(accepted) == 2, "a stuck sibling stalled new connections"

@@ -13,7 +13,7 @@ import requests
 
 from serving_core.metrics import Metrics
 from tests.conftest import PROBE
-from tests.servers import ROOT, SERVING_CORE, base_env, gunicorn_server
+from tests.servers import ROOT, SERVING_CORE, base_env, gunicorn_server, wait_for_worker_pids
 
 
 def sample(text, name, **labels):
@@ -63,6 +63,13 @@ def test_metrics_add_up_across_two_workers_and_survive_a_dead_worker(tmp_path):
     env = {"SERVING_HANDLER": PROBE, "SERVING_WORKERS": "2", "SERVING_METRICS_DIR": str(tmp_path)}
     (tmp_path / "counter_99999.db").write_bytes(b"stale")  # an earlier run's file
     with gunicorn_server(env) as server:
+        wait_for_worker_pids(server.url, 2)
+        before = sample(
+            requests.get(server.url + "/metrics", timeout=10).text,
+            "serving_requests_total",
+            route="/predict",
+            status="200",
+        )
         barrier = threading.Barrier(8)
 
         def client(n):
@@ -79,8 +86,9 @@ def test_metrics_add_up_across_two_workers_and_survive_a_dead_worker(tmp_path):
             pids = [pid for batch in pool.map(client, range(8)) for pid in batch]
         assert len(set(pids)) == 2, "both workers must have answered"
         text = requests.get(server.url + "/metrics", timeout=10).text
-        assert sample(text, "serving_requests_total", route="/predict", status="200") == 80
-        assert sample(text, "serving_batch_size_sum") == 80 + 2  # + each worker's warm-up
+        assert sample(text, "serving_requests_total", route="/predict", status="200") == 80 + before
+        # + each worker's warm-up
+        assert sample(text, "serving_batch_size_sum") == 80 + before + 2
 
         assert not (tmp_path / "counter_99999.db").exists()
         assert (tmp_path / f"gauge_livesum_{pids[0]}.db").exists()
@@ -90,7 +98,7 @@ def test_metrics_add_up_across_two_workers_and_survive_a_dead_worker(tmp_path):
             time.sleep(0.1)
         text = requests.get(server.url + "/metrics", timeout=10).text
         # The dead worker's counts stay counted; its live gauge is gone.
-        assert sample(text, "serving_requests_total", route="/predict", status="200") == 80
+        assert sample(text, "serving_requests_total", route="/predict", status="200") == 80 + before
         assert sample(text, "serving_queue_depth") == 0
         assert not (tmp_path / f"gauge_livesum_{pids[0]}.db").exists()
 
