@@ -42,7 +42,7 @@ choose ``SERVING_WORKER_CLASS=gthread``.
 from __future__ import annotations
 
 import ctypes
-import multiprocessing
+import mmap
 import time
 from collections import deque
 from concurrent.futures import Future
@@ -72,7 +72,10 @@ class ConnectionShares:
     """
 
     def __init__(self, workers: int) -> None:
-        self.counts: Any = multiprocessing.RawArray(ctypes.c_int, workers)
+        # Anonymous shared memory: forked workers see the same pages, and no
+        # file is needed (the chart's root filesystem is read-only).
+        self._memory = mmap.mmap(-1, ctypes.sizeof(ctypes.c_int) * workers)
+        self.counts: Any = (ctypes.c_int * workers).from_buffer(self._memory)
         self.owners: list[object | None] = [None] * workers  # the master's view
 
     def claim(self, worker: object) -> int | None:

@@ -6,6 +6,7 @@ No monkey-patching here: the test process's main thread runs a gevent hub, and
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
@@ -111,6 +112,16 @@ def test_a_worker_is_over_its_share_when_it_leads_by_three():
     shares.counts[0], shares.counts[1] = 4, 1
     assert shares.over_share(0)  # 4 of 5
     assert not shares.over_share(1)
+
+
+def test_a_count_written_after_fork_is_seen_by_the_master_and_siblings():
+    shares = ConnectionShares(2)
+    pid = os.fork()
+    if pid == 0:  # a worker writing its slot
+        shares.counts[1] = 7
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert list(shares.counts) == [0, 7]
 
 
 def test_the_master_frees_a_dead_workers_slot_for_its_replacement():
