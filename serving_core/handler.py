@@ -29,11 +29,13 @@ class Handler:
       hangs the workers (GNU OpenMP is not fork-safe); computing here (tracing,
       a warm-up) is safe but slows start-up.
     - ``setup_worker()``: once per worker after fork (per-process state, GPU moves).
-    - ``preprocess(params)``: on the request thread, in parallel across requests
-      (validation, cheap per-item work). Its return value is what the model
-      thread receives.
+    - ``preprocess(params)``: where the request runs, before it is queued
+      (validation, cheap per-item work). With gevent workers (the default)
+      that is the worker's one hub thread, so keep it short: it holds up the
+      worker's other requests while it runs; with gthread, a request thread.
+      Its return value is what the model thread receives.
     - ``predict_batch(items)`` or ``predict(item)``: on the worker's single model thread.
-    - ``postprocess(output, params)``: on the request thread.
+    - ``postprocess(output, params)``: where the request runs, as ``preprocess``.
     """
 
     name: ClassVar[str] = ""
