@@ -164,6 +164,9 @@ class _FairServer(StreamServer):  # type: ignore[misc]
     """gevent's stream server, pausing accepts while its worker holds more than its share."""
 
     slot: int | None = None
+    # This worker's open client connections, over all its listeners; also the
+    # adaptive batcher's bound on who may still send.
+    open_connections = 0
 
     def do_handle(self, *args: Any) -> None:
         # Counted here, at accept, not when the connection's greenlet first runs:
@@ -181,6 +184,7 @@ class _FairServer(StreamServer):  # type: ignore[misc]
             self._count(-1)
 
     def _count(self, change: int) -> None:
+        _FairServer.open_connections += change
         if _shares is not None and self.slot is not None:
             _shares.counts[self.slot] += change
 
@@ -219,8 +223,7 @@ class GreenWorker(GeventWorker):  # type: ignore[misc]
         ]
 
     def init_process(self) -> None:
-        self.open_connections = 0
-        arrival.count_connections_with(lambda: self.open_connections)
+        arrival.count_connections_with(lambda: _FairServer.open_connections)
         _FairServer.slot = self.slot
         ggevent.StreamServer = _FairServer  # what GeventWorker.run builds, in this process
         super().init_process()
@@ -231,10 +234,3 @@ class GreenWorker(GeventWorker):  # type: ignore[misc]
         service = self.wsgi.extensions.get(SERVICE_KEY)
         if service is not None and service.batcher is not None:
             service.batcher.new_future = GreenFuture
-
-    def handle(self, listener: Any, client: Any, addr: Any) -> None:
-        self.open_connections += 1
-        try:
-            super().handle(listener, client, addr)
-        finally:
-            self.open_connections -= 1

@@ -15,6 +15,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 
 import gevent
 import pytest
+from gevent.event import Event
 
 from serving_core import greenworker
 from serving_core.batching import Batcher
@@ -176,3 +177,21 @@ def test_a_server_resumes_accepting_when_its_sibling_never_does(fair_server):
     connect()
     gevent.sleep(greenworker.ACCEPT_PAUSE_MAX_S + greenworker.ACCEPT_PAUSE_S * 3)
     assert len(accepted) == 2, "a stuck sibling stalled new connections"
+
+
+def test_the_server_counts_its_open_connections_for_the_batcher():
+    release = Event()
+    server = greenworker._FairServer(("127.0.0.1", 0), handle=lambda sock, addr: release.wait(5))
+    server.start()
+    before = greenworker._FairServer.open_connections
+    try:
+        clients = [socket.create_connection(server.address) for _ in range(3)]
+        gevent.sleep(0.01)
+        assert greenworker._FairServer.open_connections == before + 3
+        release.set()
+        gevent.sleep(0.01)
+        assert greenworker._FairServer.open_connections == before
+        for client in clients:
+            client.close()
+    finally:
+        server.stop()
