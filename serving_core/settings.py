@@ -21,6 +21,7 @@ DEFAULT_HANDLER = "handlers/minilm/handler.py"
 BatchPolicy = Literal["adaptive", "fixed"]
 LogLevel = Literal["debug", "info", "warning", "error", "critical"]
 WorkerClass = Literal["gevent", "gthread"]
+Dtype = Literal["float32", "float16", "bfloat16"]
 
 
 class SettingsError(ValueError):
@@ -47,6 +48,10 @@ class Settings:
     keepalive_s: float = 5.0
     log_level: LogLevel = "info"
     metrics_dir: str = ""
+    # Where the handler's model runs, and in what precision; handlers read them
+    # as ``self.device`` / ``self.dtype`` (see ``serving_core.device``).
+    device: str = "cpu"
+    dtype: Dtype = "float32"
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str], *, cores: int | None = None) -> Settings:
@@ -156,6 +161,17 @@ def _text(name: str, raw: str) -> str:
     return raw
 
 
+def _device(name: str, raw: str) -> str:
+    value = raw.lower()
+    index = value.removeprefix("cuda:")
+    if value in ("cpu", "cuda", "auto") or (value.startswith("cuda:") and index.isdigit()):
+        return value
+    raise SettingsError(
+        f"{name}={raw!r} is not a device; use cpu, cuda, cuda:N (the N-th GPU) or auto "
+        "(cuda when a GPU is visible, else cpu)"
+    )
+
+
 _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "handler": _text,
     "bind": _bind,
@@ -173,4 +189,6 @@ _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "keepalive_s": _float(0.0, 3600.0),
     "log_level": _choice("debug", "info", "warning", "error", "critical"),
     "metrics_dir": _text,
+    "device": _device,
+    "dtype": _choice("float32", "float16", "bfloat16"),
 }
