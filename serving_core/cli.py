@@ -1,4 +1,4 @@
-"""``serving-core serve`` and ``serving-core check HANDLER``."""
+"""``serving-core serve``, ``check HANDLER``, ``init NAME`` and ``healthcheck``."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
-from . import encoding, probe
+from . import encoding, probe, scaffold
 from .errors import ServingError
 from .loading import HandlerError, LoadedHandler, load_handler
 from .metrics import enable_multiprocess
@@ -33,12 +34,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     check.add_argument("handler", help="handler.py path, its folder, or module[:Class]")
     check.add_argument("--params", help="JSON object to send instead of the sample.json")
+    init = commands.add_parser(
+        "init", help="create handlers/NAME/ with a handler.py skeleton, sample.json, requirements"
+    )
+    init.add_argument("name", help="the handler's name, e.g. sentiment")
+    init.add_argument(
+        "--dir", default="handlers", help="the folder to create it in (default handlers)"
+    )
     health = commands.add_parser(
         "healthcheck", help="exit 0 if the server at SERVING_BIND answers 200 (for HEALTHCHECK)"
     )
     health.add_argument("--path", default="/healthz", help="the route to ask (default /healthz)")
     health.add_argument("--timeout-s", type=float, default=3.0)
     args = parser.parse_args(argv)
+    if args.command == "init":
+        return _init(args.name, args.dir)
     try:
         settings = Settings.from_env(os.environ)
         if args.command == "healthcheck":
@@ -51,7 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "serve":
             # Before the handler is imported: it might import prometheus_client.
             enable_multiprocess(settings.metrics_dir)
-        loaded = load_handler(settings.handler)
+        loaded = load_handler(settings.handler, device=settings.device, dtype=settings.dtype)
     except (SettingsError, HandlerError) as exc:
         print(f"serving-core: error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
@@ -103,6 +113,24 @@ def _check(settings: Settings, loaded: LoadedHandler, raw_params: str | None) ->
     finally:
         service.stop()
     print(encoding.dumps(output).decode())
+    return 0
+
+
+def _init(name: str, parent: str) -> int:
+    try:
+        folder = scaffold.create(name, Path(parent))
+    except (scaffold.ScaffoldError, OSError) as exc:
+        print(f"serving-core: error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    steps = [
+        (f"serving-core check {folder}", "run its sample.json (make test does too)"),
+        (f"SERVING_HANDLER={folder} make serve", "serve it on 127.0.0.1:8000"),
+        (f"make image HANDLER_DIR={folder}", "build its image"),
+    ]
+    width = max(len(command) for command, _ in steps)
+    print(f"created {folder}/: handler.py, sample.json, requirements.txt")
+    for command, why in steps:
+        print(f"  {command:<{width}}  # {why}")
     return 0
 
 

@@ -28,7 +28,8 @@ class Handler:
       one thread in the master, because a multi-threaded operation before fork
       hangs the workers (GNU OpenMP is not fork-safe); computing here (tracing,
       a warm-up) is safe but slows start-up.
-    - ``setup_worker()``: once per worker after fork (per-process state, GPU moves).
+    - ``setup_worker()``: once per worker after fork (per-process state, GPU moves:
+      ``serving_core.device.resolve(self.device)`` says where to move to).
     - ``preprocess(params)``: where the request runs, before it is queued
       (validation, cheap per-item work). With gevent workers (the default)
       that is the worker's one hub thread, so keep it short: it holds up the
@@ -42,6 +43,11 @@ class Handler:
     version: ClassVar[str] = "0"
     #: JSON Schema for the request parameters; violations are 400s naming the field.
     input_schema: ClassVar[dict[str, Any] | None] = None
+    #: ``SERVING_DEVICE`` and ``SERVING_DTYPE`` as requested (cpu, auto, cuda, cuda:N;
+    #: float32, float16, bfloat16), set by serving-core before ``setup()``. Load on the
+    #: CPU in ``setup()``; move in ``setup_worker()`` (see ``serving_core.device``).
+    device: str = "cpu"
+    dtype: str = "float32"
 
     def setup(self) -> None:
         """Load the model; runs once in the master before the workers fork."""

@@ -35,8 +35,12 @@ class LoadedHandler:
     sample: dict[str, Any] | None  # sample.json beside handler.py, if any
 
 
-def load_handler(spec: str) -> LoadedHandler:
-    """Import the module named by ``spec`` and instantiate its one ``Handler`` subclass."""
+def load_handler(spec: str, *, device: str = "cpu", dtype: str = "float32") -> LoadedHandler:
+    """Import the module named by ``spec`` and instantiate its one ``Handler`` subclass.
+
+    ``device`` and ``dtype`` (``SERVING_DEVICE``, ``SERVING_DTYPE``) become the
+    handler's ``self.device`` and ``self.dtype``, read from ``setup()`` on.
+    """
     target, _, class_name = spec.partition(":")
     module, source = _import(target)
     cls = _pick_class(module, source, class_name)
@@ -53,6 +57,8 @@ def load_handler(spec: str) -> LoadedHandler:
             f"{source}: {cls.__name__}() failed: {exc!r}; a handler's __init__ must take "
             "no arguments (load models in setup())"
         ) from exc
+    handler.device = device
+    handler.dtype = dtype
     return LoadedHandler(handler, source, _sample(module))
 
 

