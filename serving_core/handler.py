@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 Params = dict[str, Any]
@@ -64,7 +65,9 @@ class Handler:
     def predict(self, item: Any) -> Output:
         raise NotImplementedError
 
-    def predict_batch(self, items: list[Any]) -> list[Output | InvalidInput]:
+    # Sequence, not list: list is invariant, so a user's ``-> list[dict[str, Any]]``
+    # would not type-check as an override of ``-> list[Output | InvalidInput]``.
+    def predict_batch(self, items: list[Any]) -> Sequence[Output | InvalidInput]:
         raise NotImplementedError
 
 
@@ -88,10 +91,11 @@ def call_batch(handler: Handler, items: list[Any]) -> list[Output | InvalidInput
     else:
         outputs = [handler.predict(item) for item in items]
         where = f"{type(handler).__name__}.predict"
-    if not isinstance(outputs, list):
+    if not isinstance(outputs, list | tuple):
         raise TypeError(
             f"{where} returned {type(outputs).__name__}; return a list with one dict per input"
         )
+    outputs = list(outputs)
     if len(outputs) != len(items):
         raise TypeError(
             f"{where} returned {len(outputs)} outputs for {len(items)} inputs; "

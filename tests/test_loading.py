@@ -148,3 +148,9 @@ def test_predict_batch_may_mark_one_item_invalid(tmp_path):
     bad = InvalidInput("no")
     handler.reply = lambda batch: [{"ok": 1}, bad]
     assert call_batch(handler, [{}, {}]) == [{"ok": 1}, bad]
+
+
+def test_predict_batch_may_answer_with_a_tuple(tmp_path):
+    handler = load_handler(str(write(tmp_path, BATCHED))).handler
+    handler.reply = lambda batch: tuple({"n": item["a"]} for item in batch)
+    assert call_batch(handler, [{"a": 1}, {"a": 2}]) == [{"n": 1}, {"n": 2}]
