@@ -20,6 +20,8 @@ from pathlib import Path
 
 import requests
 
+from serving_core.resources import usable_cores
+
 ROOT = Path(__file__).resolve().parent.parent
 SERVING_CORE = Path(sys.executable).parent / "serving-core"
 
@@ -77,7 +79,8 @@ def gunicorn_server(
         server = Server(process, bind, url, log_path)
         try:
             if wait_ready:
-                workers = int(overrides.get("SERVING_WORKERS") or len(os.sched_getaffinity(0)))
+                # The server's own default: cgroup quota and affinity mask alike.
+                workers = int(overrides.get("SERVING_WORKERS") or usable_cores())
                 _wait_ready(server, ready_timeout_s, workers)
             yield server
         finally:
@@ -101,13 +104,13 @@ def _wait_ready(server: Server, timeout_s: float, workers: int) -> None:
     """Until /readyz answers (or the socket exists) and every worker logged that it is ready."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if server.output().count(" ready: ") < workers:
-            time.sleep(0.1)
-            continue
         if server.process.poll() is not None:
             raise RuntimeError(
                 f"server exited with {server.process.returncode}:\n{server.output()}"
             )
+        if server.output().count(" ready: ") < workers:
+            time.sleep(0.1)
+            continue
         if server.url:
             with contextlib.suppress(requests.RequestException):
                 if requests.get(server.url + "/readyz", timeout=1).status_code == 200:
