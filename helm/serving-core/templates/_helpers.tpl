@@ -8,17 +8,17 @@ Names and labels, after the `helm create` scaffold.
 {{/*
 Full name: "<release>-<chart>", or the release name when it already contains
 the chart name. Truncated to 63 characters (DNS label) minus room for the
-"-worker" and "-batch" suffixes of the placeholder workloads.
+"-metrics" suffix of the metrics Service.
 */}}
 {{- define "serving-core.fullname" -}}
 {{- if .Values.fullnameOverride }}
-{{- .Values.fullnameOverride | trunc 56 | trimSuffix "-" }}
+{{- .Values.fullnameOverride | trunc 55 | trimSuffix "-" }}
 {{- else }}
 {{- $name := default .Chart.Name .Values.nameOverride }}
 {{- if contains $name .Release.Name }}
-{{- .Release.Name | trunc 56 | trimSuffix "-" }}
+{{- .Release.Name | trunc 55 | trimSuffix "-" }}
 {{- else }}
-{{- printf "%s-%s" .Release.Name $name | trunc 56 | trimSuffix "-" }}
+{{- printf "%s-%s" .Release.Name $name | trunc 55 | trimSuffix "-" }}
 {{- end }}
 {{- end }}
 {{- end }}
@@ -37,9 +37,9 @@ app.kubernetes.io/part-of: serving-core
 {{- end }}
 
 {{/*
-Selector labels of one component ("server", "worker", "batch"): call with
-(dict "ctx" $ "component" "server"). The component keeps the Service and the
-PodDisruptionBudget on the server pods only.
+Selector labels of one component: call with (dict "ctx" $ "component" "server").
+"server" labels the server pods and what selects them; the metrics Service is
+"metrics", so the ServiceMonitor selects it and never the API Service.
 */}}
 {{- define "serving-core.selectorLabels" -}}
 app.kubernetes.io/name: {{ include "serving-core.name" .ctx }}
@@ -57,25 +57,39 @@ app.kubernetes.io/component: {{ .component }}
 
 {{/*
 Images. The app tag defaults to the chart's appVersion, which chart.yml sets
-to the image tag it publishes with. The nginx image follows the app image:
+to the release it packages (v1.2.3 -> 1.2.3, the tag image.yml gives that
+commit's images). The in-repo Chart.yaml carries a placeholder appVersion no
+image has: "serving-core.validate" refuses to render it, so an unpackaged
+chart never deploys a tag nothing pushed. With a digest and no tag the
+reference is repository@digest. The nginx image follows the app image:
 image.yml pushes "<repo>" and "<repo>-nginx" with the same tags.
 */}}
+{{- define "serving-core.unreleased" -}}0.0.0-unreleased{{- end }}
+
 {{- define "serving-core.imageTag" -}}
 {{- .Values.image.tag | default .Chart.AppVersion }}
 {{- end }}
 
-{{- define "serving-core.image" -}}
-{{- $ref := printf "%s:%s" .Values.image.repository (include "serving-core.imageTag" .) }}
-{{- if .Values.image.digest }}{{ $ref = printf "%s@%s" $ref .Values.image.digest }}{{ end }}
+{{- define "serving-core.nginxImageTag" -}}
+{{- .Values.nginx.image.tag | default (include "serving-core.imageTag" .) }}
+{{- end }}
+
+{{- /* (dict "repository" R "tag" T "digest" D "ctx" $) -> R:T, R:T@D or R@D */}}
+{{- define "serving-core.imageRef" -}}
+{{- $ref := .repository }}
+{{- if ne .tag (include "serving-core.unreleased" .ctx) }}{{ $ref = printf "%s:%s" $ref .tag }}{{ end }}
+{{- if .digest }}{{ $ref = printf "%s@%s" $ref .digest }}{{ end }}
 {{- $ref }}
+{{- end }}
+
+{{- define "serving-core.image" -}}
+{{- include "serving-core.imageRef" (dict "repository" .Values.image.repository "tag" (include "serving-core.imageTag" .) "digest" .Values.image.digest "ctx" .) }}
 {{- end }}
 
 {{- define "serving-core.nginxImage" -}}
 {{- $img := .Values.nginx.image }}
 {{- $repo := $img.repository | default (printf "%s-nginx" .Values.image.repository) }}
-{{- $ref := printf "%s:%s" $repo ($img.tag | default (include "serving-core.imageTag" .)) }}
-{{- if $img.digest }}{{ $ref = printf "%s@%s" $ref $img.digest }}{{ end }}
-{{- $ref }}
+{{- include "serving-core.imageRef" (dict "repository" $repo "tag" (include "serving-core.nginxImageTag" .) "digest" $img.digest "ctx" .) }}
 {{- end }}
 
 {{/*
@@ -86,16 +100,18 @@ cluster can reach gunicorn past nginx.
 {{- define "serving-core.socketDir" -}}/run/serving{{- end }}
 {{- define "serving-core.bind" -}}unix:/run/serving/gunicorn.sock{{- end }}
 {{- define "serving-core.metricsDir" -}}/run/metrics{{- end }}
-{{- define "serving-core.nginxConfDir" -}}/etc/nginx/serving-core{{- end }}
 
 {{/*
 serving key -> SERVING_* variable and how to print it. Integers go through
 int64 because Helm reads every number as a float (1048576 would print as
 1.048576e+06). "auto" entries are left unset at 0 so serving-core resolves
-them from the container's CPU limit; "optional" ones are left unset when empty.
+them from the container's CPU limit; "optional" ones are left unset when empty
+(the handler: the image's own SERVING_HANDLER, set from its HANDLER_DIR build
+argument, is what runs). With SERVING_BIND and SERVING_METRICS_DIR below, these
+are every field of serving_core.settings.Settings (tests/test_chart.py checks).
 */}}
 {{- define "serving-core.settings" -}}
-handler: {env: SERVING_HANDLER, kind: string}
+handler: {env: SERVING_HANDLER, kind: optional}
 workers: {env: SERVING_WORKERS, kind: auto}
 workerClass: {env: SERVING_WORKER_CLASS, kind: string}
 workerConnections: {env: SERVING_WORKER_CONNECTIONS, kind: int}
@@ -109,8 +125,8 @@ maxBodyBytes: {env: SERVING_MAX_BODY_BYTES, kind: int}
 gracefulTimeoutSeconds: {env: SERVING_GRACEFUL_TIMEOUT_S, kind: number}
 keepaliveSeconds: {env: SERVING_KEEPALIVE_S, kind: number}
 logLevel: {env: SERVING_LOG_LEVEL, kind: string}
-cacheUrl: {env: SERVING_CACHE_URL, kind: optional}
-redisUrl: {env: SERVING_REDIS_URL, kind: optional}
+device: {env: SERVING_DEVICE, kind: string}
+dtype: {env: SERVING_DTYPE, kind: string}
 {{- end }}
 
 {{/*
@@ -130,9 +146,16 @@ Checks that JSON Schema cannot express; each message says what to change.
 {{- if and .Values.autoscaling.enabled (not .Values.autoscaling.targetCPUUtilizationPercentage) (not .Values.autoscaling.podsMetric.enabled) }}
 {{- fail "autoscaling.enabled needs a metric: set autoscaling.targetCPUUtilizationPercentage or enable autoscaling.podsMetric" }}
 {{- end }}
-{{- if and .Values.worker.enabled (not $s.redisUrl) }}
-{{- fail "worker.enabled needs serving.redisUrl: the async workers consume the Redis job queue" }}
+{{- $unreleased := include "serving-core.unreleased" . }}
+{{- if and (eq (include "serving-core.imageTag" .) $unreleased) (not .Values.image.digest) }}
+{{- fail (printf "image.tag is empty and this is the in-repo chart, whose appVersion (%s) is no image's tag: set image.tag to a tag image.yml pushed, sha-<full commit sha> for any pushed commit or 1.2.3 for release v1.2.3 (or install the chart chart.yml packaged for a release, which defaults to that release's images)" $unreleased) }}
 {{- end }}
+{{- if and (eq (include "serving-core.nginxImageTag" .) $unreleased) (not .Values.nginx.image.digest) }}
+{{- fail "the nginx image has no tag: set nginx.image.tag (or image.tag, which it follows) to a tag image.yml pushed, e.g. sha-<full commit sha> or 1.2.3" }}
+{{- end }}
+{{- /* Every SERVING_* variable is a serving-core setting the chart already
+sets (from `serving`, or SERVING_BIND / SERVING_METRICS_DIR); any other name
+makes Settings refuse to start, so refuse it here, at install time. */}}
 {{- $settings := include "serving-core.settings" . | fromYaml }}
 {{- range $var := .Values.extraEnv }}
 {{- range $key, $setting := $settings }}
@@ -143,11 +166,14 @@ Checks that JSON Schema cannot express; each message says what to change.
 {{- if has $var.name (list "SERVING_BIND" "SERVING_METRICS_DIR") }}
 {{- fail (printf "extraEnv sets %s, which the chart manages (gunicorn's socket and the metrics emptyDir): remove it" $var.name) }}
 {{- end }}
+{{- if hasPrefix "SERVING_" $var.name }}
+{{- fail (printf "extraEnv sets %s, which is not a serving-core setting (serving-core would refuse to start): check the name against the serving values in values.yaml" $var.name) }}
+{{- end }}
 {{- end }}
 {{- end }}
 
 {{/*
-Environment of every container that runs serving-core (server, worker, batch).
+Environment of the app container, the one that runs serving-core.
 */}}
 {{- define "serving-core.env" -}}
 {{- $s := .Values.serving }}
@@ -181,32 +207,62 @@ Environment of every container that runs serving-core (server, worker, batch).
 {{- end }}
 
 {{/*
-Pod-level settings shared by every workload of the release.
+Environment of the nginx container. The serving-core-nginx image renders its
+configuration from these at start (nginx/render.sh's table documents each),
+the same template the image runs everywhere else, so the chart keeps no copy
+of nginx.conf; a changed value changes the pod template and rolls the pods.
+The SERVING_* names carry the app's own values: nginx derives its body limit,
+proxy timeouts and upstream keep-alive from them.
 */}}
-{{- define "serving-core.podCommon" -}}
-serviceAccountName: {{ include "serving-core.serviceAccountName" . }}
-automountServiceAccountToken: {{ .Values.serviceAccount.automount }}
-{{- with .Values.imagePullSecrets }}
-imagePullSecrets:
-  {{- toYaml . | nindent 2 }}
+{{- define "serving-core.nginxEnv" -}}
+{{- $s := .Values.serving }}
+{{- $n := .Values.nginx }}
+- name: NGINX_UPSTREAM
+  value: {{ include "serving-core.bind" . | quote }}
+- name: NGINX_PORT
+  value: {{ int64 $n.port | quote }}
+- name: NGINX_METRICS_PORT
+  value: {{ int64 $n.metricsPort | quote }}
+- name: SERVING_MAX_BODY_BYTES
+  value: {{ int64 $s.maxBodyBytes | quote }}
+- name: SERVING_REQUEST_TIMEOUT_S
+  value: {{ toString $s.requestTimeoutSeconds | quote }}
+- name: SERVING_KEEPALIVE_S
+  value: {{ toString $s.keepaliveSeconds | quote }}
+- name: NGINX_UPSTREAM_KEEPALIVE
+  value: {{ int64 $n.upstreamKeepalive | quote }}
+- name: NGINX_WORKER_PROCESSES
+  value: {{ toString $n.workerProcesses | quote }}
+- name: NGINX_WORKER_CONNECTIONS
+  value: {{ int64 $n.workerConnections | quote }}
+- name: NGINX_RATE_LIMIT_RPS
+  value: {{ int64 $n.rateLimit.requestsPerSecond | quote }}
+- name: NGINX_RATE_LIMIT_BURST
+  value: {{ int64 $n.rateLimit.burst | quote }}
+{{- with $n.trustedProxies }}
+- name: NGINX_TRUSTED_PROXIES
+  value: {{ join "," . | quote }}
 {{- end }}
-{{- with .Values.podSecurityContext }}
-securityContext:
-  {{- toYaml . | nindent 2 }}
+- name: NGINX_LOG_LEVEL
+  value: {{ $n.logLevel | quote }}
 {{- end }}
-{{- with .Values.priorityClassName }}
-priorityClassName: {{ . }}
-{{- end }}
-{{- with .Values.nodeSelector }}
-nodeSelector:
-  {{- toYaml . | nindent 2 }}
-{{- end }}
-{{- with .Values.affinity }}
-affinity:
-  {{- toYaml . | nindent 2 }}
-{{- end }}
-{{- with .Values.tolerations }}
-tolerations:
-  {{- toYaml . | nindent 2 }}
-{{- end }}
+
+{{/*
+The app container's probes: `serving-core healthcheck` run inside it asks
+gunicorn on its unix socket (SERVING_BIND), which an httpGet probe cannot
+reach. Going to the app directly means an nginx failure fails only nginx's
+own probes and never restarts the model container. The client's own timeout
+is a second under the kubelet's, which leaves Python room to start (~0.4 s).
+Call with (dict "path" "/healthz" "probe" .Values.probes.liveness).
+*/}}
+{{- define "serving-core.appProbe" -}}
+exec:
+  command:
+    - serving-core
+    - healthcheck
+    - --path
+    - {{ .path }}
+    - --timeout-s
+    - {{ sub (int64 .probe.timeoutSeconds) 1 | quote }}
+{{ toYaml .probe }}
 {{- end }}
