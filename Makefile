@@ -3,19 +3,61 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+PIP := $(BIN)/python -m pip
 # Every process that tokenises: the Rust tokenizer's own thread pool is not
 # fork-safe and fights the model for the cores.
 export TOKENIZERS_PARALLELISM := false
 SYSTEM_PACKAGES := nginx redis-server shellcheck
 
-.PHONY: serve test lint typecheck check install install-dev system-deps bench clean
+# Every install goes through constraints.txt, so a handler's unpinned torch gets
+# the tested version. The torch index is an extra index (PyPI stays the main
+# one): torch==2.13.0 then resolves to its +cpu build instead of PyPI's CUDA
+# build. `make serve TORCH_VARIANT=cu128` on a GPU machine; TORCH_INDEX_URL=
+# (empty) for PyPI alone.
+TORCH_VARIANT ?= cpu
+TORCH_INDEX_URL ?= https://download.pytorch.org/whl/$(TORCH_VARIANT)
+PIP_INSTALL := $(PIP) install -q --constraint constraints.txt \
+	$(if $(TORCH_INDEX_URL),--extra-index-url $(TORCH_INDEX_URL))
 
-## make serve: install into .venv and serve $SERVING_HANDLER (default: the MiniLM handler).
-serve: $(BIN)/.runtime
-	$(BIN)/serving-core serve
+# Install stamps live in the venv (a new venv installs again) and mirror the
+# requirements file they stand for: .venv/.installed/handlers/x/requirements.txt
+# is remade only when handlers/x/requirements.txt or constraints.txt changes.
+STAMPS := $(VENV)/.installed
+stamps = $(addprefix $(STAMPS)/,$(wildcard $(addsuffix /requirements.txt,$(1))))
 
-## make test: install everything, then lint, type-check and run the whole suite.
-test: $(BIN)/.dev system-deps lint typecheck
+# The handler `make serve` serves: SERVING_HANDLER (from the environment or the
+# command line) is a handler.py, its folder, or a module path, each with an
+# optional :Class. Its folder's requirements.txt is installed: the file's
+# folder, the folder itself, the folder of the module's file when it is one
+# here (handlers.x.handler is handlers/x/handler.py), else the default handler's.
+DEFAULT_HANDLER_DIR := handlers/minilm
+SERVING_HANDLER ?= $(DEFAULT_HANDLER_DIR)
+without_class = $(firstword $(subst :, ,$(1)))
+module_file = $(subst .,/,$(1)).py
+handler_dir = $(patsubst %/,%,$(or \
+	$(if $(wildcard $(1)/.),$(1)), \
+	$(if $(filter %.py,$(1)),$(dir $(1))), \
+	$(if $(wildcard $(call module_file,$(1))),$(dir $(call module_file,$(1)))), \
+	$(DEFAULT_HANDLER_DIR)))
+SERVE_DIR := $(call handler_dir,$(call without_class,$(SERVING_HANDLER)))
+
+# `make check` runs the contract check on every handler folder with a sample.json.
+HANDLERS ?= $(patsubst %/sample.json,%,$(wildcard handlers/*/sample.json))
+ALL_HANDLER_DIRS := $(patsubst %/,%,$(dir $(wildcard handlers/*/requirements.txt)))
+
+# `make image`: the handler the image serves, and its tag.
+HANDLER_DIR ?= $(DEFAULT_HANDLER_DIR)
+IMAGE ?= serving-core:$(notdir $(patsubst %/,%,$(HANDLER_DIR)))$(if $(filter-out cpu,$(TORCH_VARIANT)),-$(TORCH_VARIANT))
+
+.PHONY: serve test lint typecheck check image install install-dev install-handlers system-deps \
+	bench clean
+
+## make serve: install the framework and $SERVING_HANDLER's requirements, then serve it.
+serve: $(BIN)/.runtime $(call stamps,$(SERVE_DIR))
+	SERVING_HANDLER='$(SERVING_HANDLER)' $(BIN)/serving-core serve
+
+## make test: install everything, then lint, type-check, check every handler, run the suite.
+test: install-dev install-handlers system-deps lint typecheck check
 	$(BIN)/pytest
 
 lint: $(BIN)/.dev
@@ -25,18 +67,42 @@ lint: $(BIN)/.dev
 typecheck: $(BIN)/.dev
 	$(BIN)/mypy
 
-install: $(BIN)/.runtime
-install-dev: $(BIN)/.dev
+## make check: `serving-core check` (load, run sample.json) on each of $(HANDLERS).
+check: $(BIN)/.runtime $(call stamps,$(HANDLERS))
+	@test -n "$(strip $(HANDLERS))" || { echo "make check: no handlers/*/sample.json found"; exit 1; }
+	@for dir in $(HANDLERS); do \
+	  echo "serving-core check $$dir"; \
+	  $(BIN)/serving-core check "$$dir" > /dev/null \
+	    || { echo "make check: the handler in $$dir failed its check (the error is above)" >&2; exit 1; }; \
+	done
 
-$(BIN)/.runtime: requirements.txt pyproject.toml
+## make image HANDLER_DIR=handlers/x [TORCH_VARIANT=cu128]: build the app image of one handler.
+image:
+	docker build --build-arg HANDLER_DIR=$(HANDLER_DIR) --build-arg TORCH_VARIANT=$(TORCH_VARIANT) \
+	  --tag $(IMAGE) .
+
+## make install: the framework and the served handler's requirements.
+install: $(BIN)/.runtime $(call stamps,$(SERVE_DIR))
+## make install-dev: the framework and the test tools (enough for tests/container).
+install-dev: $(BIN)/.dev
+## make install-handlers: every handler's requirements (the suite loads MiniLM and the examples).
+install-handlers: $(BIN)/.runtime $(call stamps,$(ALL_HANDLER_DIRS))
+
+$(BIN)/.runtime: requirements.txt constraints.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -r requirements.txt -e .
+	$(PIP) install -q --upgrade pip
+	$(PIP_INSTALL) -r requirements.txt -e .
 	touch $@
 
 $(BIN)/.dev: $(BIN)/.runtime requirements-dev.txt
-	$(BIN)/python -m pip install -q -r requirements-dev.txt
+	$(PIP_INSTALL) -r requirements-dev.txt
 	touch $@
+
+# One handler's requirements, under the constraints (after the framework, so
+# the framework's pins are in place first).
+$(STAMPS)/%/requirements.txt: %/requirements.txt constraints.txt | $(BIN)/.runtime
+	$(PIP_INSTALL) -r $<
+	@mkdir -p $(@D) && touch $@
 
 # The suite starts real nginx and redis-server on 127.0.0.1; install them from
 # Debian when missing (CI runs as root; elsewhere this asks for sudo).
@@ -50,8 +116,9 @@ system-deps:
 	  DEBIAN_FRONTEND=noninteractive $$sudo_ apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
 
-bench: $(BIN)/.dev
-	$(BIN)/python bench/run_all.py
+## make bench: the bare-model limit, every batch size (bench/README.md lists the others).
+bench: $(BIN)/.dev $(call stamps,$(DEFAULT_HANDLER_DIR))
+	$(BIN)/python bench/bare_model.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info
