@@ -1,12 +1,16 @@
 """The GitHub Actions workflows: actionlint (with shellcheck) and yamllint pass,
-and each workflow does what the README says it does."""
+and each workflow does what the README says it does. Conditions (`if:`) are
+evaluated against sample events and the deploy gate's script is run, so the
+tests show behaviour, not only text."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -27,17 +31,64 @@ def workflow(name: str) -> dict[str, Any]:
     return loaded
 
 
-def steps(name: str) -> list[dict[str, Any]]:
-    return [step for job in workflow(name)["jobs"].values() for step in job["steps"]]
+def steps(name: str, job: str | None = None) -> list[dict[str, Any]]:
+    jobs = workflow(name)["jobs"]
+    chosen = [jobs[job]] if job else list(jobs.values())
+    return [step for each in chosen for step in each["steps"]]
 
 
-def step_named(name: str, step_name: str) -> dict[str, Any]:
-    (found,) = [s for s in steps(name) if s.get("name") == step_name]
+def step_named(name: str, step_name: str, job: str | None = None) -> dict[str, Any]:
+    (found,) = [s for s in steps(name, job) if s.get("name") == step_name]
     return found
 
 
-def uses(name: str, action: str) -> list[dict[str, Any]]:
-    return [s for s in steps(name) if s.get("uses", "").startswith(f"{action}@")]
+def strings(value: Any) -> list[str]:
+    """Every string in a loaded workflow (keys and values), comments left out."""
+    if isinstance(value, dict):
+        return [s for k, v in value.items() for s in strings(k) + strings(v)]
+    if isinstance(value, list):
+        return [s for item in value for s in strings(item)]
+    return [value] if isinstance(value, str) else []
+
+
+def uses(name: str, action: str, job: str | None = None) -> list[dict[str, Any]]:
+    return [s for s in steps(name, job) if s.get("uses", "").startswith(f"{action}@")]
+
+
+def evaluate(expression: str, context: Mapping[str, Any]) -> Any:
+    """An Actions `if:` expression evaluated over ``context`` (github, needs, ...).
+
+    Covers what these workflows use: contexts, 'strings', ==, !=, !, &&, ||,
+    parentheses and startsWith (case-insensitive, as in Actions). A missing
+    property is null, as in Actions."""
+
+    def get(path: str) -> Any:
+        value: Any = context
+        for key in path.split("."):
+            value = value.get(key) if isinstance(value, Mapping) else None
+        return value
+
+    def starts_with(text: Any, prefix: Any) -> bool:
+        return str(text or "").lower().startswith(str(prefix or "").lower())
+
+    token = re.compile(
+        r"'(?:[^']|'')*'|(?:github|needs|inputs|vars|env)(?:\.[\w-]+)+|&&|\|\||!(?!=)"
+        r"|startsWith|[()=,\s]+|!=|\S"
+    )
+    python = []
+    for match in token.finditer(expression.strip().removeprefix("${{").removesuffix("}}")):
+        part = match.group(0)
+        if part.startswith("'"):
+            python.append(repr(part[1:-1].replace("''", "'")))
+        elif re.match(r"^(github|needs|inputs|vars|env)\.", part):
+            python.append(f"get({part!r})")
+        else:
+            python.append(
+                {"&&": " and ", "||": " or ", "!": " not ", "startsWith": "starts_with"}.get(
+                    part, part
+                )
+            )
+    return eval("".join(python), {"__builtins__": {}}, {"get": get, "starts_with": starts_with})
 
 
 def uses_lines() -> list[tuple[str, str]]:
@@ -123,7 +174,7 @@ def test_only_publishing_jobs_may_write_packages() -> None:
         for job_name, job in workflow(name)["jobs"].items()
         if job["permissions"].get("packages") == "write"
     }
-    assert writers == {("image", "image"), ("chart", "publish")}
+    assert writers == {("image", "image"), ("image", "image-cuda"), ("image", "chart")}
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -167,13 +218,35 @@ def test_ci_runs_make_test_on_pushes_and_pull_requests() -> None:
     assert re.search(r"^test:", (ROOT / "Makefile").read_text(), re.MULTILINE)
 
 
+PULL_REQUEST_FROM = {
+    "the same repository": ("serving-core/serving-core", False),
+    "a fork": ("someone/serving-core", True),
+}
+
+
+@pytest.mark.parametrize("origin", PULL_REQUEST_FROM)
+def test_ci_runs_once_per_commit_pull_requests_only_from_forks(origin: str) -> None:
+    # A same-repo pull request's branch push already runs CI on that commit.
+    head_repo, runs = PULL_REQUEST_FROM[origin]
+    condition = workflow("ci")["jobs"]["test"]["if"]
+    repo = "serving-core/serving-core"
+    pull_request = {
+        "event_name": "pull_request",
+        "repository": repo,
+        "event": {"pull_request": {"head": {"repo": {"full_name": head_repo}}}},
+    }
+    assert evaluate(condition, {"github": pull_request}) is runs
+    assert evaluate(condition, {"github": {"event_name": "push", "repository": repo}}) is True
+    assert workflow("ci")["on"]["push"]["branches"] == ["**"]
+
+
 def test_image_builds_both_dockerfiles_and_tests_them_before_pushing() -> None:
-    builds = uses("image", "docker/build-push-action")
+    builds = uses("image", "docker/build-push-action", job="image")
     contexts = [b["with"]["context"] for b in builds]
     assert contexts == [".", "nginx", ".", "nginx"]
     for context in set(contexts):
         assert (ROOT / context / "Dockerfile").is_file()
-    order = [s.get("name") for s in steps("image")]
+    order = [s.get("name") for s in steps("image", "image")]
     tests_at = order.index("Container tests")
     loads, pushes = builds[:2], builds[2:]
     for build in loads:
@@ -191,30 +264,53 @@ def test_container_tests_get_the_built_image_names() -> None:
     assert "pytest tests/container" in test_step["run"]
     assert test_step["env"]["SERVING_TEST_IMAGE"] == "${{ env.TEST_IMAGE }}"
     assert test_step["env"]["SERVING_TEST_NGINX_IMAGE"] == "${{ env.TEST_NGINX_IMAGE }}"
-    app, nginx = uses("image", "docker/build-push-action")[:2]
+    app, nginx = uses("image", "docker/build-push-action", job="image")[:2]
     assert app["with"]["tags"] == "${{ env.TEST_IMAGE }}"
     assert nginx["with"]["tags"] == "${{ env.TEST_NGINX_IMAGE }}"
     assert set(loaded["jobs"]["image"]["env"]) == {"TEST_IMAGE", "TEST_NGINX_IMAGE"}
 
 
+def build_args(step: dict[str, Any]) -> dict[str, str]:
+    lines = step["with"].get("build-args", "").splitlines()
+    return dict(line.strip().split("=", 1) for line in lines if line.strip())
+
+
+def test_one_workflow_variable_names_the_handler_every_app_build_and_test_uses() -> None:
+    loaded = workflow("image")
+    handler_dir = ROOT / loaded["env"]["HANDLER_DIR"]
+    assert (handler_dir / "handler.py").is_file()
+    assert (handler_dir / "sample.json").is_file()
+    app_builds = [
+        b for b in uses("image", "docker/build-push-action") if b["with"]["context"] == "."
+    ]
+    assert len(app_builds) == 3  # tested, pushed, CUDA
+    for build in app_builds:
+        assert build_args(build)["HANDLER_DIR"] == "${{ env.HANDLER_DIR }}", build["name"]
+    test_env = step_named("image", "Container tests")["env"]
+    assert test_env["SERVING_TEST_HANDLER_DIR"] == "${{ env.HANDLER_DIR }}"
+    # Nothing else in the workflow names a handler folder.
+    named = [s for s in strings(loaded) if "handlers/" in s]
+    assert named == [loaded["env"]["HANDLER_DIR"]]
+
+
 def test_pull_requests_build_without_logging_in_or_pushing() -> None:
     assert "pull_request" in workflow("image")["on"]
     not_on_prs = "github.event_name != 'pull_request'"
-    assert uses("image", "docker/login-action")[0]["if"] == not_on_prs
-    for build in uses("image", "docker/build-push-action")[2:]:
+    assert uses("image", "docker/login-action", job="image")[0]["if"] == not_on_prs
+    for build in uses("image", "docker/build-push-action", job="image")[2:]:
         assert build["if"] == not_on_prs
         assert "cache-to" in build["with"]
-    for build in uses("image", "docker/build-push-action")[:2]:
+    for build in uses("image", "docker/build-push-action", job="image")[:2]:
         assert "cache-to" not in build["with"]
 
 
 def test_images_go_to_ghcr_with_sha_branch_semver_and_latest_tags() -> None:
-    metas = uses("image", "docker/metadata-action")
+    metas = uses("image", "docker/metadata-action", job="image")
     assert [m["with"]["images"] for m in metas] == [
         "${{ steps.names.outputs.app }}",
         "${{ steps.names.outputs.nginx }}",
     ]
-    names = step_named("image", "Image names")["run"]
+    names = step_named("image", "Image names", job="image")["run"]
     assert 'app="ghcr.io/${GITHUB_REPOSITORY,,}"' in names
     assert 'echo "nginx=${app}-nginx"' in names
     for meta in metas:
@@ -223,49 +319,243 @@ def test_images_go_to_ghcr_with_sha_branch_semver_and_latest_tags() -> None:
         assert "type=ref,event=branch" in tags
         assert "type=semver,pattern={{version}}" in tags
         assert "type=raw,value=latest,enable={{is_default_branch}}" in tags
+        # latest is the default branch's only, never moved by a tag.
+        assert meta["with"]["flavor"] == "latest=false"
     for build in uses("image", "docker/build-push-action"):
         assert build["with"]["cache-from"].startswith("type=registry,ref=")
 
 
-def test_chart_is_packaged_with_the_image_tag_as_app_version_and_pushed_on_tags() -> None:
-    loaded = workflow("chart")
-    assert loaded["on"]["push"]["tags"] == workflow("image")["on"]["push"]["tags"]
-    publish = loaded["jobs"]["publish"]
-    assert publish["if"] == "startsWith(github.ref, 'refs/tags/v')"
-    assert publish["needs"] == "lint"
-    package = step_named("chart", "Package")["run"]
-    # image.yml tags v1.2.3's images 1.2.3 (type=semver,pattern={{version}}).
+def tag_push(ref: str) -> dict[str, Any]:
+    return {"github": {"ref": ref, "event_name": "push"}}
+
+
+RELEASE_REFS = {
+    "refs/tags/v1.2.3": True,
+    "refs/tags/v1.2.3-rc.1": True,
+    "refs/heads/main": False,
+    "refs/pull/7/merge": False,
+}
+
+
+@pytest.mark.parametrize("ref", RELEASE_REFS)
+def test_the_cuda_image_is_built_on_version_tags_only(ref: str) -> None:
+    job = workflow("image")["jobs"]["image-cuda"]
+    assert evaluate(job["if"], tag_push(ref)) is RELEASE_REFS[ref]
+
+
+def test_the_cuda_image_is_the_same_handler_with_cu128_torch_tagged_with_a_suffix() -> None:
+    loaded = workflow("image")
+    job = loaded["jobs"]["image-cuda"]
+    # After the CPU image passed its container tests.
+    assert job["needs"] == "image"
+    assert loaded["env"]["CUDA_VARIANT"] == "cu128"
+    (build,) = uses("image", "docker/build-push-action", job="image-cuda")
+    args = build_args(build)
+    assert args["TORCH_VARIANT"] == "${{ env.CUDA_VARIANT }}"
+    assert args["HANDLER_DIR"] == "${{ env.HANDLER_DIR }}"
+    assert build["with"]["push"] is True
+    assert "cu128" in build["with"]["cache-to"].replace("${{ env.CUDA_VARIANT }}", "cu128")
+    (meta,) = uses("image", "docker/metadata-action", job="image-cuda")
+    # v1.2.3 -> 1.2.3-cu128 and 1.2-cu128 (what the chart's values-gpu.yaml uses);
+    # every tag suffixed, so no CUDA image takes a CPU tag or latest.
+    flavor = meta["with"]["flavor"].splitlines()
+    assert "suffix=-${{ env.CUDA_VARIANT }}" in flavor
+    assert "latest=false" in flavor
+    tags = meta["with"]["tags"].split()
+    assert "type=semver,pattern={{version}}" in tags
+    assert "type=ref,event=branch" not in tags
+    gpu_values = (ROOT / "helm" / "serving-core" / "examples" / "values-gpu.yaml").read_text()
+    assert re.search(r'tag: "\d+\.\d+\.\d+-cu128"', gpu_values)
+
+
+@pytest.mark.parametrize("ref", RELEASE_REFS)
+def test_the_chart_is_published_on_version_tags_only_after_every_image(ref: str) -> None:
+    job = workflow("image")["jobs"]["chart"]
+    assert set(job["needs"]) == {"image", "image-cuda"}
+    assert evaluate(job["if"], tag_push(ref)) is RELEASE_REFS[ref]
+
+
+def test_chart_is_packaged_with_the_image_tag_as_app_version_and_pushed() -> None:
+    assert "publish" not in workflow("chart")["jobs"]
+    assert "tags" not in workflow("chart")["on"]["push"]
+    package = step_named("image", "Package")["run"]
+    # The image job tags v1.2.3's images 1.2.3 (type=semver,pattern={{version}}).
     assert 'version="${GITHUB_REF_NAME#v}"' in package
+    assert 'helm lint --strict "$CHART_DIR"' in package
     assert '--version "$version" --app-version "$version"' in package
-    push = step_named("chart", "Push")["run"]
+    push = step_named("image", "Push")["run"]
     assert "helm registry login ghcr.io" in push
     assert 'helm push "$ARCHIVE" "oci://ghcr.io/' in push
+    assert workflow("image")["env"]["CHART_DIR"] == workflow("chart")["env"]["CHART_DIR"]
 
 
-def test_chart_lint_covers_every_example() -> None:
+def test_chart_lint_covers_every_example_on_pushes_and_pull_requests() -> None:
+    loaded = workflow("chart")
+    assert {"push", "pull_request"} <= set(loaded["on"])
     lint = step_named("chart", "helm lint --strict, helm template every example")["run"]
     assert 'for values in "$CHART_DIR"/examples/values-*.yaml' in lint
     assert 'helm lint --strict "$CHART_DIR" --values "$values"' in lint
-    assert workflow("chart")["env"]["CHART_DIR"] == "helm/serving-core"
+    assert loaded["env"]["CHART_DIR"] == "helm/serving-core"
     assert (ROOT / "helm" / "serving-core" / "Chart.yaml").is_file()
 
 
-def test_deploy_upgrades_with_a_values_file_and_the_built_tag_then_runs_helm_test() -> None:
+# --- deploy: after the images, releases only, no polling -------------------------
+
+
+def test_deploy_starts_when_the_image_workflow_completes_or_by_hand() -> None:
     loaded = workflow("deploy")
-    assert set(loaded["on"]) == {"release", "workflow_dispatch"}
+    assert set(loaded["on"]) == {"workflow_run", "workflow_dispatch"}
+    run = loaded["on"]["workflow_run"]
+    assert run["workflows"] == [workflow("image")["name"]]
+    assert run["types"] == ["completed"]
+    deploy = loaded["jobs"]["deploy"]
+    assert deploy["needs"] == "release"
+    assert deploy["if"] == "needs.release.outputs.deploy == 'true'"
+
+
+IMAGE_RUNS = {
+    "a successful tag push": ("success", "push", True),
+    "a failed tag push": ("failure", "push", False),
+    "a cancelled tag push": ("cancelled", "push", False),
+    "a pull request": ("success", "pull_request", False),
+}
+
+
+@pytest.mark.parametrize("run", IMAGE_RUNS)
+def test_deploy_considers_only_successful_image_runs_of_pushes(run: str) -> None:
+    conclusion, event, considered = IMAGE_RUNS[run]
+    condition = workflow("deploy")["jobs"]["release"]["if"]
+    github = {
+        "event_name": "workflow_run",
+        "event": {"workflow_run": {"conclusion": conclusion, "event": event}},
+    }
+    assert evaluate(condition, {"github": github}) is considered
+    assert evaluate(condition, {"github": {"event_name": "workflow_dispatch"}}) is True
+
+
+def test_deploy_never_polls_or_sleeps() -> None:
+    scripts = "\n".join(s.get("run", "") for s in steps("deploy"))
+    assert "sleep" not in scripts
+    assert not re.search(r"\b(for|while|until)\b.*\bseq\b|\bwhile\b|\buntil\b", scripts)
+    assert workflow("deploy")["jobs"]["deploy"]["timeout-minutes"] <= 45
+
+
+def decide(tmp_path: Path, env: dict[str, str], release: str | None) -> dict[str, str]:
+    """Run the deploy gate's script; ``release`` is what `gh release view` prints
+    ("isDraft isPrerelease"), None when the tag has no GitHub release."""
+    fake = tmp_path / "bin"
+    fake.mkdir(exist_ok=True)
+    gh = fake / "gh"
+    if release is None:
+        gh.write_text("#!/bin/sh\necho 'release not found' >&2\nexit 1\n")
+    else:
+        gh.write_text(f"#!/bin/sh\necho '{release}'\n")
+    gh.chmod(0o755)
+    output = tmp_path / "output"
+    output.write_text("")
+    script = step_named("deploy", "Is it a release?")["run"]
+    result = subprocess.run(
+        ["bash", "-e", "-o", "pipefail", "-c", script],
+        env={
+            "PATH": f"{fake}:{os.environ['PATH']}",
+            "GITHUB_OUTPUT": str(output),
+            "GITHUB_REPOSITORY": "serving-core/serving-core",
+            "GITHUB_SHA": "f" * 40,
+            "HEAD_SHA": "a" * 40,
+            "HEAD_BRANCH": "",
+            "INPUT_TAG": "",
+            **env,
+        },
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return dict(line.split("=", 1) for line in output.read_text().splitlines())
+
+
+RUN = {"GITHUB_EVENT_NAME": "workflow_run"}
+GATE_CASES = {
+    "a version tag, no GitHub release": ({**RUN, "HEAD_BRANCH": "v1.2.3"}, None, True),
+    "a version tag, a published release": ({**RUN, "HEAD_BRANCH": "v1.2.3"}, "false false", True),
+    "a version tag, a pre-release": ({**RUN, "HEAD_BRANCH": "v1.2.3"}, "false true", False),
+    "a version tag, a draft": ({**RUN, "HEAD_BRANCH": "v1.2.3"}, "true false", False),
+    "a pre-release tag": ({**RUN, "HEAD_BRANCH": "v1.2.3-rc.1"}, "false false", False),
+    "a build-metadata tag": ({**RUN, "HEAD_BRANCH": "v1.2.3+build.5"}, None, False),
+    "main": ({**RUN, "HEAD_BRANCH": "main"}, None, False),
+}
+
+
+@pytest.mark.parametrize("case", GATE_CASES)
+def test_only_releases_that_are_not_pre_releases_deploy(tmp_path: Path, case: str) -> None:
+    env, release, deploys = GATE_CASES[case]
+    outputs = decide(tmp_path, env, release)
+    assert outputs["deploy"] == str(deploys).lower()
+    if deploys:
+        # The tag's commit, and the tag image.yml pushed for it.
+        assert outputs == {"deploy": "true", "ref": "a" * 40, "tag": "1.2.3"}
+
+
+def test_a_deploy_by_hand_takes_the_typed_tag_or_the_commits(tmp_path: Path) -> None:
+    by_hand = {"GITHUB_EVENT_NAME": "workflow_dispatch"}
+    assert decide(tmp_path, by_hand, None) == {
+        "deploy": "true",
+        "ref": "f" * 40,
+        "tag": "sha-" + "f" * 40,
+    }
+    typed = decide(tmp_path, {**by_hand, "INPUT_TAG": "1.2.0"}, None)
+    assert typed["tag"] == "1.2.0"
+
+
+def resolve(tmp_path: Path, tag: str, variant: str) -> dict[str, str]:
+    output = tmp_path / "resolved"
+    output.write_text("")
+    result = subprocess.run(
+        ["bash", "-e", "-o", "pipefail", "-c", step_named("deploy", "Resolve the image")["run"]],
+        cwd=ROOT,
+        env={
+            "PATH": os.environ["PATH"],
+            "GITHUB_OUTPUT": str(output),
+            "GITHUB_REPOSITORY": "Serving-Core/serving-core",
+            "VALUES_FILE": "helm/serving-core/examples/values-default.yaml",
+            "IMAGE_TAG": tag,
+            "VARIANT": variant,
+        },
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return dict(line.split("=", 1) for line in output.read_text().splitlines())
+
+
+def test_deploy_picks_the_app_tag_of_the_variant_and_the_plain_nginx_tag(tmp_path: Path) -> None:
+    assert resolve(tmp_path, "1.2.3", "cpu") == {
+        "repository": "ghcr.io/serving-core/serving-core",
+        "tag": "1.2.3",
+        "nginx-tag": "1.2.3",
+    }
+    cuda = resolve(tmp_path, "1.2.3", "cu128")
+    assert (cuda["tag"], cuda["nginx-tag"]) == ("1.2.3-cu128", "1.2.3")
+
+
+def test_deploy_upgrades_the_tags_commit_with_a_values_file_then_runs_helm_test() -> None:
+    loaded = workflow("deploy")
     order = [s.get("name") for s in steps("deploy")]
+    assert order.index("Check that the images exist") < order.index("helm upgrade --install")
     assert order.index("helm upgrade --install") < order.index("helm test")
+    (checkout,) = uses("deploy", "actions/checkout")
+    assert checkout["with"]["ref"] == "${{ needs.release.outputs.ref }}"
     upgrade = step_named("deploy", "helm upgrade --install")["run"]
     assert 'helm upgrade --install "$RELEASE" helm/serving-core' in upgrade
     assert '--values "$VALUES_FILE"' in upgrade
     assert '--set-string image.tag="$TAG"' in upgrade
-    resolve = step_named("deploy", "Resolve the image")["run"]
-    # The tags image.yml pushes: 1.2.3 for v1.2.3, sha-<full sha> for any commit.
-    assert 'IMAGE_TAG="${GITHUB_REF_NAME#v}"' in resolve
-    assert 'IMAGE_TAG="sha-${GITHUB_SHA}"' in resolve
+    assert '--set-string nginx.image.tag="$NGINX_TAG"' in upgrade
     assert "helm test" in step_named("deploy", "helm test")["run"]
+    job_env = loaded["jobs"]["deploy"]["env"]
+    assert job_env["IMAGE_TAG"] == "${{ needs.release.outputs.tag }}"
     default_values = ROOT / "helm" / "serving-core" / "examples" / "values-default.yaml"
-    assert str(default_values.relative_to(ROOT)) in loaded["jobs"]["deploy"]["env"]["VALUES_FILE"]
+    assert str(default_values.relative_to(ROOT)) in job_env["VALUES_FILE"]
 
 
 def test_deploy_reads_the_kubeconfig_from_a_secret_and_never_prints_it() -> None:
