@@ -1,8 +1,9 @@
 """What nginx in front costs: MiniLM requests/s at concurrency 32, through nginx vs direct.
 
 One run starts one ``serving-core serve`` (the MiniLM handler, default
-settings) and one nginx rendered by ``nginx/render.sh`` in front of it, warms
-both paths up at full load, then drives them with ``wrk`` (keep-alive
+settings) and one nginx in front of it, configured as its image configures
+it (``tests/nginx_server.render``: the envsh and templates of ``nginx/``),
+warms both paths up at full load, then drives them with ``wrk`` (keep-alive
 connections, ``bench/post.lua``, the sentences of ``bench/workload.py``) in
 alternating rounds. Each round pairs a direct and a proxied measurement taken
 back to back, so slow drift (CPU steal, frequency) falls on both alike; the

@@ -1,8 +1,9 @@
-"""Debian's real nginx on 127.0.0.1, configured by ``nginx/render.sh`` as the container is.
+"""Debian's real nginx on 127.0.0.1, configured from the environment as the image is.
 
-The container's entrypoint and these helpers run the same script over the
-same templates; only the variables differ (a free port, a log file, the
-upstream the test started). Every nginx started here is stopped when its
+``render`` runs the image's configuration steps here: the same
+``nginx/docker-entrypoint.d/*.envsh`` over the same ``nginx/templates``, with
+the same envsubst filter; only the variables differ (a free port, a log file,
+the upstream the test started). Every nginx started here is stopped when its
 ``with`` block ends, whatever happens inside it.
 """
 
@@ -24,16 +25,107 @@ import requests
 
 from tests.servers import ROOT, free_port, stop
 
-RENDER = ROOT / "nginx" / "render.sh"
+ENTRYPOINT_D = ROOT / "nginx" / "docker-entrypoint.d"
+TEMPLATES = ROOT / "nginx" / "templates"
 NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
 
+# The two configuration steps of the official image's entrypoint, rewritten
+# here with the same behaviour; upstream they are entrypoint/docker-entrypoint.sh
+# and entrypoint/20-envsubst-on-templates.sh in nginxinc/docker-nginx, which the
+# base image (nginxinc/nginx-unprivileged) ships as they are. Left out: logging,
+# stream templates and the final `exec nginx`.
+#
+# docker-entrypoint.sh: the files of /docker-entrypoint.d in `sort -V` order;
+# a readable *.envsh is sourced, an executable *.sh is run. This happens under
+# `set -e` in the last stage of a pipeline, so an envsh's `exit` stops the
+# entrypoint with its status, and what an envsh exports reaches the scripts
+# run after it (20-envsubst-on-templates.sh) but not nginx.
+DOCKER_ENTRYPOINT = r"""
+set -e
+find "$1" -follow -type f -print | sort -V | while read -r entry; do
+    case $entry in
+        *.envsh) [ ! -r "$entry" ] || . "$entry" ;;
+        *.sh) [ ! -x "$entry" ] || "$entry" ;;
+    esac
+done
+"""
+# 20-envsubst-on-templates.sh: each *.template under NGINX_ENVSUBST_TEMPLATE_DIR
+# (found with `find -follow`, subfolders kept) becomes the same path, less the
+# suffix, under NGINX_ENVSUBST_OUTPUT_DIR. envsubst is given the names of the
+# environment variables that match NGINX_ENVSUBST_FILTER as an awk regex, so no
+# other `$name` is touched. An output directory that is not writable skips the
+# step with a message and exit status 0.
+ENVSUBST_ON_TEMPLATES = r"""#!/bin/sh
+set -e
+templates=${NGINX_ENVSUBST_TEMPLATE_DIR:-/etc/nginx/templates}
+suffix=${NGINX_ENVSUBST_TEMPLATE_SUFFIX:-.template}
+out=${NGINX_ENVSUBST_OUTPUT_DIR:-/etc/nginx/conf.d}
+names=$(awk -v filter="${NGINX_ENVSUBST_FILTER:-}" \
+    'END { for (name in ENVIRON) if (name ~ filter) printf "${%s} ", name }' </dev/null)
+[ -d "$templates" ] || exit 0
+if [ ! -w "$out" ]; then
+    echo "$0: ERROR: $templates exists, but $out is not writable"
+    exit 0
+fi
+find "$templates" -follow -type f -name "*$suffix" -print | while read -r template; do
+    relative=${template#"$templates/"}
+    mkdir -p "$out/$(dirname "$relative")"
+    envsubst "$names" <"$template" >"$out/${relative%"$suffix"}"
+done
+"""
 
-def render(settings: Mapping[str, str], out_dir: Path) -> subprocess.CompletedProcess[str]:
-    """Run ``nginx/render.sh out_dir`` with exactly ``settings`` (and PATH) in its environment."""
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **settings}
+
+class RenderError(RuntimeError):
+    """The image's entrypoint would stop: ``returncode`` and ``stderr`` say why."""
+
+    def __init__(self, returncode: int, stderr: str) -> None:
+        super().__init__(f"rendering nginx's config failed ({returncode}):\n{stderr}")
+        self.returncode = returncode
+        self.stderr = stderr
+
+
+def render(env: Mapping[str, str], out_dir: Path) -> Path:
+    """Render nginx's config as the image's entrypoint does; returns ``out_dir/nginx.conf``.
+
+    ``env`` is the container's environment (the NGINX_* and SERVING_* settings);
+    nothing else from this process's environment but PATH reaches the scripts.
+    The output directory is ``out_dir`` whatever ``env`` says, so the pid and
+    temp paths land there too and ``nginx -t`` can run on the result.
+    Raises ``RenderError`` where the container would refuse to start.
+    """
+    out_dir = Path(out_dir).resolve()
+    full_env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        **env,
+        "NGINX_ENVSUBST_TEMPLATE_DIR": str(TEMPLATES),
+        "NGINX_ENVSUBST_OUTPUT_DIR": str(out_dir),
+    }
+    with tempfile.TemporaryDirectory(prefix="serving-entrypoint-") as tmp:
+        # The image's /docker-entrypoint.d: the repo's files beside the base's step.
+        entrypoint_d = Path(tmp)
+        for source in ENTRYPOINT_D.iterdir():
+            (entrypoint_d / source.name).symlink_to(source)
+        step = entrypoint_d / "20-envsubst-on-templates.sh"
+        step.write_text(ENVSUBST_ON_TEMPLATES)
+        step.chmod(0o755)
+        result = subprocess.run(
+            ["sh", "-c", DOCKER_ENTRYPOINT, "docker-entrypoint.sh", str(entrypoint_d)],
+            env=full_env,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=30,
+        )
+    conf = out_dir / "nginx.conf"
+    if result.returncode != 0 or not conf.exists():
+        raise RenderError(result.returncode, result.stderr + result.stdout)
+    return conf
+
+
+def nginx_t(conf: Path) -> subprocess.CompletedProcess[str]:
+    """``nginx -t`` on a rendered ``conf`` (its prefix is its directory; nothing is bound)."""
     return subprocess.run(
-        ["sh", str(RENDER), str(out_dir)],
-        env=env,
+        [NGINX, "-t", "-p", str(conf.parent), "-c", str(conf), "-e", "stderr"],
         capture_output=True,
         text=True,
         check=False,
@@ -93,11 +185,8 @@ def nginx_server(
             **(settings or {}),
         }
         conf_dir = root / "conf"
-        rendered = render(env, conf_dir)
-        if rendered.returncode != 0:
-            raise RuntimeError(f"nginx/render.sh failed:\n{rendered.stderr}")
+        conf = render(env, conf_dir)
         log_path = root / "nginx.log"
-        conf = conf_dir / "nginx.conf"
         with log_path.open("wb") as log:
             process = subprocess.Popen(
                 [NGINX, "-p", str(root), "-c", str(conf), "-e", "stderr", "-g", "daemon off;"],

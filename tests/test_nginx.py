@@ -1,8 +1,9 @@
 """nginx in front of gunicorn: the configuration the container ships, run by Debian's nginx.
 
-The e2e tests start a real ``serving-core serve`` and a real nginx rendered
-by ``nginx/render.sh`` (the container's entrypoint runs the same script), on
-127.0.0.1, and stop both by PID when they end.
+The e2e tests start a real ``serving-core serve`` and a real nginx configured
+the way the image's entrypoint configures it (``tests/nginx_server.render``:
+the same envsh, templates and envsubst filter), on 127.0.0.1, and stop both by
+PID when they end.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +21,16 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.nginx_server import NGINX, Nginx, nginx_server, render, wait_until_ready
+from tests.nginx_server import (
+    NGINX,
+    TEMPLATES,
+    Nginx,
+    RenderError,
+    nginx_server,
+    nginx_t,
+    render,
+    wait_until_ready,
+)
 from tests.servers import ROOT, Server, free_port, gunicorn_server
 
 ECHO = "handlers/echo/handler.py"
@@ -47,6 +57,20 @@ class Stack:
                 return False
             time.sleep(0.05)
         return True
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"waited {timeout_s} s for {what}")
+        time.sleep(0.01)
+
+
+def queue_depth(app: Server) -> int:
+    """Requests waiting for the model thread of ``app``'s one worker."""
+    depth: int = requests.get(app.url + "/metadata", timeout=5).json()["batching"]["queue_depth"]
+    return depth
 
 
 @pytest.fixture(scope="module")
@@ -221,6 +245,23 @@ def test_the_access_log_is_one_json_object_per_request(echo_stack: Stack) -> Non
 
 
 @pytest.mark.e2e
+def test_the_kubelets_probes_are_left_out_of_the_access_log(echo_stack: Stack) -> None:
+    # One connection, so one nginx worker logs both, the probe first.
+    with requests.Session() as session:
+        probe = session.get(
+            echo_stack.nginx.url + "/healthz",
+            headers={"User-Agent": "kube-probe/1.33", "X-Request-ID": "probe"},
+            timeout=5,
+        )
+        after = session.get(
+            echo_stack.nginx.url + "/healthz", headers={"X-Request-ID": "after-probe"}, timeout=5
+        )
+    assert (probe.status_code, after.status_code) == (200, 200)
+    echo_stack.nginx.access_entry("after-probe")
+    assert not [e for e in echo_stack.nginx.access_entries() if e["request_id"] == "probe"]
+
+
+@pytest.mark.e2e
 def test_nginx_stamps_x_request_start_over_the_clients(echo_stack: Stack) -> None:
     # The app counts a request's deadline from X-Request-Start. A stamp a minute
     # old is past the 10 s deadline straight to the app; nginx replaces it.
@@ -277,10 +318,34 @@ def test_nginx_answers_json_502_once_the_app_is_down() -> None:
     assert response.headers["X-Request-ID"] == "app-is-down"
 
 
+# Holds the model thread until the test lets it go: "started" is touched when the
+# request reaches the model, which then waits for "release" to exist. Written
+# into a temporary folder by the test that needs it.
+GATE_HANDLER = """
+import time
+from pathlib import Path
+
+from serving_core import Handler
+
+
+class Gate(Handler):
+    name = "nginx-gate"
+
+    def predict(self, params):
+        if "started" in params:
+            Path(params["started"]).touch()
+            while not Path(params["release"]).exists():
+                time.sleep(0.01)
+        return {"done": True}
+"""
+
+
 @pytest.mark.e2e
-def test_the_apps_503_and_retry_after_pass_through_unchanged() -> None:
+def test_the_apps_503_and_retry_after_pass_through_unchanged(tmp_path: Path) -> None:
+    (tmp_path / "handler.py").write_text(GATE_HANDLER)
+    started, release = tmp_path / "started", tmp_path / "release"
     app_env = {
-        "SERVING_HANDLER": SLOW,
+        "SERVING_HANDLER": str(tmp_path / "handler.py"),
         "SERVING_WORKERS": "1",
         "SERVING_THREADS": "4",
         "SERVING_MAX_BATCH_SIZE": "1",
@@ -289,20 +354,25 @@ def test_the_apps_503_and_retry_after_pass_through_unchanged() -> None:
     }
     with gunicorn_server(app_env) as app, nginx_server(app.bind, LIMITS) as proxy:
 
-        def post(sleep_s: float, request_id: str) -> requests.Response:
+        def post(params: dict[str, str], request_id: str) -> requests.Response:
             return requests.post(
                 proxy.url + "/predict",
-                json={"sleep_s": sleep_s},
+                json=params,
                 headers={"X-Request-ID": request_id},
                 timeout=20,
             )
 
         with ThreadPoolExecutor(2) as pool:
-            running = pool.submit(post, 1.5, "running")
-            time.sleep(0.4)  # the model thread has taken it
-            queued = pool.submit(post, 0, "queued")
-            time.sleep(0.4)  # it waits in the queue, which holds one
-            refused = post(0, "refused")
+            try:
+                gate = {"started": str(started), "release": str(release)}
+                running = pool.submit(post, gate, "running")
+                wait_for(started.exists, "the first request to reach the model")
+                queued = pool.submit(post, {}, "queued")
+                # The queue holds one, and stays full while the model is held.
+                wait_for(lambda: queue_depth(app) == 1, "the second request to be queued")
+                refused = post({}, "refused")
+            finally:
+                release.touch()
             assert running.result().status_code == 200
             assert queued.result().status_code == 200
 
@@ -321,18 +391,16 @@ def test_the_apps_504_passes_through_before_nginx_would_time_out() -> None:
     limits = {**LIMITS, "SERVING_REQUEST_TIMEOUT_S": "1"}
     app_env = {"SERVING_HANDLER": SLOW, "SERVING_WORKERS": "1", **limits}
     with gunicorn_server(app_env) as app, nginx_server(app.bind, limits) as proxy:
-        started = time.monotonic()
         response = requests.post(
             proxy.url + "/predict",
             json={"sleep_s": 2.5},
             headers={"X-Request-ID": "too-slow"},
             timeout=20,
         )
-        elapsed_s = time.monotonic() - started
         entry = proxy.access_entry("too-slow")
     assert response.status_code == 504
-    assert error_of(response)["type"] == "deadline_exceeded"  # the app's, not gateway_timeout
-    assert elapsed_s < 2.5  # the app's deadline (1 s), well before nginx's (1 s + 5 s)
+    # The app's error, not nginx's gateway_timeout: its deadline (1 s) came first.
+    assert error_of(response)["type"] == "deadline_exceeded"
     assert (entry["status"], entry["upstream_status"]) == (504, "504")
 
 
@@ -432,12 +500,36 @@ def test_nginx_reaches_gunicorn_over_a_unix_socket() -> None:
 
 # -- the rendered configuration ------------------------------------------------------
 
+INCLUDE = re.compile(r"^\s*include\s+(\S+);", re.MULTILINE)
+# A line only an nginx configuration has: a hand-kept copy of nginx.conf
+# anywhere else in the repository (a chart ConfigMap, say) holds one.
+NGINX_CONFIG_LINE = re.compile(r"^\s*(proxy_pass\s+\S+;|upstream\s+\w+\s*\{)", re.MULTILINE)
+# The env the chart gives its nginx sidecar (helm/serving-core, "serving-core.nginxEnv"),
+# with the chart's defaults; tests/test_chart.py renders the chart's own.
+CHART_SIDECAR = {
+    "NGINX_UPSTREAM": "unix:/run/serving/gunicorn.sock",
+    "NGINX_PORT": "8080",
+    "NGINX_METRICS_PORT": "9090",
+    "SERVING_MAX_BODY_BYTES": "1048576",
+    "SERVING_REQUEST_TIMEOUT_S": "10",
+    "SERVING_KEEPALIVE_S": "5",
+    "NGINX_UPSTREAM_KEEPALIVE": "32",
+    "NGINX_WORKER_PROCESSES": "auto",
+    "NGINX_WORKER_CONNECTIONS": "1024",
+    "NGINX_RATE_LIMIT_RPS": "0",
+    "NGINX_RATE_LIMIT_BURST": "20",
+    "NGINX_LOG_LEVEL": "warn",
+}
+
+
+def as_nginx_reads_it(conf: Path) -> str:
+    """``conf`` with every ``include`` replaced by the file it names, as nginx loads it."""
+    return INCLUDE.sub(lambda m: as_nginx_reads_it(Path(m.group(1))), conf.read_text())
+
 
 def rendered(tmp_path: Path, settings: dict[str, str]) -> str:
     base = {"NGINX_ACCESS_LOG": str(tmp_path / "access.log"), "NGINX_UPSTREAM": "127.0.0.1:9"}
-    result = render({**base, **settings}, tmp_path)
-    assert result.returncode == 0, result.stderr
-    return (tmp_path / "nginx.conf").read_text()
+    return as_nginx_reads_it(render({**base, **settings}, tmp_path / "conf"))
 
 
 @pytest.mark.parametrize(
@@ -482,6 +574,53 @@ def test_render_lines_nginx_up_with_the_apps_limits(
     assert "${" not in conf  # every placeholder was filled
 
 
+def test_every_placeholder_in_every_template_is_filled(tmp_path: Path) -> None:
+    conf_dir = render({"NGINX_UPSTREAM": "127.0.0.1:9"}, tmp_path).parent
+    rendered_files = sorted(p.name for p in conf_dir.glob("*.conf"))
+    assert rendered_files == sorted(p.name.removesuffix(".template") for p in TEMPLATES.iterdir())
+    for path in conf_dir.glob("*.conf"):
+        assert "${" not in path.read_text(), path.name
+
+
+def test_nginxs_own_variables_survive_the_substitution(tmp_path: Path) -> None:
+    conf = rendered(tmp_path, {})
+    for nginx_variable in ["$serving_request_id", "$http_x_request_id", "$msec", "$status"]:
+        assert nginx_variable in conf
+
+
+@pytest.mark.parametrize(
+    ("settings", "present", "absent"),
+    [
+        ({}, ["keepalive 32;", "keepalive_timeout 4000ms;"], ["limit_req", "ssl", "real_ip"]),
+        ({"SERVING_KEEPALIVE_S": "0"}, ["server 127.0.0.1:9;"], ["keepalive 32;"]),
+        (
+            {"NGINX_RATE_LIMIT_RPS": "5", "NGINX_RATE_LIMIT_BURST": "0"},
+            ["rate=5r/s;", "limit_req zone=serving_per_client;"],
+            ["burst="],
+        ),
+        (
+            {"NGINX_TRUSTED_PROXIES": "10.0.0.0/8, fd00::/8"},
+            [
+                "set_real_ip_from 10.0.0.0/8;",
+                "set_real_ip_from fd00::/8;",
+                "real_ip_header X-Forwarded-For;",
+            ],
+            ["limit_req"],
+        ),
+    ],
+    ids=["defaults", "keepalive-off", "rate-limit-without-burst", "trusted-proxies"],
+)
+def test_optional_parts_are_included_only_when_their_settings_ask(
+    tmp_path: Path, settings: dict[str, str], present: list[str], absent: list[str]
+) -> None:
+    conf = rendered(tmp_path, settings)
+    directives = "\n".join(line for line in conf.splitlines() if not line.lstrip().startswith("#"))
+    for directive in present:
+        assert directive in directives
+    for directive in absent:
+        assert directive not in directives
+
+
 @pytest.mark.parametrize(
     ("settings", "named"),
     [
@@ -505,9 +644,11 @@ def test_render_lines_nginx_up_with_the_apps_limits(
 def test_render_refuses_a_bad_setting_and_names_it(
     tmp_path: Path, settings: dict[str, str], named: str
 ) -> None:
-    result = render(settings, tmp_path / "conf")
-    assert result.returncode == 2
-    assert named in result.stderr
+    with pytest.raises(RenderError) as refused:
+        render(settings, tmp_path / "conf")
+    # The image's entrypoint stops with this status and message (set -e, exit 2).
+    assert refused.value.returncode == 2
+    assert named in refused.value.stderr
     assert not (tmp_path / "conf" / "nginx.conf").exists()
 
 
@@ -516,31 +657,88 @@ def test_render_refuses_a_bad_setting_and_names_it(
     "settings",
     [
         {},
+        {"NGINX_RATE_LIMIT_RPS": "50"},
+        {"NGINX_TRUSTED_PROXIES": "10.0.0.0/8,fd00::/8"},
         {"NGINX_RATE_LIMIT_RPS": "50", "NGINX_TRUSTED_PROXIES": "10.0.0.0/8,fd00::/8"},
         {"NGINX_UPSTREAM": "unix:/run/serving/gunicorn.sock", "NGINX_LISTEN_ADDRESS": "127.0.0.1"},
+        {"SERVING_KEEPALIVE_S": "0", "NGINX_LISTEN_ADDRESS": "::1"},
         {"tls": "on"},
+        {"tls": "on", "NGINX_RATE_LIMIT_RPS": "10", "NGINX_TRUSTED_PROXIES": "192.168.0.0/16"},
+        CHART_SIDECAR,
     ],
-    ids=["defaults", "rate-limit-behind-proxies", "unix-socket", "tls"],
+    ids=[
+        "defaults",
+        "rate-limit",
+        "trusted-proxies",
+        "rate-limit-behind-proxies",
+        "unix-socket",
+        "keepalive-off-ipv6",
+        "tls",
+        "everything-on",
+        "chart-sidecar",
+    ],
 )
-def test_every_rendered_variant_passes_nginx_t(tmp_path: Path, settings: dict[str, str]) -> None:
+def test_every_rendered_form_passes_nginx_t(tmp_path: Path, settings: dict[str, str]) -> None:
+    # The default upstream "app" resolves only on the compose network; nginx -t resolves it.
+    settings = {"NGINX_UPSTREAM": "127.0.0.1:9", **settings}
     if settings.pop("tls", None):
         cert, key = make_certificate(tmp_path)
-        settings = {"NGINX_TLS_CERT": str(cert), "NGINX_TLS_KEY": str(key)}
-    rendered(tmp_path / "conf", settings)
-    conf = tmp_path / "conf" / "nginx.conf"
-    tested = subprocess.run(
-        [NGINX, "-t", "-p", str(tmp_path), "-c", str(conf), "-e", "stderr"],
+        settings |= {"NGINX_TLS_CERT": str(cert), "NGINX_TLS_KEY": str(key)}
+    tested = nginx_t(render(settings, tmp_path / "conf"))
+    assert tested.returncode == 0, tested.stderr
+
+
+# -- one configuration ------------------------------------------------------------
+
+
+def repository_files() -> list[Path]:
+    """Every file git would commit: tracked and untracked, less the ignored."""
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+        cwd=ROOT,
         capture_output=True,
         text=True,
-        check=False,
+        check=True,
         timeout=30,
-    )
-    assert tested.returncode == 0, tested.stderr
+    ).stdout
+    return [ROOT / name for name in listed.split("\0") if name and (ROOT / name).is_file()]
+
+
+def test_nginx_templates_is_the_only_nginx_configuration_in_the_repository() -> None:
+    holders = []
+    for path in repository_files():
+        try:
+            text = path.read_text()
+        except (UnicodeDecodeError, OSError):
+            continue  # binary: no configuration
+        if NGINX_CONFIG_LINE.search(text):
+            holders.append(path.relative_to(ROOT).as_posix())
+    # One main config (the snippets it includes have no upstream or proxy_pass).
+    assert holders == ["nginx/templates/nginx.conf.template"]
+
+
+def test_the_image_renders_the_templates_the_tests_render() -> None:
+    dockerfile = (ROOT / "nginx" / "Dockerfile").read_text()
+    copies = re.findall(r"^COPY\s+(.+)$", dockerfile, flags=re.MULTILINE)
+    # The base image's entrypoint renders /etc/nginx/templates after sourcing
+    # /docker-entrypoint.d/*.envsh: exactly what tests/nginx_server.render runs.
+    assert sorted(copies) == [
+        "docker-entrypoint.d/ /docker-entrypoint.d/",
+        "templates/ /etc/nginx/templates/",
+    ]
+    assert re.search(r"^ENTRYPOINT \[\"/docker-entrypoint.sh\"\]$", dockerfile, re.MULTILINE)
+    cmd = re.search(r"^CMD \[(.+)\]$", dockerfile, flags=re.MULTILINE)
+    assert cmd is not None
+    # The entrypoint configures nginx only for a command that starts with "nginx",
+    # and the envsh renders into NGINX_ENVSUBST_OUTPUT_DIR, where the command looks.
+    assert cmd.group(1).startswith('"nginx", "-c", "/tmp/nginx/nginx.conf"')
+    assert "NGINX_ENVSUBST_OUTPUT_DIR=/tmp/nginx" in dockerfile
 
 
 @pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck is not installed")
 def test_the_nginx_scripts_pass_shellcheck() -> None:
-    scripts = sorted(str(p) for p in (ROOT / "nginx").glob("*.sh"))
+    nginx_dir = ROOT / "nginx"
+    scripts = sorted(str(p) for p in [*nginx_dir.rglob("*.sh"), *nginx_dir.rglob("*.envsh")])
     assert scripts
     result = subprocess.run(
         ["shellcheck", "--shell=sh", *scripts], capture_output=True, text=True, check=False
