@@ -1,16 +1,19 @@
 # serving-core: one handler served by gunicorn, the model baked into the image.
 #
-#   docker build -t serving-core .
-#   docker build -t serving-core --build-arg HANDLER_DIR=handlers/echo .
-#   docker build -t serving-core:cu128 \
-#       --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128 .
+#   make image HANDLER_DIR=handlers/NAME                      # the same, through make
+#   docker build -t serving-core .                            # handlers/minilm, CPU torch
+#   docker build -t serving-core:echo --build-arg HANDLER_DIR=handlers/echo .
+#   docker build -t serving-core:cu128 --build-arg TORCH_VARIANT=cu128 .
 #
 # Build arguments
 #   PYTHON_IMAGE     base for both stages                (python:3.11-slim-bookworm)
-#   TORCH_INDEX_URL  where torch comes from, at the version requirements.txt
-#                    pins; the CPU build by default      (https://download.pytorch.org/whl/cpu)
-#   HANDLER_DIR      the handler folder to serve: its handler.py, sample.json,
-#                    files and requirements.txt are copied in (handlers/minilm)
+#   HANDLER_DIR      the handler folder to serve: its requirements.txt (optional)
+#                    is installed, its files copied to /app/HANDLER_DIR, and
+#                    SERVING_HANDLER points at its handler.py (handlers/minilm)
+#   TORCH_VARIANT    which torch build a handler's torch resolves to: cpu, or a
+#                    CUDA build such as cu128 (cpu)
+#   TORCH_INDEX_URL  the index of that build, an extra index beside PyPI
+#                    (https://download.pytorch.org/whl/${TORCH_VARIANT})
 #   VERSION, REVISION, SOURCE   OCI labels: version, git commit, repository URL
 #
 # Environment (the full table is in the README; these are the image's values)
@@ -22,6 +25,10 @@
 #   HF_HUB_OFFLINE, TRANSFORMERS_OFFLINE = 1: the model is in the image and
 #                    start-up never reaches the network
 #
+# Layers, least to most often changed: the framework's requirements, the
+# handler's requirements, serving_core, the handler's code. Editing handler.py
+# rebuilds only the last; editing serving_core reinstalls no model stack.
+#
 # The handler is loaded and its sample.json run at build time
 # (`serving-core check`), so a broken handler or a missing model fails the
 # build, not the deployment. Runs as uid 10001; writes only under /tmp, so the
@@ -30,8 +37,9 @@
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
-ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 ARG HANDLER_DIR=handlers/minilm
+ARG TORCH_VARIANT=cpu
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/${TORCH_VARIANT}
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_ROOT_USER_ACTION=ignore
@@ -39,22 +47,29 @@ RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /src
 
-# torch alone first, from TORCH_INDEX_URL; the rest from PyPI then finds the
-# pinned version already there (2.13.0+cpu satisfies torch==2.13.0) and keeps it.
-COPY requirements.txt ./
-RUN grep -E '^torch==' requirements.txt > torch-requirement.txt \
-    && pip install --index-url "${TORCH_INDEX_URL}" --requirement torch-requirement.txt \
-    && pip install --requirement requirements.txt
+# Every pip install here goes through constraints.txt: the versions serving-core
+# is tested with, torch==2.13.0 among them.
+COPY requirements.txt constraints.txt ./
+RUN pip install --constraint constraints.txt --requirement requirements.txt
 
-COPY ${HANDLER_DIR}/ /app/${HANDLER_DIR}/
-RUN if [ -f "/app/${HANDLER_DIR}/requirements.txt" ]; then \
-        pip install --requirement "/app/${HANDLER_DIR}/requirements.txt"; \
+# The handler's requirements before its code, so an edit to handler.py keeps
+# this (large) layer. requirements*.txt makes the file optional: COPY fails only
+# when no source matches, and constraints.txt always does. The torch index is an
+# extra index, so torch==2.13.0 (pinned or not by the handler) resolves to its
+# +cpu or +cuXXX build there, not to PyPI's default build.
+COPY constraints.txt ${HANDLER_DIR}/requirements*.txt handler-requirements/
+RUN if [ -f handler-requirements/requirements.txt ]; then \
+        pip install --constraint constraints.txt --extra-index-url "${TORCH_INDEX_URL}" \
+            --requirement handler-requirements/requirements.txt; \
     fi
 
 # Dependencies are installed and pinned above; this adds serving-core itself.
 COPY pyproject.toml README.md ./
 COPY serving_core/ serving_core/
 RUN pip install --no-deps .
+
+# Last: the layer an edit to the handler rebuilds.
+COPY ${HANDLER_DIR}/ /app/${HANDLER_DIR}/
 
 
 FROM ${PYTHON_IMAGE}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import re
 import subprocess
 import sys
@@ -12,10 +13,20 @@ import pytest
 import yaml
 from docker.utils.build import exclude_paths
 
+from tests.container.dockerfile import Instruction, Stage, expand, parse
 from tests.servers import ROOT
 
 HADOLINT = Path(sys.executable).parent / "hadolint"
 DOCKERFILES = ["Dockerfile", "nginx/Dockerfile"]
+
+
+def app_stages() -> tuple[Stage, Stage]:
+    build, final = parse(ROOT / "Dockerfile")
+    return build, final
+
+
+def handler_dirs() -> list[str]:
+    return sorted(str(p.parent.relative_to(ROOT)) for p in ROOT.glob("handlers/*/handler.py"))
 
 
 def compose() -> dict[str, Any]:
@@ -64,9 +75,11 @@ def test_the_app_context_holds_what_the_dockerfile_copies_and_nothing_else() -> 
         "pyproject.toml",
         "README.md",
         "requirements.txt",
+        "constraints.txt",
         "serving_core/__init__.py",
         "handlers/minilm/handler.py",
         "handlers/minilm/sample.json",
+        "handlers/minilm/requirements.txt",
     ]:
         assert needed in context, needed
     for kept_out in [".git", ".venv", "tests", "nginx", ".work", "bench", "helm", ".github"]:
@@ -74,18 +87,101 @@ def test_the_app_context_holds_what_the_dockerfile_copies_and_nothing_else() -> 
     assert not any("__pycache__" in p for p in context)
 
 
-def test_every_copy_in_the_app_dockerfile_finds_its_source() -> None:
-    text = (ROOT / "Dockerfile").read_text()
-    defaults = dict(re.findall(r"^ARG (\w+)=(\S+)", text, flags=re.MULTILINE))
+@pytest.mark.parametrize("handler_dir", handler_dirs())
+def test_every_copy_in_the_app_dockerfile_finds_its_source_for_every_handler(
+    handler_dir: str,
+) -> None:
+    # Each handler folder is a valid HANDLER_DIR, with or without a requirements.txt
+    # (handlers/echo has none): a COPY fails only when none of its sources matches.
     context = app_build_context()
-    sources = []
-    for line in text.splitlines():
-        if line.startswith("COPY ") and "--from=" not in line:
-            sources += line.split()[1:-1]
-    assert sources
-    for source in sources:
-        path = re.sub(r"\$\{(\w+)\}", lambda m: defaults[m.group(1)], source).rstrip("/")
-        assert path in context, f"COPY {source}: {path} is not in the build context"
+    copies = [c for stage in app_stages() for c in stage.of("COPY") if "--from=" not in c.text]
+    assert copies
+    for copy in copies:
+        sources = [expand(s, {"HANDLER_DIR": handler_dir}).rstrip("/") for s in copy.copy_sources()]
+        matched = [s for s in sources if any(fnmatch.fnmatchcase(p, s) for p in context)]
+        assert matched, f"COPY {copy.text}: nothing in the build context matches"
+        for source in sources:
+            # Only a glob may match nothing: that is how an optional file is copied.
+            assert source in matched or "*" in source, f"COPY {copy.text}: {source} is missing"
+
+
+# --- HANDLER_DIR: one build argument names the handler the image serves --------
+
+
+def test_handler_dir_is_a_build_argument_that_decides_what_is_copied_and_served() -> None:
+    build, final = app_stages()
+    assert build.args()["HANDLER_DIR"] == final.args()["HANDLER_DIR"] == "handlers/minilm"
+    copied = [s for c in build.of("COPY") for s in c.copy_sources()]
+    assert "${HANDLER_DIR}/" in copied  # the code
+    assert "${HANDLER_DIR}/requirements*.txt" in copied  # the requirements, optional
+    (code,) = [c for c in build.of("COPY") if c.copy_sources() == ["${HANDLER_DIR}/"]]
+    assert code.copy_destination() == "/app/${HANDLER_DIR}/"
+    env = " ".join(i.text for i in final.of("ENV"))
+    assert "SERVING_HANDLER=${HANDLER_DIR}/handler.py" in env.split()
+    # The build-time check runs what is served, so a broken handler fails the build.
+    assert any('serving-core check "${SERVING_HANDLER}"' in r.text for r in final.of("RUN"))
+    assert final.of("WORKDIR")[-1].text == "/app"
+
+
+def test_the_handler_dir_default_is_the_same_everywhere_a_build_starts() -> None:
+    build, _ = app_stages()
+    default = build.args()["HANDLER_DIR"]
+    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(rf"^DEFAULT_HANDLER_DIR := {re.escape(default)}$", makefile, re.MULTILINE)
+    assert compose()["services"]["app"]["build"]["args"]["HANDLER_DIR"] == (
+        f"${{HANDLER_DIR:-{default}}}"
+    )
+    workflow = yaml.safe_load((ROOT / ".github" / "workflows" / "image.yml").read_text())
+    assert workflow["env"]["HANDLER_DIR"] == default
+
+
+def pip_installs(stage: Stage) -> list[Instruction]:
+    return [r for r in stage.of("RUN") if "pip install" in r.text]
+
+
+def test_every_dependency_is_installed_under_the_constraints() -> None:
+    build, _ = app_stages()
+    installs = pip_installs(build)
+    assert len(installs) == 3
+    for run in installs:
+        text = run.text
+        assert "--constraint constraints.txt" in text or "--no-deps" in text, text
+
+
+def test_the_handlers_requirements_get_their_own_layer_before_its_code() -> None:
+    build, _ = app_stages()
+    framework, handler, serving_core = pip_installs(build)
+    (requirements_copy,) = [
+        c for c in build.of("COPY") if "${HANDLER_DIR}/requirements*.txt" in c.copy_sources()
+    ]
+    (code_copy,) = [c for c in build.of("COPY") if c.copy_sources() == ["${HANDLER_DIR}/"]]
+    (core_copy,) = [c for c in build.of("COPY") if c.copy_sources() == ["serving_core/"]]
+    # framework < the handler's requirements < serving_core < the handler's code:
+    # an edit to handler.py rebuilds only the last layer.
+    order = [framework, requirements_copy, handler, core_copy, serving_core, code_copy]
+    assert [build.index(i) for i in order] == sorted(build.index(i) for i in order)
+    assert "--requirement requirements.txt" in framework.text
+    # The requirements COPY carries the constraints too: one source always matches.
+    assert "constraints.txt" in requirements_copy.copy_sources()
+    destination = requirements_copy.copy_destination()
+    assert f"--requirement {destination}requirements.txt" in handler.text
+    assert f"[ -f {destination}requirements.txt ]" in handler.text
+    assert '--extra-index-url "${TORCH_INDEX_URL}"' in handler.text
+    assert "--index-url" not in handler.text.replace("--extra-index-url", "")
+    assert "--no-deps" in serving_core.text
+
+
+def test_the_torch_variant_build_argument_picks_the_torch_index() -> None:
+    build, _ = app_stages()
+    args = build.args()
+    assert args["TORCH_VARIANT"] == "cpu"
+    assert args["TORCH_INDEX_URL"] == "https://download.pytorch.org/whl/${TORCH_VARIANT}"
+    cuda = expand(args["TORCH_INDEX_URL"], {**args, "TORCH_VARIANT": "cu128"})
+    assert cuda == "https://download.pytorch.org/whl/cu128"
+    # Declared before the install that reads it.
+    (handler_install,) = [r for r in pip_installs(build) if "TORCH_INDEX_URL" in r.text]
+    (arg,) = [a for a in build.of("ARG") if a.text.startswith("TORCH_INDEX_URL=")]
+    assert build.index(arg) < build.index(handler_install)
 
 
 def test_the_app_is_reachable_only_through_nginx() -> None:
