@@ -69,7 +69,7 @@ class Embedder(Handler):
         try:
             with warnings.catch_warnings(), torch.inference_mode():
                 warnings.simplefilter("ignore")  # TorchScript's tracer warnings
-                traced = torch.jit.trace(
+                traced = torch.jit.trace(  # type: ignore[no-untyped-call]
                     model, (example["input_ids"], example["attention_mask"]), strict=False
                 )
                 return torch.jit.freeze(traced.eval())
