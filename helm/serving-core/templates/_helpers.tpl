@@ -208,8 +208,8 @@ Environment of the app container, the one that runs serving-core.
 
 {{/*
 Environment of the nginx container. The serving-core-nginx image renders its
-configuration from these at start (nginx/render.sh's table documents each),
-the same template the image runs everywhere else, so the chart keeps no copy
+configuration from these at start (nginx/docker-entrypoint.d/19-serving-core.envsh
+documents and checks each), the same template the image runs everywhere else, so the chart keeps no copy
 of nginx.conf; a changed value changes the pod template and rolls the pods.
 The SERVING_* names carry the app's own values: nginx derives its body limit,
 proxy timeouts and upstream keep-alive from them.
