@@ -1,15 +1,25 @@
-"""serving-core: serve one ``handler.py`` with batching, backpressure and gunicorn preload."""
+"""serving-core: serve one ``handler.py`` with batching, backpressure and gunicorn preload.
 
-from importlib.metadata import PackageNotFoundError, version
+The package's face is the handler contract and the settings. Importing it loads
+no Flask: a handler module, ``serving-core healthcheck`` (the pods' exec probe)
+and the batch and queue tools stay light. The web app is ``serving_core.app``.
+"""
 
-from .app import create_app as create_app
 from .handler import Handler as Handler
 from .handler import InvalidInput as InvalidInput
 from .settings import Settings as Settings
 
-try:
-    __version__ = version("serving-core")
-except PackageNotFoundError:  # run from a checkout that was never installed
-    __version__ = "0.0.0"
 
-__all__ = ["Handler", "InvalidInput", "Settings", "__version__", "create_app"]
+def __getattr__(name: str) -> str:
+    # Looked up when asked: importlib.metadata costs more than the rest of this import.
+    if name == "__version__":
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            return version("serving-core")
+        except PackageNotFoundError:  # a checkout that was never installed
+            return "0.0.0"
+    raise AttributeError(f"module 'serving_core' has no attribute {name!r}")
+
+
+__all__ = ["Handler", "InvalidInput", "Settings", "__version__"]

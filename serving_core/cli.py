@@ -10,12 +10,13 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from . import encoding, probe, scaffold
-from .errors import ServingError
-from .loading import HandlerError, LoadedHandler, load_handler
-from .metrics import enable_multiprocess
+from . import probe, scaffold
 from .settings import Settings, SettingsError
+
+if TYPE_CHECKING:
+    from .loading import LoadedHandler
 
 EXIT_CONFIG = 2  # a bad setting or a broken handler: nothing was served
 EXIT_PREDICT = 1  # the handler loaded but its sample failed
@@ -51,10 +52,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _init(args.name, args.dir)
     try:
         settings = Settings.from_env(os.environ)
-        if args.command == "healthcheck":
-            healthy, seen = probe.check(settings.bind, args.path, args.timeout_s)
-            print(f"serving-core: {seen}", file=sys.stdout if healthy else sys.stderr)
-            return 0 if healthy else 1
+    except SettingsError as exc:
+        print(f"serving-core: error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    if args.command == "healthcheck":
+        healthy, seen = probe.check(settings.bind, args.path, args.timeout_s)
+        print(f"serving-core: {seen}", file=sys.stdout if healthy else sys.stderr)
+        return 0 if healthy else 1
+    return _load_and_run(args, settings)
+
+
+def _load_and_run(args: argparse.Namespace, settings: Settings) -> int:
+    # Imported here, not at the top: the healthcheck above is the pods' exec
+    # probe, started every few seconds, and needs none of this (nor Flask).
+    from .loading import HandlerError, load_handler
+    from .metrics import enable_multiprocess
+
+    try:
         if args.command == "check":
             settings = dataclasses.replace(settings, handler=args.handler)
         _configure_logging(settings.log_level)
@@ -80,6 +94,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _check(settings: Settings, loaded: LoadedHandler, raw_params: str | None) -> int:
+    from . import encoding
+    from .errors import ServingError
     from .service import Service
 
     if raw_params is not None:

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from serving_core import create_app
+from serving_core.app import create_app
 from serving_core.loading import load_handler
 from serving_core.settings import Settings
 
