@@ -49,6 +49,9 @@ class Handler:
     #: CPU in ``setup()``; move in ``setup_worker()`` (see ``serving_core.device``).
     device: str = "cpu"
     dtype: str = "float32"
+    #: False keeps this handler's answers out of the inference cache (a model
+    #: that samples, or answers that depend on the time).
+    cacheable: ClassVar[bool] = True
 
     def setup(self) -> None:
         """Load the model; runs once in the master before the workers fork."""

@@ -52,6 +52,12 @@ class Settings:
     # as ``self.device`` / ``self.dtype`` (see ``serving_core.device``).
     device: str = "cpu"
     dtype: Dtype = "float32"
+    # The inference cache: empty URL keeps it in each worker's memory (an LRU of
+    # cache_size entries; 0 turns the cache off); redis://… shares it between
+    # every worker and replica. Entries expire after cache_ttl_s.
+    cache_url: str = ""
+    cache_size: int = 10_000
+    cache_ttl_s: float = 3600.0
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str], *, cores: int | None = None) -> Settings:
@@ -161,6 +167,15 @@ def _text(name: str, raw: str) -> str:
     return raw
 
 
+def _cache_url(name: str, raw: str) -> str:
+    if raw.split("://", 1)[0] not in ("redis", "rediss", "unix"):
+        raise SettingsError(
+            f"{name}={raw!r} is not a Redis URL; use redis://HOST:6379/0, rediss://… (TLS) "
+            "or unix:///path/redis.sock, or leave it empty for a cache in each worker's memory"
+        )
+    return raw
+
+
 def _device(name: str, raw: str) -> str:
     value = raw.lower()
     index = value.removeprefix("cuda:")
@@ -191,4 +206,7 @@ _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "metrics_dir": _text,
     "device": _device,
     "dtype": _choice("float32", "float16", "bfloat16"),
+    "cache_url": _cache_url,
+    "cache_size": _int(0, 100_000_000),
+    "cache_ttl_s": _float(0.001, 365 * 86400.0),
 }

@@ -34,6 +34,11 @@ def test_every_variable_is_read_with_its_type():
         "SERVING_KEEPALIVE_S": "2",
         "SERVING_LOG_LEVEL": "debug",
         "SERVING_METRICS_DIR": "/tmp/m",
+        "SERVING_DEVICE": "cuda:1",
+        "SERVING_DTYPE": "bfloat16",
+        "SERVING_CACHE_URL": "redis://cache:6379/2",
+        "SERVING_CACHE_SIZE": "0",
+        "SERVING_CACHE_TTL_S": "60",
     }
     settings = Settings.from_env(env, cores=2)
     assert settings == Settings(
@@ -53,6 +58,11 @@ def test_every_variable_is_read_with_its_type():
         keepalive_s=2.0,
         log_level="debug",
         metrics_dir="/tmp/m",
+        device="cuda:1",
+        dtype="bfloat16",
+        cache_url="redis://cache:6379/2",
+        cache_size=0,
+        cache_ttl_s=60.0,
     )
 
 
@@ -77,6 +87,8 @@ def test_non_serving_variables_are_ignored():
         ("SERVING_BIND", "unix:", "names no socket path"),
         ("SERVING_LOG_LEVEL", "loud", "is not one of"),
         ("SERVING_MAX_BATCHSIZE", "8", "unknown setting"),
+        ("SERVING_CACHE_URL", "http://cache:6379", "is not a Redis URL"),
+        ("SERVING_CACHE_SIZE", "-1", "out of range"),
     ],
 )
 def test_a_bad_value_names_the_variable_and_the_value(name, value, expected):
