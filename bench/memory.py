@@ -28,10 +28,9 @@ from tests.servers import base_env, free_port, gunicorn_server, stop  # noqa: E4
 
 NO_PRELOAD = """
 import os, sys
-from serving_core.app import create_app
 from serving_core.loading import load_handler
 from serving_core.metrics import enable_multiprocess
-from serving_core.server import ServingApplication, gunicorn_options, set_worker_threads
+from serving_core.server import ServingApplication, build, gunicorn_options, set_worker_threads
 from serving_core.settings import Settings
 
 settings = Settings.from_env(os.environ)
@@ -43,8 +42,8 @@ class EachWorkerLoads(ServingApplication):
         set_worker_threads(settings.workers)
         loaded = load_handler(settings.handler)
         loaded.handler.setup()
-        app = create_app(settings, loaded)
-        app.extensions["serving_core"].start()
+        app, service = build(settings, loaded)
+        service.start()
         return app
 
 from types import SimpleNamespace

@@ -15,8 +15,6 @@ from werkzeug.exceptions import HTTPException
 
 from . import arrival, encoding, openapi
 from .errors import BadRequest, ServingError
-from .handler import Handler
-from .loading import LoadedHandler
 from .metrics import CONTENT_TYPE, Metrics
 from .params import request_params
 from .service import Service
@@ -26,7 +24,7 @@ log = logging.getLogger("serving_core.app")
 
 REQUEST_ID = "X-Request-ID"
 # A client-sent id is echoed into logs and headers: keep it short and printable.
-_REQUEST_ID_OK = re.compile(r"^[A-Za-z0-9._:/+=-]{1,128}$")
+_REQUEST_ID_OK = re.compile(r"[A-Za-z0-9._:/+=-]{1,128}")
 _HTTP_TYPES = {
     400: "bad_request",
     404: "not_found",
@@ -37,21 +35,18 @@ _HTTP_TYPES = {
 }
 
 
-def create_app(settings: Settings, handler: Handler | LoadedHandler) -> Flask:
-    """The WSGI app serving ``handler``.
+def create_app(settings: Settings, service: Service, metrics: Metrics) -> Flask:
+    """The WSGI app: routes over ``service``, built by the caller (``server.serve``).
 
     Creating it starts nothing (gunicorn calls it in the master, before fork):
-    ``app.extensions["serving_core"].start()`` starts the model thread, which
-    the gunicorn ``post_fork`` hook does in each worker.
+    ``service.start()`` starts the model thread, which the gunicorn
+    ``post_fork`` hook does in each worker.
     """
-    loaded = handler if isinstance(handler, LoadedHandler) else LoadedHandler(handler, "", None)
-    metrics = Metrics()
-    service = Service(settings, loaded, observer=metrics)
     app = Flask("serving_core")
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
     app.config["MAX_FORM_MEMORY_SIZE"] = settings.max_body_bytes
+    # Flask's place for what an app serves; tests and tools find the service here.
     app.extensions["serving_core"] = service
-    app.extensions["serving_core.metrics"] = metrics
 
     api = ErrorFunnelApi(app, catch_all_404s=True)
     api.representations = {"application/json": _json_response}
@@ -141,7 +136,7 @@ def _start_request() -> None:
         request.headers.get("X-Request-Start"), now=time.monotonic(), wall_now=time.time()
     )
     sent = request.headers.get(REQUEST_ID, "")
-    g.request_id = sent if _REQUEST_ID_OK.match(sent) else uuid.uuid4().hex
+    g.request_id = sent if _REQUEST_ID_OK.fullmatch(sent) else uuid.uuid4().hex
 
 
 def _tag_response(response: Response) -> Response:

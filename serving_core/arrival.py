@@ -12,31 +12,14 @@ visible; the earliest of them and the app's own clock is the arrival:
   needs no stamp: each connection has its greenlet, which reads a request as
   soon as it comes.)
 
-The worker also tells how many connections it holds, which bounds how many
-more requests can arrive before some are answered (HTTP/1.1 carries one
-request at a time per connection): the adaptive batcher stops waiting when
-every connection's request is already queued.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from contextvars import ContextVar
 
 # A context variable, not a thread-local: one value per thread, and per greenlet.
 _queued_at: ContextVar[float | None] = ContextVar("serving_queued_at", default=None)
-_open_connections: Callable[[], int] | None = None
-
-
-def count_connections_with(source: Callable[[], int]) -> None:
-    """Called by the worker: how many client connections it holds open."""
-    global _open_connections  # noqa: PLW0603 - one worker per process sets it once
-    _open_connections = source
-
-
-def open_connections() -> int | None:
-    """The worker's open client connections, each of which may send one request; None if unknown."""
-    return None if _open_connections is None else _open_connections()
 
 
 def set_queued_at(monotonic_s: float | None) -> None:

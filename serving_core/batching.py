@@ -1,10 +1,11 @@
 """The per-worker batcher: one model thread that owns every call into the handler.
 
-Request threads ``submit`` items with a deadline and wait on a future; the
-model thread forms batches (when, decided by a dispatch policy), drops items
-whose deadline has passed before they reach the handler, runs the batch and
-resolves each future. It is ours rather than a library's because batching,
-admission and the handler contract are the product. Imports no Flask.
+Request threads ``submit`` prepared items with their context (id, deadline)
+and wait on a future; the model thread forms batches (when, decided by a
+dispatch policy), drops items whose deadline has passed before they reach the
+handler, runs the batch through the engine and resolves each future. It is
+ours rather than a library's because batching, admission and the handler
+contract are the product. Imports no Flask.
 """
 
 from __future__ import annotations
@@ -18,14 +19,16 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from .context import Context
 from .dispatch import Policy
+from .engine import Ran
 from .errors import DeadlineExceeded, ModelError, NotReady, Overloaded
-from .handler import InvalidInput
 
 log = logging.getLogger("serving_core.batching")
 
 Clock = Callable[[], float]
-RunBatch = Callable[[list[Any]], Sequence[Any]]
+# ``Engine.run``: a result (or a ServingError) per item, and the handler calls it took.
+RunBatch = Callable[[Sequence[Any], Sequence[Context]], Ran]
 
 
 @dataclass(eq=False)
@@ -33,11 +36,18 @@ class Pending:
     """One request waiting for the model thread."""
 
     item: Any
-    request_id: str
+    context: Context  # its id, and the monotonic deadline after which the answer is useless
     arrival: float  # monotonic seconds, when the request reached the server
-    deadline: float  # monotonic seconds, after which the answer is useless
     enqueued: float = 0.0
     future: Future[Any] = field(default_factory=Future)
+
+    @property
+    def request_id(self) -> str:
+        return self.context.request_id
+
+    @property
+    def deadline(self) -> float:
+        return self.context.deadline if self.context.deadline is not None else float("inf")
 
 
 class Observer(Protocol):
@@ -47,8 +57,6 @@ class Observer(Protocol):
 
     def rejected(self, reason: str) -> None: ...
 
-    def failed(self, size: int) -> None: ...
-
     def depth(self, depth: int) -> None: ...
 
 
@@ -57,9 +65,6 @@ class _NoObserver:
         pass
 
     def rejected(self, reason: str) -> None:
-        pass
-
-    def failed(self, size: int) -> None:
         pass
 
     def depth(self, depth: int) -> None:
@@ -95,8 +100,9 @@ class Batcher:
 
     # -- request threads ---------------------------------------------------
 
-    def submit(self, item: Any, *, request_id: str, arrival: float, deadline: float) -> Pending:
+    def submit(self, item: Any, context: Context, *, arrival: float) -> Pending:
         """Queue ``item``; raises ``Overloaded`` at once when it cannot be served in time."""
+        deadline = context.deadline if context.deadline is not None else float("inf")
         with self._cond:
             if self._stopping or not self._thread.is_alive():
                 raise NotReady("this worker is shutting down; retry on another instance")
@@ -120,9 +126,7 @@ class Batcher:
                     reason="predicted_late",
                     retry_after_s=late,
                 )
-            pending = Pending(
-                item, request_id, arrival, deadline, enqueued=now, future=self.new_future()
-            )
+            pending = Pending(item, context, arrival, enqueued=now, future=self.new_future())
             self._queue.append(pending)
             self.policy.arrived(now)
             self._observer.depth(len(self._queue))
@@ -214,36 +218,19 @@ class Batcher:
             live.append(pending)
         if live:
             started = self._clock()
-            results = self._call(live)
+            ran = self._run_batch([p.item for p in live], [p.context for p in live])
             duration = self._clock() - started
-            for pending, result in zip(live, results, strict=True):
+            for pending, result in zip(live, ran.results, strict=True):
                 if isinstance(result, BaseException):
                     pending.future.set_exception(result)
                 else:
                     pending.future.set_result(result)
-            self.policy.observe(len(live), duration)
+            # Re-runs in halves (an InvalidInput to isolate) are not one batch of
+            # this size: their total time would skew the cost model, so only a
+            # batch that ran in one call teaches it.
+            if ran.calls == 1:
+                self.policy.observe(len(live), duration)
             self._observer.batch(len(live), duration, [started - p.arrival for p in live])
-
-    def _call(self, batch: list[Pending]) -> list[Any]:
-        """Run the handler; isolate an ``InvalidInput`` to its item by halving the batch."""
-        try:
-            return list(self._run_batch([p.item for p in batch]))
-        except InvalidInput as exc:
-            if len(batch) == 1:
-                return [exc]
-            middle = len(batch) // 2
-            return self._call(batch[:middle]) + self._call(batch[middle:])
-        except Exception:
-            ids = ", ".join(p.request_id for p in batch)
-            log.exception("the handler failed on a batch of %d (request ids: %s)", len(batch), ids)
-            self._observer.failed(len(batch))
-            return [
-                ModelError(
-                    "the model failed on this request; "
-                    f"the server log has the details under request id {p.request_id}"
-                )
-                for p in batch
-            ]
 
 
 def _deadline_message(pending: Pending) -> str:

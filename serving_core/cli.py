@@ -95,8 +95,9 @@ def _load_and_run(args: argparse.Namespace, settings: Settings) -> int:
 
 def _check(settings: Settings, loaded: LoadedHandler, raw_params: str | None) -> int:
     from . import encoding
+    from .context import Context
+    from .engine import Engine
     from .errors import ServingError
-    from .service import Service
 
     if raw_params is not None:
         try:
@@ -115,20 +116,19 @@ def _check(settings: Settings, loaded: LoadedHandler, raw_params: str | None) ->
     if not isinstance(params, dict):
         print("serving-core: error: the request parameters must be a JSON object", file=sys.stderr)
         return EXIT_CONFIG
-    service = Service(settings, loaded)
+    # The same engine as /predict and batch: validate, preprocess, the model, postprocess.
+    engine = Engine(loaded.handler, max_batch_size=settings.max_batch_size)
     try:
         loaded.handler.setup()
-        service.start(warm_up=False)
-        output = service.predict(params, request_id="check")
-    except ServingError as exc:
-        print(f"serving-core: error: {loaded.source}: {exc.message}", file=sys.stderr)
-        return EXIT_PREDICT
+        loaded.handler.setup_worker()
+        (result,) = engine.predict_many([params], [Context("check")])
     except Exception as exc:
         print(f"serving-core: error: {loaded.source}: {exc!r}", file=sys.stderr)
         return EXIT_CONFIG
-    finally:
-        service.stop()
-    print(encoding.dumps(output).decode())
+    if isinstance(result, ServingError):
+        print(f"serving-core: error: {loaded.source}: {result.message}", file=sys.stderr)
+        return EXIT_PREDICT
+    print(encoding.dumps(result).decode())
     return 0
 
 

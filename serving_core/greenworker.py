@@ -55,11 +55,6 @@ from gevent.server import StreamServer
 from gunicorn.workers import ggevent
 from gunicorn.workers.ggevent import GeventWorker
 
-from . import arrival, wire
-
-wire.install()
-
-SERVICE_KEY = "serving_core"
 ACCEPT_PAUSE_S = 0.005  # how often a paused worker looks again
 ACCEPT_PAUSE_MAX_S = 0.05  # the longest it leaves new connections to its siblings
 
@@ -207,6 +202,9 @@ class _FairServer(StreamServer):  # type: ignore[misc]
 
 
 class GreenWorker(GeventWorker):  # type: ignore[misc]
+    # What a request greenlet waits on (see GreenFuture); handed to the service in post_fork.
+    new_future = GreenFuture
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         # Runs in the master, before this worker's fork.
@@ -223,14 +221,11 @@ class GreenWorker(GeventWorker):  # type: ignore[misc]
         ]
 
     def init_process(self) -> None:
-        arrival.count_connections_with(lambda: _FairServer.open_connections)
         _FairServer.slot = self.slot
         ggevent.StreamServer = _FairServer  # what GeventWorker.run builds, in this process
         super().init_process()
 
-    def load_wsgi(self) -> None:
-        super().load_wsgi()
-        # The app was built before fork; from here on its request greenlets wait as greenlets.
-        service = self.wsgi.extensions.get(SERVICE_KEY)
-        if service is not None and service.batcher is not None:
-            service.batcher.new_future = GreenFuture
+    def open_connections(self) -> int:
+        """This worker's open client connections, each of which may still send a
+        request: the adaptive batcher stops waiting once all of theirs are queued."""
+        return _FairServer.open_connections

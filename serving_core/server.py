@@ -30,8 +30,9 @@ from typing import Any
 from flask import Flask
 from gunicorn.app.base import BaseApplication
 
-from . import metrics
+from . import metrics, wire
 from .app import create_app
+from .engine import Engine
 from .loading import LoadedHandler
 from .resources import usable_cores
 from .service import Service
@@ -64,7 +65,8 @@ def set_worker_threads(workers: int) -> int:
 def gunicorn_options(settings: Settings, service: Service) -> dict[str, Any]:
     def post_fork(server: Any, worker: Any) -> None:
         threads = set_worker_threads(settings.workers)
-        service.start()
+        # What only the worker knows: its connections, and how its requests wait.
+        service.start(open_connections=worker.open_connections, new_future=worker.new_future)
         log.info("worker %s ready: %d torch thread(s)", worker.pid, threads)
 
     def worker_exit(server: Any, worker: Any) -> None:
@@ -145,14 +147,25 @@ def warn_about(settings: Settings, service: Service) -> None:
         )
 
 
+def build(settings: Settings, loaded: LoadedHandler) -> tuple[Flask, Service]:
+    """The objects of one server, built here and passed down: metrics, the engine
+    over the handler, the online service around it, and the app over that."""
+    observer = metrics.Metrics()
+    engine = Engine(
+        loaded.handler, max_batch_size=settings.max_batch_size, on_failure=observer.failed
+    )
+    service = Service(settings, loaded, engine, observer=observer)
+    return create_app(settings, service, observer), service
+
+
 def serve(settings: Settings, loaded: LoadedHandler) -> None:
     """Set up the handler in this (master) process, then hand over to gunicorn."""
     limit_master_threads()
     loaded.handler.setup()
     limit_master_threads()  # a handler may import torch only in setup()
-    app = create_app(settings, loaded)
-    service: Service = app.extensions["serving_core"]
+    app, service = build(settings, loaded)
     warn_about(settings, service)
+    wire.install()  # gunicorn's response and error paths, in this process and its workers
     if settings.worker_class == "gevent":
         from . import greenworker
 

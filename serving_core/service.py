@@ -1,25 +1,27 @@
-"""One worker's serving state: the handler, its input validator and its batcher.
+"""One worker's online path: the engine behind a batcher, with admission and deadlines.
 
-The HTTP layer is a thin adapter over ``Service.predict``; the CLI's ``check``
-uses the same path. ``start`` runs after fork (it starts a thread), ``stop``
-at worker exit. Imports no Flask.
+``prepare`` and ``finish`` (validation, pre- and postprocessing) run where the
+request runs; the model call runs on the worker's model thread, which the
+batcher feeds. ``start`` runs after fork (it starts that thread) and takes
+what only the worker knows: how many connections it holds and what a waiting
+request waits on. ``stop`` runs at worker exit. Imports no Flask.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from concurrent.futures import CancelledError
+from collections.abc import Callable
+from concurrent.futures import CancelledError, Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
-import jsonschema
-
-from . import arrival
 from .batching import Batcher, Observer
+from .context import Context
 from .dispatch import make_policy
-from .errors import DeadlineExceeded, InvalidParams, NotReady
-from .handler import InvalidInput, Output, Params, call_batch, handler_name, is_batched
+from .engine import Engine
+from .errors import DeadlineExceeded, NotReady
+from .handler import Output, Params
 from .loading import LoadedHandler
 from .settings import Settings
 
@@ -31,42 +33,50 @@ class Service:
         self,
         settings: Settings,
         loaded: LoadedHandler,
+        engine: Engine,
         *,
         observer: Observer | None = None,
     ) -> None:
         self.settings = settings
         self.loaded = loaded
+        self.engine = engine
         self.handler = loaded.handler
-        self.name = handler_name(self.handler)
-        self.batched = is_batched(type(self.handler))
-        # Unbatched handlers run one item at a time through the same model
-        # thread: fast tokenizers and many models are not thread-safe.
-        self.max_batch_size = settings.max_batch_size if self.batched else 1
-        schema = self.handler.input_schema
-        self._validator = (
-            None if schema is None else jsonschema.validators.validator_for(schema)(schema)
-        )
+        self.name = engine.name
+        self.batched = engine.batched
+        self.max_batch_size = engine.max_batch_size
         self._observer = observer
         self.batcher: Batcher | None = None
 
     # -- lifecycle ----------------------------------------------------------
 
-    def start(self, *, warm_up: bool = True) -> None:
-        """Per-worker start: ``setup_worker``, the model thread, then the sample as warm-up."""
+    def start(
+        self,
+        *,
+        warm_up: bool = True,
+        open_connections: Callable[[], int | None] = lambda: None,
+        new_future: Callable[[], Future[Any]] = Future,
+    ) -> None:
+        """Per-worker start: ``setup_worker``, the model thread, then the sample as warm-up.
+
+        ``open_connections``: the worker's open client connections (each may still
+        send a request), for the adaptive policy; ``new_future``: what a waiting
+        request waits on (the gevent worker's greenlet-friendly future).
+        """
         self.handler.setup_worker()
         policy = make_policy(
             self.settings.batch_policy,
             max_batch_size=self.max_batch_size,
             max_wait_ms=self.settings.max_wait_ms if self.batched else 0.0,
-            open_connections=arrival.open_connections,
+            open_connections=open_connections,
         )
         self.batcher = Batcher(
-            lambda items: call_batch(self.handler, items),
+            self.engine.run,
             policy=policy,
             max_batch_size=self.max_batch_size,
             max_queue=self.settings.max_queue,
             observer=self._observer,
         )
+        self.batcher.new_future = new_future
         self.batcher.start()
         if warm_up and self.loaded.sample is not None:
             # Runs in the worker after fork: the first real request does not pay
@@ -94,7 +104,7 @@ class Service:
         arrival: float | None = None,
         timeout_s: float | None = None,
     ) -> Output:
-        """Validate, preprocess, batch, postprocess; raises ``ServingError`` subclasses."""
+        """Prepare, batch, finish; raises ``ServingError`` subclasses."""
         if self.batcher is None:
             raise NotReady("the model is not loaded yet; retry after /readyz answers 200")
         now = time.monotonic()
@@ -107,14 +117,9 @@ class Service:
                 f"the request waited {now - arrival:.3f} s before reaching the app (in a proxy "
                 "or the server's connection queue), past its deadline; retry later"
             )
-        self.validate(params)
-        try:
-            item = self.handler.preprocess(params)
-        except InvalidInput as exc:
-            raise InvalidParams(str(exc)) from exc
-        pending = self.batcher.submit(
-            item, request_id=request_id, arrival=arrival, deadline=deadline
-        )
+        ctx = Context(request_id, deadline)
+        item = self.engine.prepare(params, ctx)
+        pending = self.batcher.submit(item, ctx, arrival=arrival)
         try:
             output = pending.future.result(timeout=max(0.0, deadline - time.monotonic()))
         except (FutureTimeout, CancelledError):
@@ -123,26 +128,7 @@ class Service:
                 f"no answer within the deadline of {deadline - arrival:.3f} s; "
                 "retry later or ask for a longer timeout"
             ) from None
-        except InvalidInput as exc:
-            raise InvalidParams(str(exc)) from exc
-        try:
-            result: Output = self.handler.postprocess(output, params)
-        except InvalidInput as exc:
-            raise InvalidParams(str(exc)) from exc
-        return result
-
-    def validate(self, params: Params) -> None:
-        if self._validator is None:
-            return
-        errors = sorted(self._validator.iter_errors(params), key=lambda e: list(e.path))
-        if errors:
-            fields = [
-                {"field": "/".join(str(p) for p in e.path) or "(root)", "message": e.message}
-                for e in errors
-            ]
-            raise InvalidParams(
-                "; ".join(f"{f['field']}: {f['message']}" for f in fields), details=fields
-            )
+        return self.engine.finish(output, params, ctx)
 
     def metadata(self) -> dict[str, Any]:
         batching: dict[str, Any] = {

@@ -1,4 +1,4 @@
-"""How gunicorn puts our responses on the wire; both worker classes install it.
+"""How gunicorn puts our responses on the wire; `serving-core serve` installs it before fork.
 
 - One send per response: gunicorn sends the status line and headers in one
   ``send`` and the body in another, so each response is two syscalls, two

@@ -6,28 +6,31 @@
 - How many client connections are open: the adaptive batcher's bound on who
   may still send.
 
-Like the gevent worker, it installs ``wire`` (one send per response, and
-gunicorn's own protocol errors as JSON).
-
-Selected by ``serving-core serve``; nothing else changes.
+``serving-core serve`` installs ``wire`` for it (one send per response, and
+gunicorn's own protocol errors as JSON) and hands ``open_connections`` and
+``new_future`` to the service in ``post_fork``.
 """
 
 from __future__ import annotations
 
 import time
+from concurrent.futures import Future
 from typing import Any
 
 from gunicorn.workers.gthread import ThreadWorker
 
-from . import arrival, wire
-
-wire.install()
+from . import arrival
 
 
 class StampingThreadWorker(ThreadWorker):  # type: ignore[misc]
-    def init_process(self) -> None:
-        arrival.count_connections_with(lambda: int(self.nr_conns))
-        super().init_process()
+    # Request threads wait natively: a plain future will do.
+    new_future = Future
+
+    def open_connections(self) -> int:
+        """Client connections open, each of which may still send one request
+        (HTTP/1.1 carries one at a time): the adaptive batcher stops waiting
+        once every connection's request is queued."""
+        return int(self.nr_conns)
 
     def enqueue_req(self, conn: Any) -> None:
         conn.serving_queued_at = time.monotonic()

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from serving_core.app import create_app
 from serving_core.loading import load_handler
+from serving_core.server import build
 from serving_core.settings import Settings
 
 HANDLERS = Path(__file__).parent / "handlers"
@@ -18,7 +18,8 @@ def make_app(handler=PROBE, **env):
     settings = Settings.from_env(environ, cores=1)
     loaded = load_handler(settings.handler)
     loaded.handler.setup()
-    return create_app(settings, loaded)
+    app, _ = build(settings, loaded)
+    return app
 
 
 @pytest.fixture

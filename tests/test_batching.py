@@ -6,9 +6,11 @@ import time
 import pytest
 
 from serving_core.batching import Batcher
+from serving_core.context import Context
 from serving_core.dispatch import make_policy
-from serving_core.errors import DeadlineExceeded, ModelError, NotReady, Overloaded
-from serving_core.handler import InvalidInput
+from serving_core.engine import Engine
+from serving_core.errors import DeadlineExceeded, InvalidParams, ModelError, NotReady, Overloaded
+from serving_core.handler import Handler, InvalidInput
 
 
 class Model:
@@ -32,9 +34,19 @@ class Model:
         return [{"out": item} for item in items]
 
 
+def run_with(model):
+    """The engine's run over a handler whose predict_batch is ``model``."""
+
+    class Fake(Handler):
+        def predict_batch(self, items):
+            return model(items)
+
+    return Engine(Fake(), max_batch_size=4096).run
+
+
 def make(model, *, max_batch_size=4, max_queue=8, max_wait_ms=50.0, policy="fixed"):
     batcher = Batcher(
-        model,
+        run_with(model),
         policy=make_policy(policy, max_batch_size=max_batch_size, max_wait_ms=max_wait_ms),
         max_batch_size=max_batch_size,
         max_queue=max_queue,
@@ -45,7 +57,7 @@ def make(model, *, max_batch_size=4, max_queue=8, max_wait_ms=50.0, policy="fixe
 
 def submit(batcher, item, timeout_s=5.0):
     now = time.monotonic()
-    return batcher.submit(item, request_id=f"r-{item}", arrival=now, deadline=now + timeout_s)
+    return batcher.submit(item, Context(f"r-{item}", now + timeout_s), arrival=now)
 
 
 @pytest.fixture
@@ -114,7 +126,7 @@ def test_an_item_past_its_deadline_never_reaches_the_handler(model):
         submit(batcher, "running")
         assert model.entered.wait(5)
         now = time.monotonic()
-        late = batcher.submit("late", request_id="late", arrival=now, deadline=now + 0.05)
+        late = batcher.submit("late", Context("late", now + 0.05), arrival=now)
         in_time = submit(batcher, "in-time")
         time.sleep(0.1)
         model.gate.set()
@@ -150,7 +162,7 @@ def test_invalid_input_fails_only_its_item(model):
         assert model.entered.wait(5)
         pendings = [submit(batcher, item) for item in ("a", "bad", "c", "d")]
         model.gate.set()
-        with pytest.raises(InvalidInput, match="item is bad"):
+        with pytest.raises(InvalidParams, match="item is bad"):
             pendings[1].future.result(5)
         assert [pendings[i].future.result(5) for i in (0, 2, 3)] == [
             {"out": "a"},
@@ -223,7 +235,7 @@ def test_a_failing_observer_fails_its_batch_but_not_the_model_thread(model):
             pass
 
     batcher = Batcher(
-        model,
+        run_with(model),
         policy=make_policy("fixed", max_batch_size=4, max_wait_ms=0),
         max_batch_size=4,
         max_queue=8,

@@ -19,7 +19,9 @@ from gevent.event import Event
 
 from serving_core import greenworker
 from serving_core.batching import Batcher
+from serving_core.context import Context
 from serving_core.dispatch import make_policy
+from serving_core.engine import Ran
 from serving_core.greenworker import ConnectionShares, GreenFuture
 
 
@@ -84,7 +86,7 @@ def test_greenlets_submit_to_a_batcher_and_get_their_own_answers():
         return [item * 10 for item in items]
 
     batcher = Batcher(
-        run_batch,
+        lambda items, contexts: Ran(run_batch(items), calls=1),
         policy=make_policy("fixed", max_batch_size=8, max_wait_ms=20.0),
         max_batch_size=8,
         max_queue=64,
@@ -95,7 +97,7 @@ def test_greenlets_submit_to_a_batcher_and_get_their_own_answers():
 
         def request(n):
             now = time.monotonic()
-            pending = batcher.submit(n, request_id=str(n), arrival=now, deadline=now + 5)
+            pending = batcher.submit(n, Context(str(n), now + 5), arrival=now)
             return pending.future.result(timeout=5)
 
         greenlets = [gevent.spawn(request, n) for n in range(20)]

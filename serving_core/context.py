@@ -1,0 +1,62 @@
+"""The request a handler is working for: its id and deadline, readable from any hook.
+
+``current()`` in ``preprocess`` and ``postprocess`` (where the request runs);
+``batch()`` in ``predict_batch`` (one context per item, in order). A handler
+passes them downstream (a pipeline stage forwards ``X-Request-ID`` and what
+is left of the deadline) or logs with them. Context variables, not
+thread-locals: each greenlet of a gevent worker has its own.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Context:
+    """One request: ``deadline`` is in ``time.monotonic()`` seconds, None for no deadline."""
+
+    request_id: str
+    deadline: float | None = None
+
+    def remaining_s(self) -> float | None:
+        """Seconds left before the deadline (never negative), None without one."""
+        if self.deadline is None:
+            return None
+        return max(0.0, self.deadline - time.monotonic())
+
+
+_current: ContextVar[Context | None] = ContextVar("serving_context", default=None)
+_batch: ContextVar[Sequence[Context]] = ContextVar("serving_batch", default=())
+
+
+def current() -> Context | None:
+    """The request being pre- or post-processed; None outside a request."""
+    return _current.get()
+
+
+def batch() -> Sequence[Context]:
+    """In ``predict_batch``: the items' requests, in the order of the items."""
+    return _batch.get()
+
+
+@contextmanager
+def serving(context: Context) -> Iterator[None]:
+    token = _current.set(context)
+    try:
+        yield
+    finally:
+        _current.reset(token)
+
+
+@contextmanager
+def serving_batch(contexts: Sequence[Context]) -> Iterator[None]:
+    token = _batch.set(contexts)
+    try:
+        yield
+    finally:
+        _batch.reset(token)
