@@ -1,10 +1,13 @@
 from __future__ import annotations
 
+import re
+
 import io
 import logging
 
 import pytest
 
+from serving_core.app import _REQUEST_ID_OK as REQUEST_ID_OK
 from tests.conftest import make_app
 
 
@@ -123,9 +126,14 @@ def test_the_request_id_is_taken_or_generated_and_returned(client):
     response = client.post("/predict", json={"text": "a"}, headers={"X-Request-ID": "abc-123"})
     assert response.headers["X-Request-ID"] == "abc-123"
     generated = client.post("/predict", json={"text": "a"}).headers["X-Request-ID"]
-    assert len(generated) == 32
+    assert re.fullmatch(r"[0-9a-f]{32}", generated)
     unsafe = client.get("/healthz", headers={"X-Request-ID": "bad id\twith space"})
-    assert unsafe.headers["X-Request-ID"] != "bad id\twith space"
+    assert re.fullmatch(r"[0-9a-f]{32}", unsafe.headers["X-Request-ID"])
+
+
+@pytest.mark.parametrize("sent", ["abc\n", "a" * 129, "", "caf\u00e9"])
+def test_a_request_id_is_kept_only_when_all_of_it_is_safe(sent):
+    assert REQUEST_ID_OK.fullmatch(sent) is None
 
 
 def test_a_client_deadline_shorter_than_the_work_is_a_504(client):
