@@ -1,9 +1,8 @@
 from __future__ import annotations
 
-import re
-
 import io
 import logging
+import re
 
 import pytest
 
