@@ -58,6 +58,15 @@ class Settings:
     cache_url: str = ""
     cache_size: int = 10_000
     cache_ttl_s: float = 3600.0
+    # Asynchronous jobs (POST /jobs, `serving-core worker`): empty URL keeps the
+    # queue in a SQLite file (jobs_path) shared by the processes of one machine;
+    # redis://… shares it between machines (what Kubernetes deployments use).
+    jobs_url: str = ""
+    jobs_path: str = "/tmp/serving-core-jobs.db"
+    jobs_max_queue: int = 100_000  # queued jobs before POST /jobs answers 503
+    jobs_ttl_s: float = 86_400.0  # how long a finished job's result stays readable
+    jobs_max_attempts: int = 3  # then the job is failed: a dead letter
+    jobs_lease_s: float = 60.0  # a taken job not finished by then is handed out again
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str], *, cores: int | None = None) -> Settings:
@@ -171,7 +180,7 @@ def _cache_url(name: str, raw: str) -> str:
     if raw.split("://", 1)[0] not in ("redis", "rediss", "unix"):
         raise SettingsError(
             f"{name}={raw!r} is not a Redis URL; use redis://HOST:6379/0, rediss://… (TLS) "
-            "or unix:///path/redis.sock, or leave it empty for a cache in each worker's memory"
+            "or unix:///path/redis.sock, or leave it empty for the embedded default"
         )
     return raw
 
@@ -207,6 +216,12 @@ _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "device": _device,
     "dtype": _choice("float32", "float16", "bfloat16"),
     "cache_url": _cache_url,
+    "jobs_url": _cache_url,
+    "jobs_path": _text,
+    "jobs_max_queue": _int(1, 1 << 40),
+    "jobs_ttl_s": _float(1.0, 365 * 86400.0),
+    "jobs_max_attempts": _int(1, 1000),
+    "jobs_lease_s": _float(0.1, 86400.0),
     "cache_size": _int(0, 100_000_000),
     "cache_ttl_s": _float(0.001, 365 * 86400.0),
 }

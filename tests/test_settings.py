@@ -39,6 +39,12 @@ def test_every_variable_is_read_with_its_type():
         "SERVING_CACHE_URL": "redis://cache:6379/2",
         "SERVING_CACHE_SIZE": "0",
         "SERVING_CACHE_TTL_S": "60",
+        "SERVING_JOBS_URL": "redis://queue:6379/1",
+        "SERVING_JOBS_PATH": "/data/jobs.db",
+        "SERVING_JOBS_MAX_QUEUE": "500",
+        "SERVING_JOBS_TTL_S": "600",
+        "SERVING_JOBS_MAX_ATTEMPTS": "5",
+        "SERVING_JOBS_LEASE_S": "30",
     }
     settings = Settings.from_env(env, cores=2)
     assert settings == Settings(
@@ -63,6 +69,12 @@ def test_every_variable_is_read_with_its_type():
         cache_url="redis://cache:6379/2",
         cache_size=0,
         cache_ttl_s=60.0,
+        jobs_url="redis://queue:6379/1",
+        jobs_path="/data/jobs.db",
+        jobs_max_queue=500,
+        jobs_ttl_s=600.0,
+        jobs_max_attempts=5,
+        jobs_lease_s=30.0,
     )
 
 
