@@ -30,7 +30,8 @@ NO_PRELOAD = """
 import os, sys
 from serving_core.loading import load_handler
 from serving_core.metrics import enable_multiprocess
-from serving_core.server import ServingApplication, build, gunicorn_options, set_worker_threads
+from serving_core.server import ServingApplication, build, gunicorn_options
+from serving_core.threads import set_worker_threads
 from serving_core.settings import Settings
 
 settings = Settings.from_env(os.environ)

@@ -24,7 +24,6 @@ from __future__ import annotations
 import gc
 import logging
 import math
-import sys
 from typing import Any
 
 from flask import Flask
@@ -34,9 +33,9 @@ from . import metrics, wire
 from .app import create_app
 from .engine import Engine
 from .loading import LoadedHandler
-from .resources import usable_cores
 from .service import Service
 from .settings import Settings
+from .threads import limit_master_threads, set_worker_threads
 
 log = logging.getLogger("serving_core.server")
 
@@ -44,22 +43,6 @@ WORKER_CLASSES = {
     "gevent": "serving_core.greenworker.GreenWorker",
     "gthread": "serving_core.worker.StampingThreadWorker",
 }
-
-
-def limit_master_threads() -> None:
-    """Keep torch (if the handler uses it) single-threaded in the master, before fork."""
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        torch.set_num_threads(1)
-
-
-def set_worker_threads(workers: int) -> int:
-    """Give each worker its share of the usable cores for torch's intra-op pool."""
-    threads = max(1, usable_cores() // workers)
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        torch.set_num_threads(threads)
-    return threads
 
 
 def gunicorn_options(settings: Settings, service: Service) -> dict[str, Any]:
