@@ -61,6 +61,7 @@ class Settings:
     # Asynchronous jobs (POST /jobs, `serving-core worker`): empty URL keeps the
     # queue in a SQLite file (jobs_path) shared by the processes of one machine;
     # redis://… shares it between machines (what Kubernetes deployments use).
+    jobs_enabled: bool = True  # off: /jobs answers 404 (a pod with no worker behind it)
     jobs_url: str = ""
     jobs_path: str = "/tmp/serving-core-jobs.db"
     jobs_max_queue: int = 100_000  # queued jobs before POST /jobs answers 503
@@ -176,6 +177,15 @@ def _text(name: str, raw: str) -> str:
     return raw
 
 
+def _bool(name: str, raw: str) -> bool:
+    value = raw.lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise SettingsError(f"{name}={raw!r} is not a boolean; use true or false")
+
+
 def _cache_url(name: str, raw: str) -> str:
     if raw.split("://", 1)[0] not in ("redis", "rediss", "unix"):
         raise SettingsError(
@@ -216,6 +226,7 @@ _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "device": _device,
     "dtype": _choice("float32", "float16", "bfloat16"),
     "cache_url": _cache_url,
+    "jobs_enabled": _bool,
     "jobs_url": _cache_url,
     "jobs_path": _text,
     "jobs_max_queue": _int(1, 1 << 40),

@@ -39,6 +39,7 @@ def test_every_variable_is_read_with_its_type():
         "SERVING_CACHE_URL": "redis://cache:6379/2",
         "SERVING_CACHE_SIZE": "0",
         "SERVING_CACHE_TTL_S": "60",
+        "SERVING_JOBS_ENABLED": "off",
         "SERVING_JOBS_URL": "redis://queue:6379/1",
         "SERVING_JOBS_PATH": "/data/jobs.db",
         "SERVING_JOBS_MAX_QUEUE": "500",
@@ -69,6 +70,7 @@ def test_every_variable_is_read_with_its_type():
         cache_url="redis://cache:6379/2",
         cache_size=0,
         cache_ttl_s=60.0,
+        jobs_enabled=False,
         jobs_url="redis://queue:6379/1",
         jobs_path="/data/jobs.db",
         jobs_max_queue=500,
@@ -101,6 +103,7 @@ def test_non_serving_variables_are_ignored():
         ("SERVING_MAX_BATCHSIZE", "8", "unknown setting"),
         ("SERVING_CACHE_URL", "http://cache:6379", "is not a Redis URL"),
         ("SERVING_CACHE_SIZE", "-1", "out of range"),
+        ("SERVING_JOBS_ENABLED", "maybe", "is not a boolean"),
     ],
 )
 def test_a_bad_value_names_the_variable_and_the_value(name, value, expected):
