@@ -68,6 +68,10 @@ class Settings:
     jobs_ttl_s: float = 86_400.0  # how long a finished job's result stays readable
     jobs_max_attempts: int = 3  # then the job is failed: a dead letter
     jobs_lease_s: float = 60.0  # a taken job not finished by then is handed out again
+    # The time-lag pattern: /predict answers with this handler's result at once and
+    # queues the same request for the (slow) handler whose name is this queue;
+    # `serving-core worker` running that handler fills in its result.
+    followup_queue: str = ""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str], *, cores: int | None = None) -> Settings:
@@ -233,6 +237,7 @@ _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "jobs_ttl_s": _float(1.0, 365 * 86400.0),
     "jobs_max_attempts": _int(1, 1000),
     "jobs_lease_s": _float(0.1, 86400.0),
+    "followup_queue": _text,
     "cache_size": _int(0, 100_000_000),
     "cache_ttl_s": _float(0.001, 365 * 86400.0),
 }

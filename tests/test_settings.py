@@ -46,6 +46,7 @@ def test_every_variable_is_read_with_its_type():
         "SERVING_JOBS_TTL_S": "600",
         "SERVING_JOBS_MAX_ATTEMPTS": "5",
         "SERVING_JOBS_LEASE_S": "30",
+        "SERVING_FOLLOWUP_QUEUE": "all-minilm-l6-v2",
     }
     settings = Settings.from_env(env, cores=2)
     assert settings == Settings(
@@ -77,6 +78,7 @@ def test_every_variable_is_read_with_its_type():
         jobs_ttl_s=600.0,
         jobs_max_attempts=5,
         jobs_lease_s=30.0,
+        followup_queue="all-minilm-l6-v2",
     )
 
 
