@@ -107,8 +107,11 @@ int64 because Helm reads every number as a float (1048576 would print as
 1.048576e+06). "auto" entries are left unset at 0 so serving-core resolves
 them from the container's CPU limit; "optional" ones are left unset when empty
 (the handler: the image's own SERVING_HANDLER, set from its HANDLER_DIR build
-argument, is what runs). With SERVING_BIND and SERVING_METRICS_DIR below, these
-are every field of serving_core.settings.Settings (tests/test_chart.py checks).
+argument, is what runs). An optional entry with a "secret" key reads its value
+from that Secret ({name, key} under `serving`) when the plain value is empty:
+a Redis URL carries its password. With SERVING_BIND and SERVING_METRICS_DIR
+below, these are every field of serving_core.settings.Settings
+(tests/test_chart.py checks).
 */}}
 {{- define "serving-core.settings" -}}
 handler: {env: SERVING_HANDLER, kind: optional}
@@ -127,6 +130,17 @@ keepaliveSeconds: {env: SERVING_KEEPALIVE_S, kind: number}
 logLevel: {env: SERVING_LOG_LEVEL, kind: string}
 device: {env: SERVING_DEVICE, kind: string}
 dtype: {env: SERVING_DTYPE, kind: string}
+cacheUrl: {env: SERVING_CACHE_URL, kind: optional, secret: cacheUrlSecret}
+cacheSize: {env: SERVING_CACHE_SIZE, kind: int}
+cacheTtlSeconds: {env: SERVING_CACHE_TTL_S, kind: number}
+jobsEnabled: {env: SERVING_JOBS_ENABLED, kind: string}
+jobsUrl: {env: SERVING_JOBS_URL, kind: optional, secret: jobsUrlSecret}
+jobsPath: {env: SERVING_JOBS_PATH, kind: string}
+jobsMaxQueue: {env: SERVING_JOBS_MAX_QUEUE, kind: int}
+jobsTtlSeconds: {env: SERVING_JOBS_TTL_S, kind: number}
+jobsMaxAttempts: {env: SERVING_JOBS_MAX_ATTEMPTS, kind: int}
+jobsLeaseSeconds: {env: SERVING_JOBS_LEASE_S, kind: number}
+followupQueue: {env: SERVING_FOLLOWUP_QUEUE, kind: optional}
 {{- end }}
 
 {{/*
@@ -145,6 +159,22 @@ Checks that JSON Schema cannot express; each message says what to change.
 {{- end }}
 {{- if and .Values.autoscaling.enabled (not .Values.autoscaling.targetCPUUtilizationPercentage) (not .Values.autoscaling.podsMetric.enabled) }}
 {{- fail "autoscaling.enabled needs a metric: set autoscaling.targetCPUUtilizationPercentage or enable autoscaling.podsMetric" }}
+{{- end }}
+{{- range $key, $setting := include "serving-core.settings" . | fromYaml }}
+{{- if and $setting.secret (get $s $key) (get $s $setting.secret).name }}
+{{- fail (printf "serving.%s and serving.%s.name (%s) are both set: keep one, the Secret when the URL carries a password" $key $setting.secret (get $s $setting.secret).name) }}
+{{- end }}
+{{- end }}
+{{- $b := .Values.batch }}
+{{- if and $b.enabled (not $b.args) }}
+{{- fail "batch.enabled needs batch.args, the arguments of `serving-core batch`: at least [--input, <file or URL>, --output, <file or URL>]" }}
+{{- end }}
+{{- if and $b.enabled (gt (int64 $b.completions) 1) }}
+{{- range $arg := $b.args }}
+{{- if or (eq $arg "--shards") (hasPrefix "--shards=" $arg) (eq $arg "--shard") (hasPrefix "--shard=" $arg) }}
+{{- fail (printf "batch.args has %s, but batch.completions (%d) shards the input already: the chart passes --shards %d and each pod reads its index from JOB_COMPLETION_INDEX; remove it" $arg (int64 $b.completions) (int64 $b.completions)) }}
+{{- end }}
+{{- end }}
 {{- end }}
 {{- $unreleased := include "serving-core.unreleased" . }}
 {{- if and (eq (include "serving-core.imageTag" .) $unreleased) (not .Values.image.digest) }}
@@ -173,11 +203,14 @@ makes Settings refuse to start, so refuse it here, at install time. */}}
 {{- end }}
 
 {{/*
-Environment of the app container, the one that runs serving-core.
+Environment of the containers that run serving-core: the server's app
+container (call with (dict "ctx" $ "server" true): it also gets SERVING_BIND,
+gunicorn's socket) and the batch container (dict "ctx" $), the same settings,
+so both run the same handler the same way.
 */}}
 {{- define "serving-core.env" -}}
-{{- $s := .Values.serving }}
-{{- range $key, $setting := include "serving-core.settings" . | fromYaml }}
+{{- $s := .ctx.Values.serving }}
+{{- range $key, $setting := include "serving-core.settings" .ctx | fromYaml }}
 {{- $value := get $s $key }}
 {{- if eq $setting.kind "int" }}
 - name: {{ $setting.env }}
@@ -188,20 +221,30 @@ Environment of the app container, the one that runs serving-core.
   value: {{ int64 $value | quote }}
 {{- end }}
 {{- else if eq $setting.kind "optional" }}
+{{- $secret := dict }}
+{{- if $setting.secret }}{{ $secret = get $s $setting.secret }}{{ end }}
 {{- if $value }}
 - name: {{ $setting.env }}
   value: {{ $value | quote }}
+{{- else if $secret.name }}
+- name: {{ $setting.env }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ $secret.name | quote }}
+      key: {{ $secret.key | quote }}
 {{- end }}
 {{- else }}
 - name: {{ $setting.env }}
   value: {{ toString $value | quote }}
 {{- end }}
 {{- end }}
+{{- if .server }}
 - name: SERVING_BIND
-  value: {{ include "serving-core.bind" . | quote }}
+  value: {{ include "serving-core.bind" .ctx | quote }}
+{{- end }}
 - name: SERVING_METRICS_DIR
-  value: {{ include "serving-core.metricsDir" . | quote }}
-{{- with .Values.extraEnv }}
+  value: {{ include "serving-core.metricsDir" .ctx | quote }}
+{{- with .ctx.Values.extraEnv }}
 {{ toYaml . }}
 {{- end }}
 {{- end }}
@@ -265,4 +308,145 @@ exec:
     - --timeout-s
     - {{ sub (int64 .probe.timeoutSeconds) 1 | quote }}
 {{ toYaml .probe }}
+{{- end }}
+
+{{/*
+Batch names. A CronJob's name must leave room for the 11-character suffix of
+the Jobs it creates (52 characters); a Job's gets a hash of its spec instead,
+since a Job's pod template is immutable: a `helm upgrade` that changes the
+batch run creates a new Job (the command is resumable, so it carries on from
+what the last one wrote), and one that changes nothing keeps the Job as it is.
+*/}}
+{{- define "serving-core.batchName" -}}
+{{- printf "%s-batch" (include "serving-core.fullname" . | trunc 46 | trimSuffix "-") }}
+{{- end }}
+
+{{/*
+The batch command: `serving-core batch` with batch.args, and with more than
+one completion `--shards <completions>`: each pod of the Indexed Job reads its
+own index from JOB_COMPLETION_INDEX, which Kubernetes sets in every pod, so
+the pods split one input with no overlap and no gap.
+*/}}
+{{- define "serving-core.batchArgs" -}}
+{{- $b := .Values.batch }}
+{{- $args := list }}
+{{- range $b.args }}{{ $args = append $args (toString .) }}{{ end }}
+{{- if gt (int64 $b.completions) 1 }}
+{{- $args = concat $args (list "--shards" (toString (int64 $b.completions))) }}
+{{- end }}
+{{- toYaml $args }}
+{{- end }}
+
+{{/*
+The Job spec that batch.yaml renders as a Job, or inside a CronJob's
+jobTemplate: an Indexed Job of batch.completions pods, batch.parallelism at a
+time, running the server's image, handler, settings and pod knobs without
+nginx, Service or probes.
+
+restartPolicy is Never: a failed pod stays for its logs and the Job starts a
+new one, maybe on another node, up to backoffLimit times; the command is
+resumable, so the new pod skips what the failed one wrote. (OnFailure would
+restart the container in place, hiding a node's fault, and a Job that hits its
+backoffLimit deletes those pods with their logs.) Never also allows the
+podFailurePolicy, which by default does not count evictions and preemptions
+(a node drain) against backoffLimit.
+*/}}
+{{- define "serving-core.batchJobSpec" -}}
+{{- $b := .Values.batch }}
+completionMode: Indexed
+completions: {{ int64 $b.completions }}
+parallelism: {{ int64 $b.parallelism }}
+backoffLimit: {{ int64 $b.backoffLimit }}
+{{- with $b.podFailurePolicy }}
+podFailurePolicy:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- if gt (int64 $b.activeDeadlineSeconds) 0 }}
+activeDeadlineSeconds: {{ int64 $b.activeDeadlineSeconds }}
+{{- end }}
+ttlSecondsAfterFinished: {{ int64 $b.ttlSecondsAfterFinished }}
+template:
+  metadata:
+    {{- with .Values.podAnnotations }}
+    annotations:
+      {{- toYaml . | nindent 6 }}
+    {{- end }}
+    labels:
+      {{- include "serving-core.labels" . | nindent 6 }}
+      app.kubernetes.io/component: batch
+      {{- with .Values.podLabels }}
+      {{- toYaml . | nindent 6 }}
+      {{- end }}
+  spec:
+    restartPolicy: Never
+    serviceAccountName: {{ include "serving-core.serviceAccountName" . }}
+    automountServiceAccountToken: {{ .Values.serviceAccount.automount }}
+    {{- with .Values.imagePullSecrets }}
+    imagePullSecrets:
+      {{- toYaml . | nindent 6 }}
+    {{- end }}
+    {{- with .Values.podSecurityContext }}
+    securityContext:
+      {{- toYaml . | nindent 6 }}
+    {{- end }}
+    {{- with .Values.runtimeClassName }}
+    runtimeClassName: {{ . }}
+    {{- end }}
+    {{- with .Values.priorityClassName }}
+    priorityClassName: {{ . }}
+    {{- end }}
+    {{- with .Values.nodeSelector }}
+    nodeSelector:
+      {{- toYaml . | nindent 6 }}
+    {{- end }}
+    {{- with .Values.affinity }}
+    affinity:
+      {{- toYaml . | nindent 6 }}
+    {{- end }}
+    {{- with .Values.tolerations }}
+    tolerations:
+      {{- toYaml . | nindent 6 }}
+    {{- end }}
+    containers:
+      - name: batch
+        image: {{ include "serving-core.image" . | quote }}
+        imagePullPolicy: {{ .Values.image.pullPolicy }}
+        command: ["serving-core", "batch"]
+        args:
+          {{- include "serving-core.batchArgs" . | nindent 10 }}
+        env:
+          {{- include "serving-core.env" (dict "ctx" .) | trim | nindent 10 }}
+        {{- with .Values.envFrom }}
+        envFrom:
+          {{- toYaml . | nindent 10 }}
+        {{- end }}
+        {{- with ($b.resources | default .Values.resources) }}
+        resources:
+          {{- toYaml . | nindent 10 }}
+        {{- end }}
+        {{- with .Values.securityContext }}
+        securityContext:
+          {{- toYaml . | nindent 10 }}
+        {{- end }}
+        volumeMounts:
+          - name: metrics
+            mountPath: {{ include "serving-core.metricsDir" . }}
+          - name: tmp
+            mountPath: /tmp
+          {{- with concat .Values.extraVolumeMounts $b.extraVolumeMounts }}
+          {{- toYaml . | nindent 10 }}
+          {{- end }}
+    volumes:
+      # The root filesystem is read-only: Prometheus' multiprocess files and
+      # /tmp are emptyDirs, as in the server pods.
+      - name: metrics
+        emptyDir:
+          medium: Memory
+          sizeLimit: 64Mi
+      - name: tmp
+        emptyDir:
+          sizeLimit: {{ .Values.tmpSizeLimit }}
+      {{- with concat .Values.extraVolumes $b.extraVolumes }}
+      {{- toYaml . | nindent 6 }}
+      {{- end }}
 {{- end }}
