@@ -125,8 +125,23 @@ class Metrics:
             "Requests failed by an exception in the handler (500s).",
             registry=r,
         )
+        self.cache_requests = Counter(
+            "serving_cache_requests_total",
+            "Cacheable requests, by how the inference cache answered them "
+            "(hit, miss, coalesced: shared an identical request's model call).",
+            ["result"],
+            registry=r,
+        )
+        self.cache_errors = Counter(
+            "serving_cache_errors_total",
+            "Inference cache operations that failed and were answered as misses, by store.",
+            ["store"],
+            registry=r,
+        )
         for reason in ("queue_full", "predicted_late", "deadline_passed"):
             self.rejections.labels(reason)
+        for result in ("hit", "miss", "coalesced"):
+            self.cache_requests.labels(result)
 
     # -- batcher Observer -----------------------------------------------------
 
@@ -144,6 +159,14 @@ class Metrics:
 
     def depth(self, depth: int) -> None:
         self.queue_depth.set(depth)
+
+    # -- cache CacheObserver -----------------------------------------------------
+
+    def cache_request(self, result: str) -> None:
+        self.cache_requests.labels(result).inc()
+
+    def cache_error(self, store: str) -> None:
+        self.cache_errors.labels(store).inc()
 
     # -- HTTP -------------------------------------------------------------------
 
