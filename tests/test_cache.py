@@ -508,3 +508,14 @@ def test_a_silent_redis_does_not_block_the_gevent_hub():
     assert report["results"] == ["miss"] * 4
     assert report["errors"].count("redis") >= 4
     assert report["most_seen_by_other"] == 4
+
+
+def test_the_cache_imports_no_flask_and_redis_only_when_used():
+    code = (
+        "import sys, serving_core.cache; "
+        "print(sorted(m for m in ('flask', 'flask_restful', 'redis') if m in sys.modules))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert done.stdout.strip() == "[]"
