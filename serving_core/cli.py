@@ -1,4 +1,4 @@
-"""``serving-core serve``, ``check HANDLER``, ``init NAME`` and ``healthcheck``."""
+"""``serving-core serve``, ``check HANDLER``, ``batch``, ``init NAME`` and ``healthcheck``."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import probe, scaffold
+from . import batch, probe, scaffold
 from .settings import Settings, SettingsError
 
 if TYPE_CHECKING:
@@ -42,6 +42,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     init.add_argument(
         "--dir", default="handlers", help="the folder to create it in (default handlers)"
     )
+    batch.add_arguments(
+        commands.add_parser("batch", help="run the handler over a file or a table, resumably")
+    )
     health = commands.add_parser(
         "healthcheck", help="exit 0 if the server at SERVING_BIND answers 200 (for HEALTHCHECK)"
     )
@@ -59,6 +62,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         healthy, seen = probe.check(settings.bind, args.path, args.timeout_s)
         print(f"serving-core: {seen}", file=sys.stdout if healthy else sys.stderr)
         return 0 if healthy else 1
+    if args.command == "batch":
+        _configure_logging(settings.log_level)
+        return batch.main(args, settings, os.environ)
     return _load_and_run(args, settings)
 
 
