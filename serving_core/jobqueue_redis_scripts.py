@@ -1,0 +1,147 @@
+"""The Lua scripts behind ``jobqueue_redis``: each state change of a job, atomic in Redis.
+
+Every script reads the job's hash first and acts only if the job is in the
+state the change expects, so a stale consumer, a cancelled job or a repeated
+call changes nothing. A job's stream entry is acked *and* deleted when it
+finishes, is re-added, or turns out cancelled, so the stream holds exactly
+the unfinished jobs. Values are strings; timestamps are unix seconds as
+``repr(float)``; TTLs are milliseconds.
+"""
+
+from __future__ import annotations
+
+# KEYS: stream, job hash, idempotency key. ARGV: job id, params, now, ttl_ms,
+# max_queue, has_key ('1'/'0'), prefix. Returns {'new', entry},
+# {'existing', job fields} or {'full', depth}.
+SUBMIT = """
+if ARGV[6] == '1' then
+  local existing = redis.call('GET', KEYS[3])
+  if existing then
+    local job = redis.call('HGETALL', ARGV[7] .. 'job:' .. existing)
+    if #job > 0 then return {'existing', job} end
+  end
+end
+local depth = redis.call('XLEN', KEYS[1])
+if depth >= tonumber(ARGV[5]) then return {'full', depth} end
+local entry = redis.call('XADD', KEYS[1], '*', 'job', ARGV[1])
+redis.call('HSET', KEYS[2], 'id', ARGV[1], 'status', 'queued', 'params', ARGV[2],
+  'attempts', 0, 'created_at', ARGV[3], 'entry', entry, 'lease', '')
+if ARGV[6] == '1' then redis.call('SET', KEYS[3], ARGV[1], 'PX', ARGV[4]) end
+return {'new', entry}
+"""
+
+# Shared by the two take scripts. KEYS: stream, dead. ARGV: group, prefix, now,
+# max_attempts, ttl_ms, lease, lease_expired error, then the script's own.
+MARK_PRELUDE = """
+local stream, dead = KEYS[1], KEYS[2]
+local group, prefix, now = ARGV[1], ARGV[2], ARGV[3]
+local max_attempts, ttl_ms, lease = tonumber(ARGV[4]), ARGV[5], ARGV[6]
+local function drop(entry)
+  redis.call('XACK', stream, group, entry)
+  redis.call('XDEL', stream, entry)
+end
+local function mark(entry, id, out)
+  local key = prefix .. 'job:' .. id
+  local state = redis.call('HMGET', key, 'status', 'attempts', 'entry')
+  if (state[1] ~= 'queued' and state[1] ~= 'running') or state[3] ~= entry then
+    drop(entry)  -- cancelled, finished or expired while its entry waited
+    return
+  end
+  local attempts = tonumber(state[2])
+  if state[1] == 'running' and attempts >= max_attempts then
+    drop(entry)  -- its last lease expired: a dead letter, not another try
+    redis.call('HSET', key, 'status', 'failed', 'error', ARGV[7], 'finished_at', now, 'lease', '')
+    redis.call('PEXPIRE', key, ttl_ms)
+    redis.call('ZADD', dead, now, id)
+    return
+  end
+  redis.call('HSET', key, 'status', 'running', 'attempts', attempts + 1,
+    'started_at', now, 'lease', lease)
+  out[#out + 1] = redis.call('HGETALL', key)
+end
+local out = {}
+"""
+
+# ARGV[8..]: consumer, lease_ms, count.
+RECLAIM = (
+    MARK_PRELUDE
+    + """
+local reply = redis.call('XAUTOCLAIM', stream, group, ARGV[8], ARGV[9], '0-0', 'COUNT', ARGV[10])
+for _, e in ipairs(reply[2]) do
+  if type(e) == 'table' and e[2] then mark(e[1], e[2][2], out)
+  elseif type(e) == 'table' then redis.call('XACK', stream, group, e[1]) end
+end
+return out
+"""
+)
+
+# ARGV[8..]: entry id, job id, entry id, job id, ...
+MARK = (
+    MARK_PRELUDE
+    + """
+for i = 8, #ARGV, 2 do mark(ARGV[i], ARGV[i + 1], out) end
+return out
+"""
+)
+
+# KEYS: stream, job hash. ARGV: group, result, now, ttl_ms. Any unfinished job takes
+# the result (a late consumer's result is as good); a finished one keeps its first.
+COMPLETE = """
+local state = redis.call('HMGET', KEYS[2], 'status', 'entry')
+if state[1] ~= 'queued' and state[1] ~= 'running' then return 0 end
+redis.call('XACK', KEYS[1], ARGV[1], state[2])
+redis.call('XDEL', KEYS[1], state[2])
+redis.call('HSET', KEYS[2], 'status', 'done', 'result', ARGV[2], 'finished_at', ARGV[3],
+  'lease', '')
+redis.call('PEXPIRE', KEYS[2], ARGV[4])
+return 1
+"""
+
+# KEYS: stream, job hash, dead. ARGV: group, lease, error, now, ttl_ms, max_attempts,
+# job id, retry ('1'/'0'), the dead set's expiry cut-off. Only the current lease.
+FAIL = """
+local state = redis.call('HMGET', KEYS[2], 'status', 'lease', 'attempts', 'entry')
+if state[1] ~= 'running' or state[2] ~= ARGV[2] then return 0 end
+redis.call('XACK', KEYS[1], ARGV[1], state[4])
+redis.call('XDEL', KEYS[1], state[4])
+if ARGV[8] == '0' or tonumber(state[3]) >= tonumber(ARGV[6]) then
+  redis.call('HSET', KEYS[2], 'status', 'failed', 'error', ARGV[3], 'finished_at', ARGV[4],
+    'lease', '')
+  redis.call('PEXPIRE', KEYS[2], ARGV[5])
+  redis.call('ZADD', KEYS[3], ARGV[4], ARGV[7])
+  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', ARGV[9])
+  return 2
+end
+local entry = redis.call('XADD', KEYS[1], '*', 'job', ARGV[7])
+redis.call('HSET', KEYS[2], 'status', 'queued', 'error', ARGV[3], 'entry', entry,
+  'started_at', '', 'lease', '')
+return 1
+"""
+
+# KEYS: stream. ARGV: group, prefix, then job id, lease, ... Gives back the attempt.
+RELEASE = """
+for i = 3, #ARGV, 2 do
+  local key = ARGV[2] .. 'job:' .. ARGV[i]
+  local state = redis.call('HMGET', key, 'status', 'lease', 'attempts', 'entry')
+  if state[1] == 'running' and state[2] == ARGV[i + 1] then
+    redis.call('XACK', KEYS[1], ARGV[1], state[4])
+    redis.call('XDEL', KEYS[1], state[4])
+    local entry = redis.call('XADD', KEYS[1], '*', 'job', ARGV[i])
+    redis.call('HSET', key, 'status', 'queued', 'attempts', tonumber(state[3]) - 1,
+      'entry', entry, 'started_at', '', 'lease', '')
+  end
+end
+return 0
+"""
+
+# KEYS: stream, job hash. ARGV: group, now, ttl_ms. Returns the job's fields after.
+CANCEL = """
+local state = redis.call('HMGET', KEYS[2], 'status', 'entry')
+if state[1] == 'queued' then
+  redis.call('XACK', KEYS[1], ARGV[1], state[2])
+  redis.call('XDEL', KEYS[1], state[2])
+  redis.call('HSET', KEYS[2], 'status', 'cancelled', 'finished_at', ARGV[2])
+  redis.call('PEXPIRE', KEYS[2], ARGV[3])
+end
+return redis.call('HGETALL', KEYS[2])
+"""
