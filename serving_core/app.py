@@ -17,7 +17,7 @@ from . import arrival, encoding, openapi
 from .errors import BadRequest, ServingError
 from .metrics import CONTENT_TYPE, Metrics
 from .params import request_params
-from .service import Service
+from .service import Service, status_url
 from .settings import Settings
 
 log = logging.getLogger("serving_core.app")
@@ -51,11 +51,20 @@ def create_app(settings: Settings, service: Service, metrics: Metrics) -> Flask:
     api = ErrorFunnelApi(app, catch_all_404s=True)
     api.representations = {"application/json": _json_response}
     api.add_resource(Predict, "/predict", resource_class_args=(service,))
+    if settings.jobs_enabled:
+        api.add_resource(Jobs, "/jobs", resource_class_args=(service,))
+    if settings.jobs_enabled or settings.followup_queue:
+        api.add_resource(JobStatus, "/jobs/<job_id>", resource_class_args=(service,))
     api.add_resource(Healthz, "/healthz")
     api.add_resource(Readyz, "/readyz", resource_class_args=(service,))
     api.add_resource(Metadata, "/metadata", resource_class_args=(service,))
     api.add_resource(MetricsEndpoint, "/metrics", resource_class_args=(metrics,))
-    document = openapi.document(service.name, service.handler.version, service.handler.input_schema)
+    document = openapi.document(
+        service.name,
+        service.handler.version,
+        service.handler.input_schema,
+        jobs=settings.jobs_enabled,
+    )
     api.add_resource(OpenAPI, "/openapi.json", resource_class_args=(document,))
 
     app.before_request(_start_request)
@@ -87,9 +96,36 @@ class Predict(Resource):  # type: ignore[misc]
 
     def post(self) -> dict[str, Any]:
         params = request_params(request)
-        return self.service.predict(
+        return self.service.predict_with_followup(
             params, request_id=g.request_id, arrival=g.arrival, timeout_s=_client_timeout()
         )
+
+
+class Jobs(Resource):  # type: ignore[misc]
+    def __init__(self, service: Service) -> None:
+        self.service = service
+
+    def post(self) -> tuple[dict[str, Any], int, dict[str, str]]:
+        params = request_params(request)
+        key = request.headers.get("Idempotency-Key")
+        if key is not None and not _REQUEST_ID_OK.fullmatch(key):
+            raise BadRequest(
+                "Idempotency-Key must be 1-128 of A-Z a-z 0-9 . _ : / + = -; send e.g. a UUID"
+            )
+        job = self.service.submit_job(params, idempotency_key=key)
+        url = status_url(job.id)
+        return {"job_id": job.id, "status_url": url}, 202, {"Location": url}
+
+
+class JobStatus(Resource):  # type: ignore[misc]
+    def __init__(self, service: Service) -> None:
+        self.service = service
+
+    def get(self, job_id: str) -> dict[str, Any]:
+        return self.service.job(job_id).public()
+
+    def delete(self, job_id: str) -> dict[str, Any]:
+        return self.service.cancel_job(job_id).public()
 
 
 class Healthz(Resource):  # type: ignore[misc]

@@ -1,4 +1,4 @@
-"""``serving-core serve``, ``check HANDLER``, ``batch``, ``init NAME`` and ``healthcheck``."""
+"""The command line: ``serve``, ``worker``, ``check``, ``batch``, ``init`` and ``healthcheck``."""
 
 from __future__ import annotations
 
@@ -29,6 +29,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser(
         "serve", help="serve SERVING_HANDLER with gunicorn (settings from SERVING_* variables)"
+    )
+    commands.add_parser(
+        "worker",
+        help="run SERVING_HANDLER over its job queue (POST /jobs), in batches; "
+        "/healthz and /metrics on SERVING_BIND",
     )
     check = commands.add_parser(
         "check", help="load a handler, run its sample request, print the output"
@@ -78,7 +83,7 @@ def _load_and_run(args: argparse.Namespace, settings: Settings) -> int:
         if args.command == "check":
             settings = dataclasses.replace(settings, handler=args.handler)
         _configure_logging(settings.log_level)
-        if args.command == "serve":
+        if args.command in ("serve", "worker"):
             # Before the handler is imported: it might import prometheus_client.
             enable_multiprocess(settings.metrics_dir)
         loaded = load_handler(settings.handler, device=settings.device, dtype=settings.dtype)
@@ -96,6 +101,15 @@ def _load_and_run(args: argparse.Namespace, settings: Settings) -> int:
             print(f"serving-core: error: {loaded.source}: {exc!r}", file=sys.stderr)
             return EXIT_CONFIG
         return 0
+    if args.command == "worker":
+        from .consumer import Master
+
+        try:
+            return Master(settings, loaded).run()
+        except Exception as exc:
+            logging.getLogger("serving_core").exception("worker failed")
+            print(f"serving-core: error: {loaded.source}: {exc!r}", file=sys.stderr)
+            return EXIT_CONFIG
     return _check(settings, loaded, args.params)
 
 

@@ -72,3 +72,13 @@ class ModelError(ServingError):
 
     status = 500
     type = "model_error"
+
+
+class NotFound(ServingError):
+    status = 404
+    type = "not_found"
+
+
+class Conflict(ServingError):
+    status = 409
+    type = "conflict"

@@ -16,7 +16,6 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from .settings import SettingsError
 
@@ -138,8 +137,17 @@ class Metrics:
             ["store"],
             registry=r,
         )
+        self.jobs = Counter(
+            "serving_jobs_total",
+            "Jobs `serving-core worker` finished, by result (done, failed: an attempt that "
+            "failed; the job is retried until SERVING_JOBS_MAX_ATTEMPTS).",
+            ["result"],
+            registry=r,
+        )
         for reason in ("queue_full", "predicted_late", "deadline_passed"):
             self.rejections.labels(reason)
+        for outcome in ("done", "failed"):
+            self.jobs.labels(outcome)
         for result in ("hit", "miss", "coalesced"):
             self.cache_requests.labels(result)
 
@@ -174,14 +182,24 @@ class Metrics:
         self.requests.labels(route, str(status)).inc()
         self.latency.labels(route).observe(duration_s)
 
+    # -- the job consumer -------------------------------------------------------
+
+    def jobs_finished(self, done: int, failed: int) -> None:
+        self.jobs.labels("done").inc(done)
+        self.jobs.labels("failed").inc(failed)
+
     def exposition(self) -> bytes:
-        from prometheus_client import CollectorRegistry, generate_latest, multiprocess
-
         if MULTIPROC_ENV not in os.environ:
-            return bytes(generate_latest(self.registry))
-        registry = CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
-        return bytes(generate_latest(registry))
+            from prometheus_client import generate_latest
 
-    def describe(self) -> dict[str, Any]:
-        return {"multiprocess_dir": os.environ.get(MULTIPROC_ENV)}
+            return bytes(generate_latest(self.registry))
+        return exposition()
+
+
+def exposition() -> bytes:
+    """Every process's metrics, summed: what /metrics answers in multiprocess mode."""
+    from prometheus_client import CollectorRegistry, generate_latest, multiprocess
+
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+    return bytes(generate_latest(registry))

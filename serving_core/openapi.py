@@ -1,6 +1,6 @@
 """The OpenAPI 3.1 document of a service, built from its handler's input schema.
 
-Written by hand rather than with apispec: the API is five fixed routes, and
+Written by hand rather than with apispec: the API is a few fixed routes, and
 the only variable part, the request body, is the handler's JSON Schema, which
 OpenAPI 3.1 takes as it is.
 """
@@ -40,8 +40,90 @@ def _json(description: str, schema: dict[str, Any] | None = None) -> dict[str, A
     }
 
 
-def document(name: str, version: str, input_schema: dict[str, Any] | None) -> dict[str, Any]:
+JOB = {
+    "type": "object",
+    "required": ["job_id", "status", "attempts", "created_at"],
+    "properties": {
+        "job_id": {"type": "string"},
+        "status": {"enum": ["queued", "running", "done", "failed", "cancelled"]},
+        "result": {"type": "object", "description": "the handler's output, once done"},
+        "error": {"type": "object", "description": "the last error, once failed"},
+        "attempts": {"type": "integer"},
+        "created_at": {"type": "number", "description": "unix seconds"},
+        "started_at": {"type": ["number", "null"]},
+        "finished_at": {"type": ["number", "null"]},
+    },
+}
+
+
+def _jobs(name: str, body: dict[str, Any]) -> dict[str, Any]:
+    job_id = {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"}}
+    job = {"$ref": "#/components/schemas/Job"}
+    return {
+        "/jobs": {
+            "post": {
+                "summary": f"Queue a request for {name}; poll its status_url for the result",
+                "parameters": [
+                    {
+                        "name": "Idempotency-Key",
+                        "in": "header",
+                        "description": "a repeated submission with the same key returns "
+                        "the same job",
+                        "schema": {"type": "string", "maxLength": 128},
+                    }
+                ],
+                "requestBody": body,
+                "responses": {
+                    "202": _json(
+                        "queued; Location is the status URL",
+                        {
+                            "type": "object",
+                            "required": ["job_id", "status_url"],
+                            "properties": {
+                                "job_id": {"type": "string"},
+                                "status_url": {"type": "string"},
+                            },
+                        },
+                    ),
+                    "400": _error("malformed body or invalid parameters"),
+                    "503": _error("the job queue is full (see Retry-After)"),
+                },
+            }
+        },
+        "/jobs/{job_id}": {
+            "get": {
+                "summary": "A job's status, and its result once done",
+                "parameters": [job_id],
+                "responses": {
+                    "200": _json("the job", job),
+                    "404": _error("unknown, or its result expired"),
+                },
+            },
+            "delete": {
+                "summary": "Cancel a queued job; it will never run",
+                "parameters": [job_id],
+                "responses": {
+                    "200": _json("the cancelled job", job),
+                    "404": _error("unknown, or its result expired"),
+                    "409": _error("already running or finished"),
+                },
+            },
+        },
+    }
+
+
+def document(
+    name: str, version: str, input_schema: dict[str, Any] | None, *, jobs: bool = False
+) -> dict[str, Any]:
     params = input_schema or {"type": "object"}
+    body = {
+        "required": True,
+        "content": {
+            "application/json": {"schema": params},
+            "application/x-www-form-urlencoded": {"schema": params},
+            "multipart/form-data": {"schema": params},
+        },
+    }
     predict = {
         "summary": f"Run {name} on one request",
         "description": (
@@ -57,14 +139,7 @@ def document(name: str, version: str, input_schema: dict[str, Any] | None) -> di
                 "schema": {"type": "number", "exclusiveMinimum": 0},
             },
         ],
-        "requestBody": {
-            "required": True,
-            "content": {
-                "application/json": {"schema": params},
-                "application/x-www-form-urlencoded": {"schema": params},
-                "multipart/form-data": {"schema": params},
-            },
-        },
+        "requestBody": body,
         "responses": {
             "200": _json("the handler's output"),
             "400": _error("malformed body or invalid parameters"),
@@ -76,7 +151,7 @@ def document(name: str, version: str, input_schema: dict[str, Any] | None) -> di
         },
     }
     get = {"responses": {"200": _json("ok"), "503": _json("not ready")}}
-    return {
+    document: dict[str, Any] = {
         "openapi": "3.1.0",
         "info": {"title": name, "version": version},
         "paths": {
@@ -98,3 +173,7 @@ def document(name: str, version: str, input_schema: dict[str, Any] | None) -> di
         },
         "components": {"schemas": {"Error": ERROR}},
     }
+    if jobs:
+        document["paths"].update(_jobs(name, body))
+        document["components"]["schemas"]["Job"] = JOB
+    return document

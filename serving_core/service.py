@@ -20,8 +20,9 @@ from .batching import Batcher, Observer
 from .context import Context
 from .dispatch import make_policy
 from .engine import Engine
-from .errors import DeadlineExceeded, NotReady
+from .errors import Conflict, DeadlineExceeded, NotFound, NotReady, Overloaded
 from .handler import Output, Params
+from .jobs import Job, JobQueue, QueueFull, QueueUnavailable, open_queue
 from .loading import LoadedHandler
 from .settings import Settings
 
@@ -46,6 +47,10 @@ class Service:
         self.max_batch_size = engine.max_batch_size
         self._observer = observer
         self.batcher: Batcher | None = None
+        # Opened in start(), after fork: neither a SQLite connection nor a Redis
+        # pool may be shared by forked processes.
+        self.jobs: JobQueue | None = None
+        self.followup: JobQueue | None = None
 
     # -- lifecycle ----------------------------------------------------------
 
@@ -63,6 +68,10 @@ class Service:
         request waits on (the gevent worker's greenlet-friendly future).
         """
         self.handler.setup_worker()
+        if self.settings.jobs_enabled:
+            self.jobs = open_queue(self.settings, self.name)
+        if self.settings.followup_queue:
+            self.followup = open_queue(self.settings, self.settings.followup_queue)
         policy = make_policy(
             self.settings.batch_policy,
             max_batch_size=self.max_batch_size,
@@ -86,6 +95,9 @@ class Service:
             policy.cost.reset()
 
     def stop(self) -> bool:
+        for queue in (self.jobs, self.followup):
+            if queue is not None:
+                queue.close()
         if self.batcher is None:
             return True
         return self.batcher.stop(self.settings.graceful_timeout_s)
@@ -130,6 +142,83 @@ class Service:
             ) from None
         return self.engine.finish(output, params, ctx)
 
+    def predict_with_followup(
+        self,
+        params: Params,
+        *,
+        request_id: str,
+        arrival: float | None = None,
+        timeout_s: float | None = None,
+    ) -> Output:
+        """The time-lag pattern: this handler's answer now, and the same request queued
+        for the slow handler (``SERVING_FOLLOWUP_QUEUE``), whose result appears at
+        ``status_url``. Without a follow-up queue, the plain answer."""
+        output = self.predict(params, request_id=request_id, arrival=arrival, timeout_s=timeout_s)
+        if self.followup is None:
+            return output
+        try:
+            job = self.followup.submit(params)
+        except (QueueFull, QueueUnavailable) as exc:
+            # The fast answer stands on its own; say why there is no slow one.
+            log.warning("request %s: the follow-up was not queued: %s", request_id, exc)
+            return {**output, "job_id": None, "job_error": f"not queued: {exc}"}
+        return {**output, "job_id": job.id, "status_url": status_url(job.id)}
+
+    # -- jobs ---------------------------------------------------------------
+
+    def submit_job(self, params: Params, *, idempotency_key: str | None) -> Job:
+        """Queue ``params`` for this handler's workers; a bad request is a 400 now, not a
+        failed job later."""
+        queue = self._jobs()
+        self.engine.validate(params)
+        try:
+            return queue.submit(params, idempotency_key=idempotency_key)
+        except QueueFull as exc:
+            raise Overloaded(
+                f"the job queue is full (SERVING_JOBS_MAX_QUEUE={self.settings.jobs_max_queue}); "
+                "retry after the Retry-After delay",
+                reason="jobs_full",
+                retry_after_s=exc.retry_after_s,
+            ) from None
+        except QueueUnavailable as exc:
+            raise NotReady(f"the job queue is unavailable ({exc}); retry shortly") from None
+
+    def job(self, job_id: str) -> Job:
+        queues = [queue for queue in (self.jobs, self.followup) if queue is not None]
+        if not queues:
+            raise NotReady("this worker has not opened its job queue yet; retry shortly")
+        for queue in queues:
+            try:
+                found = queue.get(job_id)
+            except QueueUnavailable as exc:
+                raise NotReady(f"the job queue is unavailable ({exc}); retry shortly") from None
+            if found is not None:
+                return found
+        raise NotFound(
+            f"no job {job_id!r}: it never existed, or it finished more than "
+            f"SERVING_JOBS_TTL_S={self.settings.jobs_ttl_s:g} s ago and its result expired"
+        )
+
+    def cancel_job(self, job_id: str) -> Job:
+        job = self.job(job_id)  # 404 for an unknown id, from either queue
+        queue = self.followup if job.queue != self.name and self.followup else self.jobs
+        if queue is None:
+            raise NotReady("this worker has not opened its job queue yet; retry shortly")
+        try:
+            after = queue.cancel(job_id)
+        except QueueUnavailable as exc:
+            raise NotReady(f"the job queue is unavailable ({exc}); retry shortly") from None
+        if after is None:
+            raise NotFound(f"no job {job_id!r}")
+        if after.status != "cancelled":
+            raise Conflict(f"job {job_id} is {after.status}: only a queued job can be cancelled")
+        return after
+
+    def _jobs(self) -> JobQueue:
+        if self.jobs is None:
+            raise NotReady("this worker has not opened its job queue yet; retry shortly")
+        return self.jobs
+
     def metadata(self) -> dict[str, Any]:
         batching: dict[str, Any] = {
             "batched": self.batched,
@@ -151,3 +240,7 @@ class Service:
             "worker_connections": self.settings.worker_connections,
             "threads": self.settings.threads,
         }
+
+
+def status_url(job_id: str) -> str:
+    return f"/jobs/{job_id}"

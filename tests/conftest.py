@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,9 @@ PROBE = str(HANDLERS / "probe" / "handler.py")
 
 
 def make_app(handler=PROBE, **env):
-    environ = {"SERVING_HANDLER": handler}
+    # Each app its own job queue file: the default one is shared by the machine.
+    jobs = Path(tempfile.mkdtemp(prefix="serving-test-jobs-")) / "jobs.db"
+    environ = {"SERVING_HANDLER": handler, "SERVING_JOBS_PATH": str(jobs)}
     environ.update({f"SERVING_{k.upper()}": str(v) for k, v in env.items()})
     settings = Settings.from_env(environ, cores=1)
     loaded = load_handler(settings.handler)

@@ -66,6 +66,8 @@ def gunicorn_server(
     bind = overrides["SERVING_BIND"]
     url = f"http://{bind}" if not bind.startswith("unix:") else ""
     with tempfile.TemporaryDirectory(prefix="serving-test-") as tmp:
+        # Its own job queue file: the default one is shared by the whole machine.
+        overrides.setdefault("SERVING_JOBS_PATH", str(Path(tmp) / "jobs.db"))
         log_path = Path(tmp) / "server.log"
         with log_path.open("wb") as log:
             process = subprocess.Popen(

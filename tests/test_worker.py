@@ -1,0 +1,196 @@
+"""`serving-core worker` end to end, on both queue backends: jobs submitted through a real
+gunicorn server, consumed in batches by a real worker with two consumer processes."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from tests.conftest import PROBE
+from tests.redis_server import redis_server
+from tests.servers import ROOT, SERVING_CORE, base_env, free_port, gunicorn_server, stop
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def redis_url():
+    with redis_server() as url:
+        yield url
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+def queue_env(request, tmp_path):
+    if request.param == "sqlite":
+        # One file for the web server and the worker: the embedded backend.
+        return {"SERVING_JOBS_PATH": str(tmp_path / "jobs.db")}
+    url = request.getfixturevalue("redis_url")
+    # A queue of its own per test: the probe's queue name is shared.
+    return {"SERVING_JOBS_URL": url.replace("/0", f"/{abs(hash(request.node.name)) % 15 + 1}")}
+
+
+@contextlib.contextmanager
+def worker(env, tmp_path):
+    port = free_port()
+    log_path = tmp_path / f"worker-{port}.log"
+    full = {"SERVING_HANDLER": PROBE, "SERVING_BIND": f"127.0.0.1:{port}", **env}
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            [str(SERVING_CORE), "worker"],
+            cwd=ROOT,
+            env=base_env(full),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: healthy(url), 60, f"worker health:\n{log_path.read_text()}")
+        yield process, url, log_path
+    finally:
+        stop(process)
+
+
+def healthy(url):
+    with contextlib.suppress(requests.RequestException):
+        return requests.get(url + "/healthz", timeout=1).status_code == 200
+    return False
+
+
+def wait_for(condition, timeout_s, what):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.05)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+def submit(session, url, params, **headers):
+    response = session.post(url + "/jobs", json=params, headers=headers, timeout=10)
+    assert response.status_code == 202, response.text
+    return response.json()["job_id"]
+
+
+def statuses(session, url, ids):
+    return {job_id: session.get(f"{url}/jobs/{job_id}", timeout=10).json() for job_id in ids}
+
+
+def consumers(master_pid):
+    children = Path(f"/proc/{master_pid}/task/{master_pid}/children").read_text().split()
+    return [int(pid) for pid in children]
+
+
+def test_a_thousand_jobs_through_gunicorn_are_all_done_with_their_results(queue_env, tmp_path):
+    env = {"SERVING_WORKERS": "2", "SERVING_MAX_BATCH_SIZE": "16", **queue_env}
+    with gunicorn_server({"SERVING_HANDLER": PROBE, **env}) as server, worker(env, tmp_path):
+        session = requests.Session()
+        ids = [submit(session, server.url, {"text": f"job-{n}"}) for n in range(1000)]
+        assert len(set(ids)) == 1000
+
+        def all_done():
+            last = session.get(f"{server.url}/jobs/{ids[-1]}", timeout=10).json()
+            return last["status"] == "done"
+
+        wait_for(all_done, 120, "the last job")
+        jobs = statuses(session, server.url, ids)
+    assert {job["status"] for job in jobs.values()} == {"done"}
+    assert [jobs[i]["result"]["text"] for i in ids] == [f"job-{n}" for n in range(1000)]
+    # Consumed in batches, by both consumer processes.
+    assert max(job["result"]["batch_size"] for job in jobs.values()) > 1
+    assert len({job["result"]["pid"] for job in jobs.values()}) == 2
+
+
+def test_a_consumer_killed_mid_batch_loses_no_job(queue_env, tmp_path):
+    env = {
+        "SERVING_WORKERS": "2",
+        "SERVING_MAX_BATCH_SIZE": "4",
+        "SERVING_JOBS_LEASE_S": "2",
+        **queue_env,
+    }
+    with gunicorn_server({"SERVING_HANDLER": PROBE, **env}) as server:
+        session = requests.Session()
+        ids = [
+            submit(session, server.url, {"text": f"slow-{n}", "sleep_s": 0.5}) for n in range(12)
+        ]
+        with worker(env, tmp_path) as (process, _, log_path):
+            wait_for(
+                lambda: any(
+                    j["status"] == "running" for j in statuses(session, server.url, ids).values()
+                ),
+                30,
+                "a running job",
+            )
+            victim = consumers(process.pid)[0]
+            os.kill(victim, signal.SIGKILL)
+            wait_for(
+                lambda: all(
+                    j["status"] == "done" for j in statuses(session, server.url, ids).values()
+                ),
+                90,
+                f"every job done after the kill:\n{log_path.read_text()}",
+            )
+            jobs = statuses(session, server.url, ids)
+            assert "starting another" in log_path.read_text()
+    assert [jobs[i]["result"]["text"] for i in ids] == [f"slow-{n}" for n in range(12)]
+    assert any(job["attempts"] > 1 for job in jobs.values())  # the victim's, handed out again
+
+
+def test_a_job_that_always_fails_ends_failed_after_max_attempts(queue_env, tmp_path):
+    env = {"SERVING_WORKERS": "1", "SERVING_JOBS_MAX_ATTEMPTS": "3", **queue_env}
+    with gunicorn_server({"SERVING_HANDLER": PROBE, **env}) as server, worker(env, tmp_path):
+        session = requests.Session()
+        failing = submit(session, server.url, {"text": "x", "fail": True})
+        fine = submit(session, server.url, {"text": "y"})
+        wait_for(
+            lambda: (
+                session.get(f"{server.url}/jobs/{failing}", timeout=10).json()["status"] == "failed"
+            ),
+            60,
+            "the failing job to end",
+        )
+        wait_for(
+            lambda: session.get(f"{server.url}/jobs/{fine}", timeout=10).json()["status"] == "done",
+            60,
+            "the fine job",
+        )
+        job = session.get(f"{server.url}/jobs/{failing}", timeout=10).json()
+    assert job["attempts"] == 3
+    assert job["error"]["type"] == "model_error"
+
+
+def test_idempotency_cancel_and_expiry_through_the_server(queue_env, tmp_path):
+    env = {"SERVING_WORKERS": "1", "SERVING_JOBS_TTL_S": "1", **queue_env}
+    with gunicorn_server({"SERVING_HANDLER": PROBE, **env}) as server:
+        session = requests.Session()
+        key = {"Idempotency-Key": "req-42"}
+        first = submit(session, server.url, {"text": "once"}, **key)
+        assert submit(session, server.url, {"text": "once"}, **key) == first
+        cancelled = submit(session, server.url, {"text": "never"})
+        assert session.delete(f"{server.url}/jobs/{cancelled}", timeout=10).status_code == 200
+        with worker(env, tmp_path) as (_, health_url, _):
+            wait_for(
+                lambda: (
+                    session.get(f"{server.url}/jobs/{first}", timeout=10).json()["status"] == "done"
+                ),
+                60,
+                "the job",
+            )
+            metrics = requests.get(health_url + "/metrics", timeout=10).text
+        assert 'serving_jobs_total{result="done"} 1.0' in metrics
+        # The cancelled job never ran; past the TTL, both answers expire.
+        wait_for(
+            lambda: session.get(f"{server.url}/jobs/{first}", timeout=10).status_code == 404,
+            30,
+            "the result to expire",
+        )
+        gone = session.get(f"{server.url}/jobs/{cancelled}", timeout=10)
+    assert gone.status_code == 404
+    assert gone.json()["error"]["type"] == "not_found"
