@@ -94,11 +94,12 @@ class Predict(Resource):  # type: ignore[misc]
     def __init__(self, service: Service) -> None:
         self.service = service
 
-    def post(self) -> dict[str, Any]:
+    def post(self) -> tuple[dict[str, Any], int, dict[str, str]]:
         params = request_params(request)
-        return self.service.predict_with_followup(
+        output, served = self.service.answer(
             params, request_id=g.request_id, arrival=g.arrival, timeout_s=_client_timeout()
         )
+        return output, 200, {"X-Cache": served} if served else {}
 
 
 class Jobs(Resource):  # type: ignore[misc]

@@ -200,13 +200,31 @@ def resolve_shard(text: str | None, count: int | None, environ: Mapping[str, str
 
 
 def cache_writer(settings: Settings, handler: Handler) -> OnResult:
-    # HOOK(--warm-cache): return a callback that puts (params, output) into the
-    # inference cache (serving_core.cache, keyed by handler name and version).
-    # It runs in each worker after a record succeeds, with the params the handler
-    # received (the record without its id). Until then the flag is refused.
+    """``--warm-cache``: a callback that puts each successful (params, output) into the
+    shared inference cache, under the key the online service computes for the same
+    request (handler name, version, canonical params). It runs in the workers."""
+    from .cache import from_settings
+    from .handler import handler_name
     from .records import RecordsError
 
-    raise RecordsError("--warm-cache: the inference cache is not part of this build yet")
+    if not settings.cache_url:
+        raise RecordsError(
+            "--warm-cache fills the online service's shared cache: set SERVING_CACHE_URL "
+            "to the same redis://… URL it uses (a cache in this run's memory ends with it)"
+        )
+    cache = from_settings(settings, handler)
+    if cache is None:
+        raise RecordsError(
+            f"--warm-cache: {handler_name(handler)} sets cacheable = False, or "
+            "SERVING_CACHE_SIZE=0 turned the cache off"
+        )
+
+    def write(params: Params, output: Output) -> None:
+        key = cache.key_for(params)
+        if key is not None:
+            cache.fill(key, output)
+
+    return write
 
 
 @dataclass

@@ -137,7 +137,7 @@ def build(settings: Settings, loaded: LoadedHandler) -> tuple[Flask, Service]:
     engine = Engine(
         loaded.handler, max_batch_size=settings.max_batch_size, on_failure=observer.failed
     )
-    service = Service(settings, loaded, engine, observer=observer)
+    service = Service(settings, loaded, engine, observer=observer, cache_observer=observer)
     return create_app(settings, service, observer), service
 
 

@@ -17,6 +17,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from .batching import Batcher, Observer
+from .cache import Cache, CacheObserver, CacheResult, from_settings
 from .context import Context
 from .dispatch import make_policy
 from .engine import Engine
@@ -37,6 +38,7 @@ class Service:
         engine: Engine,
         *,
         observer: Observer | None = None,
+        cache_observer: CacheObserver | None = None,
     ) -> None:
         self.settings = settings
         self.loaded = loaded
@@ -46,7 +48,9 @@ class Service:
         self.batched = engine.batched
         self.max_batch_size = engine.max_batch_size
         self._observer = observer
+        self._cache_observer = cache_observer
         self.batcher: Batcher | None = None
+        self.cache: Cache | None = None  # opened in start(): a Redis pool per process
         # Opened in start(), after fork: neither a SQLite connection nor a Redis
         # pool may be shared by forked processes.
         self.jobs: JobQueue | None = None
@@ -68,6 +72,7 @@ class Service:
         request waits on (the gevent worker's greenlet-friendly future).
         """
         self.handler.setup_worker()
+        self.cache = from_settings(self.settings, self.handler, self._cache_observer, new_future)
         if self.settings.jobs_enabled:
             self.jobs = open_queue(self.settings, self.name)
         if self.settings.followup_queue:
@@ -121,8 +126,7 @@ class Service:
             raise NotReady("the model is not loaded yet; retry after /readyz answers 200")
         now = time.monotonic()
         arrival = now if arrival is None else arrival
-        limit = self.settings.request_timeout_s
-        deadline = arrival + (limit if timeout_s is None else min(timeout_s, limit))
+        deadline = self._deadline(arrival, timeout_s)
         if deadline <= now:
             self.batcher.rejected("deadline_passed")
             raise DeadlineExceeded(
@@ -142,18 +146,43 @@ class Service:
             ) from None
         return self.engine.finish(output, params, ctx)
 
-    def predict_with_followup(
+    def answer(
         self,
         params: Params,
         *,
         request_id: str,
         arrival: float | None = None,
         timeout_s: float | None = None,
-    ) -> Output:
-        """The time-lag pattern: this handler's answer now, and the same request queued
-        for the slow handler (``SERVING_FOLLOWUP_QUEUE``), whose result appears at
-        ``status_url``. Without a follow-up queue, the plain answer."""
-        output = self.predict(params, request_id=request_id, arrival=arrival, timeout_s=timeout_s)
+    ) -> tuple[Output, CacheResult | None]:
+        """``/predict``: the answer, from the inference cache when it has it, and how the
+        cache served it (None: not cached). With a follow-up queue (the time-lag
+        pattern), the same request is queued for the slow handler too."""
+        if self.cache is not None and (key := self.cache.key_for(params)) is not None:
+            cache = self.cache
+
+            def compute() -> Output:
+                return self.predict(
+                    params, request_id=request_id, arrival=arrival, timeout_s=timeout_s
+                )
+
+            # A request waiting for an identical one in flight waits no longer
+            # than its own deadline.
+            wait_s = self._deadline(arrival, timeout_s) - time.monotonic()
+            try:
+                output, served = cache.single_flight(key, compute, timeout_s=max(0.0, wait_s))
+            except TimeoutError:
+                raise DeadlineExceeded(
+                    "no answer within the deadline (an identical request in flight had none "
+                    "yet); retry later or ask for a longer timeout"
+                ) from None
+        else:
+            output = self.predict(
+                params, request_id=request_id, arrival=arrival, timeout_s=timeout_s
+            )
+            served = None
+        return self._follow_up(output, params, request_id), served
+
+    def _follow_up(self, output: Output, params: Params, request_id: str) -> Output:
         if self.followup is None:
             return output
         try:
@@ -163,6 +192,11 @@ class Service:
             log.warning("request %s: the follow-up was not queued: %s", request_id, exc)
             return {**output, "job_id": None, "job_error": f"not queued: {exc}"}
         return {**output, "job_id": job.id, "status_url": status_url(job.id)}
+
+    def _deadline(self, arrival: float | None, timeout_s: float | None) -> float:
+        limit = self.settings.request_timeout_s
+        start = time.monotonic() if arrival is None else arrival
+        return start + (limit if timeout_s is None else min(timeout_s, limit))
 
     # -- jobs ---------------------------------------------------------------
 

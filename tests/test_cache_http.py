@@ -1,0 +1,161 @@
+"""The inference cache behind /predict: real gunicorn workers, a real Redis, and a batch
+run warming the cache for the online service."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import requests
+
+from tests.conftest import PROBE
+from tests.redis_server import redis_server
+from tests.servers import ROOT, SERVING_CORE, base_env, gunicorn_server
+
+pytestmark = pytest.mark.e2e
+
+
+def calls(seen_file):
+    """How many items reached the probe handler's predict_batch (it appends one line each)."""
+    return len(seen_file.read_text().splitlines()) if seen_file.exists() else 0
+
+
+def metric(url, name):
+    text = requests.get(url + "/metrics", timeout=10).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
+
+
+@pytest.mark.parametrize("store", ["memory", "redis"])
+def test_a_repeated_request_is_a_hit_that_does_not_call_the_handler(store, tmp_path):
+    seen = tmp_path / "seen.txt"
+    env = {"SERVING_HANDLER": PROBE, "SERVING_WORKERS": "1", "PROBE_SEEN_FILE": str(seen)}
+    with redis_server() as url:
+        if store == "redis":
+            env["SERVING_CACHE_URL"] = url
+        with gunicorn_server(env) as server:
+            body = {"text": "twice", "id": "a"}
+            first = requests.post(server.url + "/predict", json=body, timeout=10)
+            second = requests.post(server.url + "/predict", json=body, timeout=10)
+            other = requests.post(server.url + "/predict", json={"text": "else"}, timeout=10)
+            hits = metric(server.url, 'serving_cache_requests_total{result="hit"}')
+    assert first.headers["X-Cache"] == "miss"
+    assert second.headers["X-Cache"] == "hit"
+    assert other.headers["X-Cache"] == "miss"
+    assert second.content == first.content  # the same bytes, not only the same JSON
+    assert calls(seen) == 3  # the warm-up, the miss and the other: the hit ran nothing
+    assert hits == 1
+
+
+def test_sixteen_concurrent_identical_requests_call_the_handler_once(tmp_path):
+    seen = tmp_path / "seen.txt"
+    env = {"SERVING_HANDLER": PROBE, "SERVING_WORKERS": "1", "PROBE_SEEN_FILE": str(seen)}
+    with gunicorn_server(env) as server:
+        before = calls(seen)  # the warm-up
+        barrier = threading.Barrier(16)
+
+        def client(_):
+            barrier.wait()
+            body = {"text": "same", "sleep_s": 0.3}
+            return requests.post(server.url + "/predict", json=body, timeout=30)
+
+        with ThreadPoolExecutor(16) as pool:
+            responses = list(pool.map(client, range(16)))
+    assert {r.status_code for r in responses} == {200}
+    assert calls(seen) - before == 1
+    served = sorted(r.headers["X-Cache"] for r in responses)
+    assert served.count("miss") == 1
+    assert set(served) <= {"miss", "coalesced", "hit"}
+    assert len({r.content for r in responses}) == 1
+
+
+def test_two_workers_share_hits_through_redis(tmp_path):
+    seen = tmp_path / "seen.txt"
+    with redis_server() as url:
+        env = {
+            "SERVING_HANDLER": PROBE,
+            "SERVING_WORKERS": "2",
+            "SERVING_CACHE_URL": url,
+            "PROBE_SEEN_FILE": str(seen),
+        }
+        with gunicorn_server(env) as server:
+            body = {"text": "shared"}
+            first = requests.post(server.url + "/predict", json=body, timeout=10)
+            # A keep-alive connection to the other worker: new connections, each with a
+            # request of its own (a miss shows who answered), until the other pid shows.
+            for n in range(100):
+                session = requests.Session()
+                probe = session.post(server.url + "/predict", json={"text": f"p{n}"}, timeout=10)
+                if probe.json()["pid"] != first.json()["pid"]:
+                    break
+                session.close()
+            else:
+                pytest.fail("the second worker never answered")
+            # The same connection, so the same (other) worker: it answers from Redis.
+            again = session.post(server.url + "/predict", json=body, timeout=10)
+            session.close()
+    assert first.headers["X-Cache"] == "miss"
+    assert again.headers["X-Cache"] == "hit"
+    assert again.content == first.content  # the first worker's output, pid and all
+
+
+def test_with_redis_stopped_mid_test_requests_still_succeed_as_counted_misses():
+    redis = redis_server()
+    url = redis.__enter__()
+    try:
+        env = {"SERVING_HANDLER": PROBE, "SERVING_WORKERS": "1", "SERVING_CACHE_URL": url}
+        with gunicorn_server(env) as server:
+            body = {"text": "before"}
+            requests.post(server.url + "/predict", json=body, timeout=10)
+            hit = requests.post(server.url + "/predict", json=body, timeout=10)
+            redis.__exit__(None, None, None)  # Redis goes away under the running server
+            redis = None
+            responses = [
+                requests.post(server.url + "/predict", json={"text": "after"}, timeout=10)
+                for _ in range(3)
+            ]
+            errors = metric(server.url, "serving_cache_errors_total")
+    finally:
+        if redis is not None:
+            redis.__exit__(None, None, None)
+    assert hit.headers["X-Cache"] == "hit"
+    assert [r.status_code for r in responses] == [200, 200, 200]
+    assert {r.headers["X-Cache"] for r in responses} == {"miss"}
+    assert errors >= 1
+
+
+def test_a_batch_run_with_warm_cache_makes_the_first_online_request_a_hit(tmp_path):
+    seen = tmp_path / "seen.txt"
+    records = tmp_path / "in.jsonl"
+    records.write_text(
+        "".join(json.dumps({"id": f"r{n}", "text": f"warm {n}"}) + "\n" for n in range(5))
+    )
+    out = ["--output", str(tmp_path / "out.jsonl"), "--warm-cache", "--workers", "1"]
+    with redis_server() as url:
+        batch = subprocess.run(
+            [str(SERVING_CORE), "batch", "--input", str(records), *out],
+            cwd=ROOT,
+            env=base_env({"SERVING_HANDLER": PROBE, "SERVING_CACHE_URL": url}),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert batch.returncode == 0, batch.stderr
+        env = {
+            "SERVING_HANDLER": PROBE,
+            "SERVING_WORKERS": "1",
+            "SERVING_CACHE_URL": url,
+            "PROBE_SEEN_FILE": str(seen),
+        }
+        with gunicorn_server(env) as server:
+            before = calls(seen)
+            warmed = requests.post(server.url + "/predict", json={"text": "warm 3"}, timeout=10)
+            cold = requests.post(server.url + "/predict", json={"text": "cold"}, timeout=10)
+            after = calls(seen)
+    assert warmed.headers["X-Cache"] == "hit"
+    assert warmed.json()["text"] == "warm 3"
+    assert cold.headers["X-Cache"] == "miss"
+    assert after - before == 1  # only the cold one ran
