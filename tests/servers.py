@@ -136,3 +136,43 @@ def wait_for_worker_pids(url: str, count: int, timeout_s: float = 10.0) -> set[i
     if len(pids) < count:
         raise RuntimeError(f"only workers {sorted(pids)} answered within {timeout_s} s")
     return pids
+
+
+@contextlib.contextmanager
+def job_worker(
+    overrides: Mapping[str, str], log_dir: Path, *, ready_timeout_s: float = 90.0
+) -> Iterator[tuple[subprocess.Popen[bytes], str, Path]]:
+    """Run ``serving-core worker`` (the probe handler unless ``overrides`` names one) with
+    its /healthz on a free port; yields (process, health URL, log path) once healthy."""
+    port = free_port()
+    log_path = log_dir / f"worker-{port}.log"
+    env = {
+        "SERVING_HANDLER": str(ROOT / "tests/handlers/probe/handler.py"),
+        "SERVING_BIND": f"127.0.0.1:{port}",
+        **overrides,
+    }
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            [str(SERVING_CORE), "worker"],
+            cwd=ROOT,
+            env=base_env(env),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + ready_timeout_s
+        while not _healthy(url):
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the worker did not become healthy:\n{log_path.read_text()}")
+            time.sleep(0.1)
+        yield process, url, log_path
+    finally:
+        stop(process)
+
+
+def _healthy(url: str) -> bool:
+    with contextlib.suppress(requests.RequestException):
+        return requests.get(url + "/healthz", timeout=1).status_code == 200
+    return False

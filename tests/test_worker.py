@@ -3,10 +3,8 @@ gunicorn server, consumed in batches by a real worker with two consumer processe
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
-import subprocess
 import time
 from pathlib import Path
 
@@ -15,7 +13,7 @@ import requests
 
 from tests.conftest import PROBE
 from tests.redis_server import redis_server
-from tests.servers import ROOT, SERVING_CORE, base_env, free_port, gunicorn_server, stop
+from tests.servers import gunicorn_server, job_worker
 
 pytestmark = pytest.mark.e2e
 
@@ -34,34 +32,6 @@ def queue_env(request, tmp_path):
     url = request.getfixturevalue("redis_url")
     # A queue of its own per test: the probe's queue name is shared.
     return {"SERVING_JOBS_URL": url.replace("/0", f"/{abs(hash(request.node.name)) % 15 + 1}")}
-
-
-@contextlib.contextmanager
-def worker(env, tmp_path):
-    port = free_port()
-    log_path = tmp_path / f"worker-{port}.log"
-    full = {"SERVING_HANDLER": PROBE, "SERVING_BIND": f"127.0.0.1:{port}", **env}
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            [str(SERVING_CORE), "worker"],
-            cwd=ROOT,
-            env=base_env(full),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_for(lambda: healthy(url), 60, f"worker health:\n{log_path.read_text()}")
-        yield process, url, log_path
-    finally:
-        stop(process)
-
-
-def healthy(url):
-    with contextlib.suppress(requests.RequestException):
-        return requests.get(url + "/healthz", timeout=1).status_code == 200
-    return False
 
 
 def wait_for(condition, timeout_s, what):
@@ -90,7 +60,7 @@ def consumers(master_pid):
 
 def test_a_thousand_jobs_through_gunicorn_are_all_done_with_their_results(queue_env, tmp_path):
     env = {"SERVING_WORKERS": "2", "SERVING_MAX_BATCH_SIZE": "16", **queue_env}
-    with gunicorn_server({"SERVING_HANDLER": PROBE, **env}) as server, worker(env, tmp_path):
+    with gunicorn_server({"SERVING_HANDLER": PROBE, **env}) as server, job_worker(env, tmp_path):
         session = requests.Session()
         ids = [submit(session, server.url, {"text": f"job-{n}"}) for n in range(1000)]
         assert len(set(ids)) == 1000
@@ -120,7 +90,7 @@ def test_a_consumer_killed_mid_batch_loses_no_job(queue_env, tmp_path):
         ids = [
             submit(session, server.url, {"text": f"slow-{n}", "sleep_s": 0.5}) for n in range(12)
         ]
-        with worker(env, tmp_path) as (process, _, log_path):
+        with job_worker(env, tmp_path) as (process, _, log_path):
             wait_for(
                 lambda: any(
                     j["status"] == "running" for j in statuses(session, server.url, ids).values()
@@ -145,7 +115,7 @@ def test_a_consumer_killed_mid_batch_loses_no_job(queue_env, tmp_path):
 
 def test_a_job_that_always_fails_ends_failed_after_max_attempts(queue_env, tmp_path):
     env = {"SERVING_WORKERS": "1", "SERVING_JOBS_MAX_ATTEMPTS": "3", **queue_env}
-    with gunicorn_server({"SERVING_HANDLER": PROBE, **env}) as server, worker(env, tmp_path):
+    with gunicorn_server({"SERVING_HANDLER": PROBE, **env}) as server, job_worker(env, tmp_path):
         session = requests.Session()
         failing = submit(session, server.url, {"text": "x", "fail": True})
         fine = submit(session, server.url, {"text": "y"})
@@ -175,7 +145,7 @@ def test_idempotency_cancel_and_expiry_through_the_server(queue_env, tmp_path):
         assert submit(session, server.url, {"text": "once"}, **key) == first
         cancelled = submit(session, server.url, {"text": "never"})
         assert session.delete(f"{server.url}/jobs/{cancelled}", timeout=10).status_code == 200
-        with worker(env, tmp_path) as (_, health_url, _):
+        with job_worker(env, tmp_path) as (_, health_url, _):
             wait_for(
                 lambda: (
                     session.get(f"{server.url}/jobs/{first}", timeout=10).json()["status"] == "done"
