@@ -75,11 +75,12 @@ def test_metrics_add_up_across_two_workers_and_survive_a_dead_worker(tmp_path):
         def client(n):
             barrier.wait()
             session = requests.Session()
+            # Distinct texts: a repeated one would be a cache hit, not a batch item.
             return [
                 session.post(
-                    server.url + "/predict", json={"text": f"{n}", "sleep_s": 0.01}, timeout=30
+                    server.url + "/predict", json={"text": f"{n}-{i}", "sleep_s": 0.01}, timeout=30
                 ).json()["pid"]
-                for _ in range(10)
+                for i in range(10)
             ]
 
         with ThreadPoolExecutor(8) as pool:

@@ -367,10 +367,11 @@ def test_the_apps_503_and_retry_after_pass_through_unchanged(tmp_path: Path) -> 
                 gate = {"started": str(started), "release": str(release)}
                 running = pool.submit(post, gate, "running")
                 wait_for(started.exists, "the first request to reach the model")
-                queued = pool.submit(post, {}, "queued")
+                # Different params: identical ones would share the first's model call.
+                queued = pool.submit(post, {"who": "queued"}, "queued")
                 # The queue holds one, and stays full while the model is held.
                 wait_for(lambda: queue_depth(app) == 1, "the second request to be queued")
-                refused = post({}, "refused")
+                refused = post({"who": "refused"}, "refused")
             finally:
                 release.touch()
             assert running.result().status_code == 200
