@@ -20,6 +20,7 @@ PREFIX = "SERVING_"
 DEFAULT_HANDLER = "handlers/minilm/handler.py"
 BatchPolicy = Literal["adaptive", "fixed"]
 LogLevel = Literal["debug", "info", "warning", "error", "critical"]
+LogFormat = Literal["text", "json"]
 WorkerClass = Literal["gevent", "gthread"]
 Dtype = Literal["float32", "float16", "bfloat16"]
 
@@ -47,6 +48,8 @@ class Settings:
     graceful_timeout_s: float = 30.0
     keepalive_s: float = 5.0
     log_level: LogLevel = "info"
+    log_format: LogFormat = "text"  # json: one object per line (app and access log)
+    docs_enabled: bool = True  # GET /docs, the API page (off for a private API)
     metrics_dir: str = ""
     # Where the handler's model runs, and in what precision; handlers read them
     # as ``self.device`` / ``self.dtype`` (see ``serving_core.device``).
@@ -226,6 +229,8 @@ _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "graceful_timeout_s": _float(0.0, 3600.0),
     "keepalive_s": _float(0.0, 3600.0),
     "log_level": _choice("debug", "info", "warning", "error", "critical"),
+    "log_format": _choice("text", "json"),
+    "docs_enabled": _bool,
     "metrics_dir": _text,
     "device": _device,
     "dtype": _choice("float32", "float16", "bfloat16"),
