@@ -25,12 +25,14 @@ from pathlib import Path
 from typing import Any
 
 import helm_python as helm
+import jsonschema
 import kubernetes_validate
 import pytest
 import requests
 import yaml
 
 from serving_core.cli import main as serving_core_main
+from serving_core.jobqueue_redis import GROUP, RedisJobQueue
 from serving_core.settings import PREFIX, Settings, SettingsError
 from tests.nginx_server import render as render_nginx
 from tests.servers import free_port, gunicorn_server
@@ -39,8 +41,12 @@ ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "helm" / "serving-core"
 EXAMPLES = sorted((CHART / "examples").glob("values-*.yaml"))
 KUBE_VERSIONS = ["1.29", "1.33"]
-# Custom resources: not in Kubernetes' schemas, checked field by field below.
-CUSTOM_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor")}
+# Custom resources: not in Kubernetes' schemas, checked field by field below
+# (and a ScaledObject against SCALED_OBJECT_SCHEMA, in validate()).
+CUSTOM_KINDS = {
+    ("monitoring.coreos.com/v1", "ServiceMonitor"),
+    ("keda.sh/v1alpha1", "ScaledObject"),
+}
 # A tag of the form image.yml pushes for every commit; the in-repo chart needs one.
 TAG = "sha-" + "0123456789abcdef" * 2 + "01234567"
 # Every set of values the chart must take: its defaults (with the tag it cannot
@@ -189,8 +195,112 @@ def test_chart_lints_strictly(values_name: str, kube_version: str) -> None:
     assert lint_errors(VALUE_SETS[values_name], kube_version) == []
 
 
+# KEDA's ScaledObject (keda.sh/v1alpha1) as KEDA's documentation describes its
+# fields (keda.sh/docs/2.17/reference/scaledobject-spec, and the redis-streams
+# scaler's page for the trigger): the documented fields, not KEDA's full CRD,
+# which no package here ships. Trigger metadata is map[string]string in KEDA's
+# types, so a number there would be refused by the API server.
+SCALED_OBJECT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"const": "keda.sh/v1alpha1"},
+        "kind": {"const": "ScaledObject"},
+        "metadata": {
+            "type": "object",
+            "required": ["name"],
+            "properties": {"name": {"type": "string", "maxLength": 253}},
+        },
+        "spec": {
+            "type": "object",
+            "required": ["scaleTargetRef", "triggers"],
+            "additionalProperties": False,
+            "properties": {
+                "scaleTargetRef": {
+                    "type": "object",
+                    "required": ["name"],
+                    "additionalProperties": False,
+                    "properties": {
+                        "apiVersion": {"type": "string"},
+                        "kind": {"type": "string"},
+                        "name": {"type": "string", "minLength": 1},
+                        "envSourceContainerName": {"type": "string"},
+                    },
+                },
+                "pollingInterval": {"type": "integer", "minimum": 1},
+                "cooldownPeriod": {"type": "integer", "minimum": 0},
+                "initialCooldownPeriod": {"type": "integer", "minimum": 0},
+                "idleReplicaCount": {"type": "integer", "minimum": 0},
+                "minReplicaCount": {"type": "integer", "minimum": 0},
+                "maxReplicaCount": {"type": "integer", "minimum": 1},
+                "fallback": {"type": "object"},
+                "advanced": {"type": "object"},
+                "triggers": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "type": "object",
+                        "required": ["type", "metadata"],
+                        "additionalProperties": False,
+                        "properties": {
+                            "type": {"type": "string", "minLength": 1},
+                            "name": {"type": "string"},
+                            "metricType": {"enum": ["AverageValue", "Value", "Utilization"]},
+                            "useCachedMetrics": {"type": "boolean"},
+                            "metadata": {
+                                "type": "object",
+                                "additionalProperties": {"type": "string"},
+                            },
+                            "authenticationRef": {
+                                "type": "object",
+                                "required": ["name"],
+                                "additionalProperties": False,
+                                "properties": {
+                                    "name": {"type": "string", "minLength": 1},
+                                    "kind": {
+                                        "enum": [
+                                            "TriggerAuthentication",
+                                            "ClusterTriggerAuthentication",
+                                        ]
+                                    },
+                                },
+                            },
+                        },
+                    },
+                },
+            },
+        },
+    },
+}
+# The redis-streams scaler's documented metadata keys (keda.sh/docs/*/scalers/redis-streams).
+REDIS_STREAMS_METADATA = {
+    "address",
+    "host",
+    "port",
+    "addressFromEnv",
+    "hostFromEnv",
+    "portFromEnv",
+    "usernameFromEnv",
+    "passwordFromEnv",
+    "stream",
+    "consumerGroup",
+    "pendingEntriesCount",
+    "streamLength",
+    "lagCount",
+    "activationLagCount",
+    "enableTLS",
+    "unsafeSsl",
+    "databaseIndex",
+}
+
+
 def validate(docs: list[dict[str, Any]], kube_version: str) -> None:
     for doc in docs:
+        if (doc["apiVersion"], doc["kind"]) == ("keda.sh/v1alpha1", "ScaledObject"):
+            jsonschema.validate(doc, SCALED_OBJECT_SCHEMA)
+            for trigger in doc["spec"]["triggers"]:
+                if trigger["type"] == "redis-streams":
+                    assert set(trigger["metadata"]) <= REDIS_STREAMS_METADATA, trigger
         if (doc["apiVersion"], doc["kind"]) in CUSTOM_KINDS:
             continue
         kubernetes_validate.validate(doc, kube_version, strict=True)
@@ -214,6 +324,7 @@ def test_examples_cover_default_custom_handler_gpu_and_everything() -> None:
         "values-full",
         "values-batch",
         "values-cache-redis",
+        "values-worker",
     }
 
 
@@ -339,6 +450,8 @@ SETTINGS_TABLE = [
     ("gracefulTimeoutSeconds", 45, "SERVING_GRACEFUL_TIMEOUT_S", "45"),
     ("keepaliveSeconds", 2, "SERVING_KEEPALIVE_S", "2"),
     ("logLevel", "debug", "SERVING_LOG_LEVEL", "debug"),
+    ("logFormat", "json", "SERVING_LOG_FORMAT", "json"),
+    ("docsEnabled", False, "SERVING_DOCS_ENABLED", "false"),
     ("device", "cuda:1", "SERVING_DEVICE", "cuda:1"),
     ("dtype", "bfloat16", "SERVING_DTYPE", "bfloat16"),
     (
@@ -395,6 +508,7 @@ def test_rendered_env_is_what_serving_core_accepts(chart: helm.Chart) -> None:
     assert settings.max_queue == 1000000
     assert settings.request_timeout_s == 0.5
     assert settings.max_body_bytes == 4194304
+    assert (settings.log_format, settings.docs_enabled) == ("json", False)
     assert settings.device == "cuda:1"
     assert settings.dtype == "bfloat16"
     assert settings.cache_url == "rediss://cache.example.com:6380/2"
@@ -437,6 +551,8 @@ def test_every_serving_core_container_starts_without_a_settings_error(
 ) -> None:
     runs_serving_core = serving_core_containers(render(chart, VALUE_SETS[values_name]))
     assert runs_serving_core
+    if VALUE_SETS[values_name].get("worker", {}).get("enabled"):
+        assert "worker" in {c["name"] for c in runs_serving_core}
     for container in runs_serving_core:
         # The whole env, extraEnv included: a SERVING_* name there reaches Settings too.
         env = serving_env(container)
@@ -627,8 +743,9 @@ def test_every_pod_is_non_root_read_only_and_drops_capabilities(
 ) -> None:
     docs = render(chart, VALUE_SETS[values_name])
     pods = pod_specs(docs)
-    # The server, the `helm test` pod, and the batch pods where enabled.
-    assert len(pods) == 3 if VALUE_SETS[values_name].get("batch", {}).get("enabled") else 2
+    # The server, the `helm test` pod, and the batch and worker pods where enabled.
+    optional = [VALUE_SETS[values_name].get(key, {}).get("enabled") for key in ("batch", "worker")]
+    assert len(pods) == 2 + sum(bool(enabled) for enabled in optional)
     for pod in pods:
         assert pod["securityContext"]["runAsNonRoot"] is True
         assert pod["securityContext"]["runAsUser"] != 0
@@ -800,7 +917,11 @@ def test_charts_nginx_fronts_gunicorn_over_the_unix_socket(chart: helm.Chart) ->
                 )
                 assert echoed.status_code == 200
                 assert echoed.headers["X-Request-ID"] == "chart-e2e-1"
-                assert "request_id=chart-e2e-1" in server.output()
+                # gunicorn writes the access-log line after the response has gone.
+                deadline = time.monotonic() + 10
+                while "request_id=chart-e2e-1" not in server.output():
+                    assert time.monotonic() < deadline, server.output()
+                    time.sleep(0.05)
 
                 too_big = requests.post(
                     f"{api}/predict",
@@ -1007,7 +1128,16 @@ BAD_VALUES = [
     ({"batch": {"concurrencyPolicy": "Skip"}}, "at '/batch/concurrencyPolicy'"),
     ({"batch": {"schedule": "nightly"}}, "at '/batch/schedule'"),
     ({"batch": {"args": ["--input", 3]}}, "at '/batch/args/1': got number, want string"),
-    ({"worker": {"enabled": True}}, "additional properties 'worker' not allowed"),
+    ({"worker": {"enable": True}}, "at '/worker': additional properties 'enable' not allowed"),
+    ({"worker": {"queue": "{minilm}"}}, "at '/worker/queue'"),
+    ({"worker": {"port": 80}}, "at '/worker/port'"),
+    ({"worker": {"keda": {"address": "redis://r:6379/0"}}}, "at '/worker/keda/address'"),
+    ({"worker": {"keda": {"streamLength": 0}}}, "at '/worker/keda/streamLength'"),
+    (
+        {"worker": {"keda": {"passwordFromEnv": "REDIS-PASSWORD"}}},
+        "at '/worker/keda/passwordFromEnv'",
+    ),
+    ({"serving": {"jobsEnabled": "yes"}}, "at '/serving/jobsEnabled'"),
     ({"nginx": {"image": {"tag": 1.25}}}, "at '/nginx/image/tag': got number, want string"),
     (
         {"tolerations": [{"key": "nvidia.com/gpu", "opertor": "Exists"}]},
@@ -1055,6 +1185,9 @@ def test_an_example_with_a_wrong_type_or_unknown_key_fails_the_example_checks(
 
 
 DIGEST = "sha256:" + "0" * 64
+# The job queue every pod shares, for the worker's tests.
+JOBS_SECRET = {"name": "serving-jobs", "key": "url"}
+QUEUE_URL = "redis://redis.queue.svc:6379/0"
 TEMPLATE_REFUSALS = [
     ({}, EMPTY_TAG_MESSAGE),
     (
@@ -1103,6 +1236,47 @@ TEMPLATE_REFUSALS = [
         "autoscaling.enabled needs a metric",
     ),
     ({"nginx": {"metricsPort": 8080}}, "nginx.port and nginx.metricsPort are both 8080"),
+    (
+        {"worker": {"enabled": True}},
+        "worker.enabled needs a job queue every pod shares: set serving.jobsUrl",
+    ),
+    (
+        {"worker": {"keda": {"enabled": True}}},
+        "worker.keda.enabled scales the worker Deployment: set worker.enabled too",
+    ),
+    (
+        {"worker": {"enabled": True, "keda": {"enabled": True}}, "serving": {"jobsUrl": QUEUE_URL}},
+        "worker.keda.enabled needs worker.queue, the name of the handler the image runs",
+    ),
+    (
+        {
+            "worker": {"enabled": True, "queue": "minilm", "keda": {"enabled": True}},
+            "serving": {"jobsUrlSecret": JOBS_SECRET},
+        },
+        "worker.keda.enabled needs the queue's Redis as KEDA reaches it (host:port, not a URL)",
+    ),
+    (
+        {
+            "worker": {"enabled": True, "queue": "minilm", "keda": {"enabled": True}},
+            "serving": {"jobsUrl": "redis://:secret@redis:6379/0"},
+        },
+        "serving.jobsUrl carries a password, which KEDA cannot take from the URL",
+    ),
+    (
+        {
+            "worker": {
+                "enabled": True,
+                "queue": "minilm",
+                "keda": {"enabled": True, "minReplicaCount": 5, "maxReplicaCount": 2},
+            },
+            "serving": {"jobsUrl": QUEUE_URL},
+        },
+        "worker.keda.minReplicaCount (5) is larger than worker.keda.maxReplicaCount (2)",
+    ),
+    (
+        {"worker": {"keda": {"address": "redis:6379", "addressFromEnv": "REDIS_ADDRESS"}}},
+        "worker.keda.address and worker.keda.addressFromEnv are both set: keep one",
+    ),
 ]
 
 
@@ -1467,3 +1641,394 @@ def test_the_batch_command_takes_the_flags_the_chart_passes() -> None:
         serving_core_main(["batch", "--help"])
     for flag in ("--input", "--output", "--shards"):
         assert flag in help_text.getvalue(), flag
+
+
+# --- the job worker: `serving-core worker` as a Deployment, scaled by KEDA --------
+
+
+def with_worker(values: dict[str, Any] | None = None, **worker: Any) -> dict[str, Any]:
+    """``values`` with the worker on, over the shared Redis queue it needs, and a tag."""
+    values = tagged(values or {})
+    values.setdefault("serving", {}).setdefault("jobsUrl", QUEUE_URL)
+    values["worker"] = {"enabled": True, **values.get("worker", {}), **worker}
+    return values
+
+
+def worker_container(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    (container,) = find(docs, "Deployment", "worker")["spec"]["template"]["spec"]["containers"]
+    return container  # type: ignore[no-any-return]
+
+
+def test_worker_is_off_by_default_and_so_are_jobs(chart: helm.Chart) -> None:
+    docs = render(chart, tagged({}))
+    assert not [
+        d for d in docs if d["metadata"]["labels"].get("app.kubernetes.io/component") == "worker"
+    ]
+    assert env_of(containers(find(docs, "Deployment"))["app"])["SERVING_JOBS_ENABLED"] == "false"
+
+
+@pytest.mark.parametrize("kube_version", KUBE_VERSIONS)
+def test_worker_deployment_renders_valid_and_runs_serving_core_worker(
+    chart: helm.Chart, kube_version: str
+) -> None:
+    docs = render(chart, VALUE_SETS["values-worker"])
+    validate(docs, kube_version)
+    deployment = find(docs, "Deployment", "worker")
+    assert deployment["metadata"]["name"] == "demo-serving-core-worker"
+    pod = deployment["spec"]["template"]
+    # No nginx: nothing but the kubelet and Prometheus calls it.
+    assert [c["name"] for c in pod["spec"]["containers"]] == ["worker"]
+    container = worker_container(docs)
+    assert container["command"] == ["serving-core", "worker"]
+    assert container["image"] == containers(find(docs, "Deployment"))["app"]["image"]
+    # Its own pods: no server Service, budget or policy selects them.
+    labels = pod["metadata"]["labels"]
+    assert labels["app.kubernetes.io/component"] == "worker"
+    for service in (d for d in docs if d["kind"] == "Service"):
+        selects = service["spec"]["selector"].items() <= labels.items()
+        component = service["metadata"]["labels"]["app.kubernetes.io/component"]
+        assert selects == (component == "worker-metrics"), service["metadata"]["name"]
+
+
+def test_worker_env_is_the_servers_with_its_own_bind(chart: helm.Chart) -> None:
+    serving = {
+        "handler": "handlers/other/handler.py",
+        "device": "cuda",
+        "dtype": "float16",
+        "jobsUrlSecret": JOBS_SECRET,
+        "jobsUrl": "",
+    }
+    docs = render(chart, with_worker({"serving": serving}))
+    app, worker = containers(find(docs, "Deployment"))["app"], worker_container(docs)
+    assert [e for e in worker["env"] if e["name"] != "SERVING_BIND"] == [
+        e for e in app["env"] if e["name"] != "SERVING_BIND"
+    ]
+    (url,) = [e for e in worker["env"] if e["name"] == "SERVING_JOBS_URL"]
+    assert url["valueFrom"]["secretKeyRef"] == JOBS_SECRET
+    settings = Settings.from_env(serving_env(worker), cores=2)
+    # TCP: `serving-core worker` refuses a unix: bind, and the kubelet probes this port.
+    assert settings.bind == "0.0.0.0:9090"
+    assert settings.handler == "handlers/other/handler.py"
+    assert settings.jobs_url.startswith("redis://")
+    assert worker["securityContext"] == app["securityContext"]
+    assert worker["resources"] == app["resources"]
+
+
+def test_worker_probes_ask_its_own_port(chart: helm.Chart) -> None:
+    docs = render(chart, with_worker(port=9191))
+    worker = worker_container(docs)
+    assert worker["ports"] == [{"name": "metrics", "containerPort": 9191, "protocol": "TCP"}]
+    assert env_of(worker)["SERVING_BIND"] == "0.0.0.0:9191"
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert worker[probe]["httpGet"] == {"path": "/healthz", "port": "metrics"}, probe
+    # The handler loads before the port opens: minutes, as for the server.
+    startup = worker["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 300
+    assert worker["livenessProbe"]["periodSeconds"] == 10
+
+
+@pytest.mark.parametrize(
+    ("serving_workers", "worker_workers", "expected"),
+    [(0, 0, None), (5, 0, "5"), (5, 2, "2"), (0, 3, "3")],
+)
+def test_worker_processes_default_to_the_servers(
+    chart: helm.Chart, serving_workers: int, worker_workers: int, expected: str | None
+) -> None:
+    values = with_worker({"serving": {"workers": serving_workers}}, workers=worker_workers)
+    assert env_of(worker_container(render(chart, values))).get("SERVING_WORKERS") == expected
+
+
+def test_worker_resources_override_the_servers(chart: helm.Chart) -> None:
+    resources = {"requests": {"cpu": "8", "memory": "4Gi"}, "limits": {"cpu": "8", "memory": "6Gi"}}
+    assert worker_container(render(chart, with_worker(resources=resources)))["resources"] == (
+        resources
+    )
+
+
+def test_worker_grace_period_covers_the_batch_in_hand(chart: helm.Chart) -> None:
+    def grace(values: dict[str, Any]) -> int:
+        deployment = find(render(chart, values), "Deployment", "worker")
+        return deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]  # type: ignore[no-any-return]
+
+    assert grace(with_worker({"serving": {"gracefulTimeoutSeconds": 20.5}})) == 21 + 5
+    assert grace(with_worker(terminationGracePeriodSeconds=120)) == 120
+
+
+def test_without_keda_the_worker_replica_count_applies(chart: helm.Chart) -> None:
+    docs = render(chart, with_worker(replicaCount=3))
+    assert find(docs, "Deployment", "worker")["spec"]["replicas"] == 3
+    assert "ScaledObject" not in {d["kind"] for d in docs}
+
+
+@pytest.mark.parametrize(
+    ("worker_enabled", "jobs_enabled", "expected"),
+    [(False, None, "false"), (True, None, "true"), (True, False, "false"), (False, True, "true")],
+)
+def test_post_jobs_follows_the_worker_unless_set(
+    chart: helm.Chart, worker_enabled: bool, jobs_enabled: bool | None, expected: str
+) -> None:
+    values = with_worker() if worker_enabled else tagged({"serving": {"jobsUrl": QUEUE_URL}})
+    if jobs_enabled is not None:
+        values["serving"]["jobsEnabled"] = jobs_enabled
+    app = containers(find(render(chart, values), "Deployment"))["app"]
+    assert env_of(app)["SERVING_JOBS_ENABLED"] == expected
+    assert Settings.from_env(serving_env(app), cores=2).jobs_enabled is (expected == "true")
+
+
+def test_worker_metrics_have_their_own_service_and_service_monitor(chart: helm.Chart) -> None:
+    values = with_worker({"metrics": {"serviceMonitor": {"enabled": True}}}, port=9191)
+    docs = render(chart, values)
+    deployment = find(docs, "Deployment", "worker")
+    service = find(docs, "Service", "worker-metrics")
+    assert service["metadata"]["name"] == "demo-serving-core-worker-metrics"
+    assert service["spec"]["type"] == "ClusterIP"
+    assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+    assert service["spec"]["ports"] == [
+        {"name": "metrics", "port": 9191, "targetPort": "metrics", "protocol": "TCP"}
+    ]
+    monitor = find(docs, "ServiceMonitor", "worker")
+    assert (
+        monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    )
+    assert [e["port"] for e in monitor["spec"]["endpoints"]] == ["metrics"]
+    # The server's ServiceMonitor still selects the server's metrics Service only.
+    server_selector = find(docs, "ServiceMonitor")["spec"]["selector"]["matchLabels"]
+    assert not server_selector.items() <= service["metadata"]["labels"].items()
+
+
+@pytest.mark.parametrize("kube_version", KUBE_VERSIONS)
+def test_worker_pods_take_the_pod_knobs_and_the_network_policy(
+    chart: helm.Chart, kube_version: str
+) -> None:
+    values = with_worker(
+        POD_KNOBS | {"networkPolicy": {"enabled": True, "metricsFrom": [MONITORING]}}
+    )
+    docs = render(chart, values)
+    validate(docs, kube_version)
+    deployment = find(docs, "Deployment", "worker")
+    pod = deployment["spec"]["template"]
+    for key in ("nodeSelector", "tolerations", "affinity", "runtimeClassName", "priorityClassName"):
+        assert pod["spec"][key] == POD_KNOBS[key], key
+    assert pod["metadata"]["annotations"] == POD_KNOBS["podAnnotations"]
+    (spread,) = pod["spec"]["topologySpreadConstraints"]
+    assert spread["labelSelector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+    worker = worker_container(docs)
+    assert worker["env"][-2:] == POD_KNOBS["extraEnv"]
+    assert POD_KNOBS["extraVolumes"][0] in pod["spec"]["volumes"]
+    assert POD_KNOBS["extraVolumeMounts"][0] in worker["volumeMounts"]
+    policy = find(docs, "NetworkPolicy", "worker")
+    assert policy["spec"]["podSelector"] == deployment["spec"]["selector"]
+    assert policy["spec"]["ingress"] == [
+        {"ports": [{"port": "metrics", "protocol": "TCP"}], "from": [MONITORING]}
+    ]
+
+
+def test_worker_writes_only_to_emptydirs(chart: helm.Chart) -> None:
+    docs = render(chart, with_worker())
+    pod = find(docs, "Deployment", "worker")["spec"]["template"]["spec"]
+    worker = worker_container(docs)
+    assert worker["securityContext"]["readOnlyRootFilesystem"] is True
+    empty_dirs = {v["name"] for v in pod["volumes"] if "emptyDir" in v}
+    writable = {m["mountPath"] for m in worker["volumeMounts"] if m["name"] in empty_dirs}
+    assert writable == {"/tmp", env_of(worker)["SERVING_METRICS_DIR"]}
+
+
+def test_worker_names_fit_what_kubernetes_allows(chart: helm.Chart) -> None:
+    values = with_worker(queue="minilm", keda={"enabled": True})
+    docs = render(chart, values, name="a-very-long-release-name-for-a-sentence-embedding-service")
+    worker_parts = ("worker", "worker-metrics")
+    names = [
+        d["metadata"]["name"]
+        for d in docs
+        if d["metadata"]["labels"].get("app.kubernetes.io/component") in worker_parts
+    ]
+    assert len(names) == 3
+    assert all(len(name) <= 63 for name in names), names
+
+
+# --- KEDA: the ScaledObject on the queue's length ----------------------------------
+
+
+def scaled_object(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    return find(docs, "ScaledObject", "worker")
+
+
+def redis_trigger(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    (trigger,) = scaled_object(docs)["spec"]["triggers"]
+    assert trigger["type"] == "redis-streams"
+    return trigger  # type: ignore[no-any-return]
+
+
+def test_keda_is_off_by_default(chart: helm.Chart) -> None:
+    assert "ScaledObject" not in {d["kind"] for d in render(chart, with_worker())}
+
+
+@pytest.mark.parametrize("kube_version", KUBE_VERSIONS)
+def test_scaled_object_scales_the_worker_on_its_streams_length(
+    chart: helm.Chart, kube_version: str
+) -> None:
+    docs = render(chart, VALUE_SETS["values-worker"])
+    validate(docs, kube_version)
+    deployment = find(docs, "Deployment", "worker")
+    spec = scaled_object(docs)["spec"]
+    assert spec["scaleTargetRef"] == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "name": deployment["metadata"]["name"],
+        "envSourceContainerName": worker_container(docs)["name"],
+    }
+    assert (spec["minReplicaCount"], spec["maxReplicaCount"]) == (1, 20)
+    assert (spec["pollingInterval"], spec["cooldownPeriod"]) == (15, 300)
+    trigger = redis_trigger(docs)
+    assert trigger["metadata"] == {
+        "stream": "serving-core:jobs:{all-minilm-l6-v2}:stream",
+        "streamLength": "128",
+        "activationLagCount": "0",
+        "address": "redis-master.queue.svc:6379",
+        "passwordFromEnv": "REDIS_PASSWORD",
+        "databaseIndex": "0",
+        "enableTLS": "false",
+    }
+    assert "authenticationRef" not in trigger
+    # KEDA owns the worker's replica count.
+    assert "replicas" not in deployment["spec"]
+
+
+def test_the_stream_is_the_one_the_redis_queue_writes(chart: helm.Chart) -> None:
+    docs = render(chart, with_worker(queue="all-minilm-l6-v2", keda={"enabled": True}))
+    settings = Settings.from_env({"SERVING_JOBS_URL": QUEUE_URL}, cores=2)
+    queue = RedisJobQueue(settings, "all-minilm-l6-v2")  # connects on first use only
+    assert redis_trigger(docs)["metadata"]["stream"] == queue.stream
+    # streamLength mode is XLEN, which counts jobs queued and running alike since
+    # finished entries are deleted. KEDA reads a consumerGroup (ours is GROUP) as a
+    # switch to its pendingEntriesCount mode, which would count the running ones only.
+    assert GROUP == "workers"
+    assert "consumerGroup" not in redis_trigger(docs)["metadata"]
+
+
+def test_the_minilm_example_names_the_minilm_handlers_queue() -> None:
+    handler = (ROOT / "handlers" / "minilm" / "handler.py").read_text()
+    queue = VALUE_SETS["values-worker"]["worker"]["queue"]
+    assert re.search(rf'^\s+name = "{re.escape(queue)}"$', handler, re.MULTILINE)
+
+
+def test_the_keda_password_variable_is_in_the_workers_environment(chart: helm.Chart) -> None:
+    docs = render(chart, VALUE_SETS["values-worker"])
+    variable = redis_trigger(docs)["metadata"]["passwordFromEnv"]
+    (entry,) = [e for e in worker_container(docs)["env"] if e["name"] == variable]
+    assert entry["valueFrom"]["secretKeyRef"]["name"] == JOBS_SECRET["name"]
+
+
+@pytest.mark.parametrize(
+    ("url", "address", "database", "tls"),
+    [
+        ("redis://redis.queue.svc:6380/3", "redis.queue.svc:6380", "3", "false"),
+        ("rediss://redis.example.com/1", "redis.example.com:6379", "1", "true"),
+        ("redis://redis", "redis:6379", "0", "false"),
+    ],
+)
+def test_keda_takes_the_redis_address_from_a_plain_jobs_url(
+    chart: helm.Chart, url: str, address: str, database: str, tls: str
+) -> None:
+    values = with_worker({"serving": {"jobsUrl": url}}, queue="minilm", keda={"enabled": True})
+    docs = render(chart, values)
+    validate(docs, "1.33")
+    metadata = redis_trigger(docs)["metadata"]
+    assert (metadata["address"], metadata["databaseIndex"], metadata["enableTLS"]) == (
+        address,
+        database,
+        tls,
+    )
+
+
+@pytest.mark.parametrize(
+    "keda",
+    [
+        {"addressFromEnv": "REDIS_ADDRESS", "usernameFromEnv": "REDIS_USER", "databaseIndex": 2},
+        {"authenticationRef": "redis-auth", "enableTLS": True},
+        {"address": "redis:6379", "minReplicaCount": 0, "activationLagCount": 5},
+    ],
+    ids=["address-from-env", "trigger-authentication", "scale-to-zero"],
+)
+def test_keda_with_a_secret_url_and_every_metadata_value_a_string(
+    chart: helm.Chart, keda: dict[str, Any]
+) -> None:
+    values = with_worker(
+        {"serving": {"jobsUrl": "", "jobsUrlSecret": JOBS_SECRET}},
+        queue="minilm",
+        keda={"enabled": True, **keda},
+    )
+    docs = render(chart, values)
+    validate(docs, "1.33")
+    trigger = redis_trigger(docs)
+    assert all(isinstance(v, str) for v in trigger["metadata"].values()), trigger["metadata"]
+    if "authenticationRef" in keda:
+        assert trigger["authenticationRef"] == {"name": keda["authenticationRef"]}
+        assert "address" not in trigger["metadata"]
+    for key in ("addressFromEnv", "usernameFromEnv", "address"):
+        if key in keda:
+            assert trigger["metadata"][key] == keda[key]
+    assert trigger["metadata"]["databaseIndex"] == str(keda.get("databaseIndex", 0))
+    assert trigger["metadata"]["enableTLS"] == str(keda.get("enableTLS", False)).lower()
+    assert scaled_object(docs)["spec"]["minReplicaCount"] == keda.get("minReplicaCount", 1)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            lambda so: so["spec"]["triggers"][0]["metadata"].update(streamLength=64),
+            "is not of type",
+        ),
+        (lambda so: so["spec"]["scaleTargetRef"].pop("name"), "'name' is a required property"),
+        (lambda so: so["spec"].update(replicas=3), "Additional properties are not allowed"),
+    ],
+    ids=["number-in-metadata", "no-target", "unknown-field"],
+)
+def test_the_scaled_object_schema_refuses_what_keda_would(
+    chart: helm.Chart, change: Any, message: str
+) -> None:
+    docs = render(chart, VALUE_SETS["values-worker"])
+    so = copy.deepcopy(scaled_object(docs))
+    change(so)
+    with pytest.raises(jsonschema.ValidationError, match=re.escape(message)):
+        jsonschema.validate(so, SCALED_OBJECT_SCHEMA)
+
+
+def test_the_worker_command_and_its_health_routes_exist() -> None:
+    assert "worker" in serving_core_commands()
+    consumer = (ROOT / "serving_core" / "consumer.py").read_text()
+    assert '"/healthz"' in consumer
+    assert '"/metrics"' in consumer
+
+
+def readme_block(marker: str) -> dict[str, Any]:
+    readme = (CHART / "README.md").read_text()
+    block = re.search(rf"```yaml\n(# {re.escape(marker)}.*?)```", readme, re.S)
+    assert block, f"README.md lost the {marker} block"
+    return yaml.safe_load(block.group(1))  # type: ignore[no-any-return]
+
+
+def test_readmes_time_lag_pair_renders_a_fast_server_and_slow_workers(chart: helm.Chart) -> None:
+    fast_docs = render(chart, readme_block("fast.yaml"), name="fast")
+    slow_docs = render(chart, readme_block("slow.yaml"), name="slow")
+    for docs in (fast_docs, slow_docs):
+        validate(docs, "1.33")
+    fast = env_of(containers(find(fast_docs, "Deployment"))["app"])
+    assert fast["SERVING_FOLLOWUP_QUEUE"] == "all-minilm-l6-v2"
+    assert "worker" not in {
+        d["metadata"]["labels"].get("app.kubernetes.io/component") for d in fast_docs
+    }
+    slow = redis_trigger(slow_docs)["metadata"]
+    assert slow["stream"] == "serving-core:jobs:{all-minilm-l6-v2}:stream"
+    assert find(slow_docs, "Deployment")["spec"]["replicas"] == 0
+    # One Redis: both releases read SERVING_JOBS_URL from the same Secret key.
+    urls = [
+        e["valueFrom"]["secretKeyRef"]
+        for docs in (fast_docs, slow_docs)
+        for c in serving_core_containers(docs)
+        for e in c["env"]
+        if e["name"] == "SERVING_JOBS_URL"
+    ]
+    assert len(urls) == 3
+    assert all(url == urls[0] for url in urls)

@@ -13,6 +13,7 @@ import pytest
 import yaml
 from docker.utils.build import exclude_paths
 
+from serving_core.settings import Settings
 from tests.container.dockerfile import Instruction, Stage, expand, parse
 from tests.servers import ROOT
 
@@ -184,14 +185,15 @@ def test_the_torch_variant_build_argument_picks_the_torch_index() -> None:
     assert build.index(arg) < build.index(handler_install)
 
 
-def test_the_app_is_reachable_only_through_nginx() -> None:
+@pytest.mark.parametrize("service", ["app", "worker", "redis"])
+def test_the_app_worker_and_redis_are_reachable_only_inside(service: str) -> None:
     services = compose()["services"]
     networks = compose()["networks"]
-    assert "ports" not in services["app"]
-    for network in services["app"]["networks"]:
+    assert "ports" not in services[service]
+    for network in services[service]["networks"]:
         assert networks[network].get("internal") is True, network
     assert services["nginx"]["ports"]
-    assert set(services["app"]["networks"]) <= set(services["nginx"]["networks"])
+    assert set(services[service]["networks"]) <= set(services["nginx"]["networks"])
 
 
 def test_nginx_starts_after_the_app_is_healthy_and_both_are_checked() -> None:
@@ -212,3 +214,57 @@ def test_nginx_and_the_app_read_the_same_limits() -> None:
     assert nginx["NGINX_UPSTREAM"] == f"app:{app_port}"
     # The app refuses unknown SERVING_* names at start-up: nginx-only settings are NGINX_*.
     assert all(not k.startswith("SERVING_") or k in shared for k in nginx)
+
+
+# --- the job queue: Redis and `serving-core worker` beside the app ---------------
+
+
+@pytest.mark.parametrize("service", ["app", "worker", "redis", "nginx"])
+def test_every_service_runs_read_only_without_capabilities(service: str) -> None:
+    spec = compose()["services"][service]
+    assert spec["read_only"] is True
+    assert spec["tmpfs"] == ["/tmp"]
+    assert spec["cap_drop"] == ["ALL"]
+    assert spec["security_opt"] == ["no-new-privileges:true"]
+    assert spec.get("user", "") not in {"root", "0"}
+
+
+def test_the_worker_runs_the_apps_image_over_the_apps_queue() -> None:
+    services = compose()["services"]
+    app, worker = services["app"], services["worker"]
+    assert worker["image"] == app["image"]
+    assert worker["build"] == app["build"]
+    assert worker["command"] == ["serving-core", "worker"]
+    # POST /jobs on the app lands where the worker takes its jobs: one Redis.
+    queue = app["environment"]["SERVING_JOBS_URL"]
+    assert worker["environment"]["SERVING_JOBS_URL"] == queue
+    assert queue.startswith("redis://redis:")
+    assert worker["environment"]["SERVING_LOG_LEVEL"] == app["environment"]["SERVING_LOG_LEVEL"]
+    # Both start: every SERVING_* name is a setting, and the worker binds TCP.
+    for spec in (app, worker):
+        Settings.from_env({k: str(v) for k, v in spec["environment"].items()}, cores=2)
+    assert not worker["environment"]["SERVING_BIND"].startswith("unix:")
+
+
+def test_the_workers_health_check_asks_its_own_bind() -> None:
+    worker = compose()["services"]["worker"]
+    test = worker["healthcheck"]["test"]
+    assert test[:3] == ["CMD", "serving-core", "healthcheck"]
+    assert test[test.index("--path") + 1] == "/healthz"
+    # A model loads before the worker's port opens.
+    assert worker["healthcheck"]["start_period"] == "120s"
+
+
+def test_the_app_and_worker_start_after_redis_is_healthy() -> None:
+    services = compose()["services"]
+    for service in ("app", "worker"):
+        assert services[service]["depends_on"]["redis"]["condition"] == "service_healthy"
+    redis = services["redis"]
+    assert redis["image"] == "redis:7-alpine"
+    assert redis["healthcheck"]["test"] == ["CMD", "redis-cli", "ping"]
+    # The queue's accepted jobs survive a restart: append-only file on a volume.
+    command = redis["command"]
+    assert command[command.index("--appendonly") + 1] == "yes"
+    (volume,) = redis["volumes"]
+    assert volume.split(":")[1] == "/data"
+    assert volume.split(":")[0] in compose()["volumes"]
