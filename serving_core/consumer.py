@@ -110,16 +110,16 @@ class Master:
         self.stopping = False
 
     def run(self) -> int:
-        limit_master_threads()
-        self.loaded.handler.setup()
-        limit_master_threads()  # a handler may import torch only in setup()
-        signal.signal(signal.SIGTERM, self._stop)
-        signal.signal(signal.SIGINT, self._stop)
         if self.settings.bind.startswith("unix:"):
             raise ValueError(
                 f"SERVING_BIND={self.settings.bind}: serving-core worker serves /healthz and "
                 "/metrics over TCP; set SERVING_BIND=0.0.0.0:9090 (or 127.0.0.1:PORT)"
             )
+        limit_master_threads()
+        self.loaded.handler.setup()
+        limit_master_threads()  # a handler may import torch only in setup()
+        signal.signal(signal.SIGTERM, self._stop)
+        signal.signal(signal.SIGINT, self._stop)
         for slot in range(self.settings.workers):
             self._fork(slot)
         # After the first forks, so they start without its thread (a respawned
