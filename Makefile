@@ -7,7 +7,7 @@ PIP := $(BIN)/python -m pip
 # Every process that tokenises: the Rust tokenizer's own thread pool is not
 # fork-safe and fights the model for the cores.
 export TOKENIZERS_PARALLELISM := false
-SYSTEM_PACKAGES := nginx redis-server shellcheck gettext-base
+SYSTEM_PACKAGES := nginx redis-server shellcheck gettext-base chromium
 
 # Every install goes through constraints.txt, so a handler's unpinned torch gets
 # the tested version. The torch index is an extra index (PyPI stays the main

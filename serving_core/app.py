@@ -9,11 +9,11 @@ import time
 import uuid
 from typing import Any
 
-from flask import Flask, Response, g, request
+from flask import Flask, Response, g, request, send_from_directory
 from flask_restful import Api, Resource
-from werkzeug.exceptions import HTTPException
+from werkzeug.exceptions import HTTPException, NotFound
 
-from . import arrival, encoding, openapi
+from . import arrival, docs, encoding, openapi
 from .errors import BadRequest, ServingError
 from .metrics import CONTENT_TYPE, Metrics
 from .params import request_params
@@ -64,8 +64,13 @@ def create_app(settings: Settings, service: Service, metrics: Metrics) -> Flask:
         service.handler.version,
         service.handler.input_schema,
         jobs=settings.jobs_enabled,
+        example=service.loaded.sample,
     )
     api.add_resource(OpenAPI, "/openapi.json", resource_class_args=(document,))
+    if settings.docs_enabled:
+        # Plain routes, not Resources: HTML and static files, not JSON. When
+        # serving-core has API keys, these go behind them like every route.
+        _add_docs(app, docs.page(service.name))
 
     app.before_request(_start_request)
     app.after_request(_tag_response)
@@ -83,6 +88,20 @@ def create_app(settings: Settings, service: Service, metrics: Metrics) -> Flask:
     app.register_error_handler(HTTPException, error_response)
     app.register_error_handler(Exception, error_response)
     return app
+
+
+def _add_docs(app: Flask, html: str) -> None:
+    assets = docs.assets_dir()
+
+    @app.get("/docs")
+    def docs_page() -> Response:
+        return Response(html, mimetype="text/html")
+
+    @app.get("/docs/<name>")
+    def docs_asset(name: str) -> Response:
+        if name not in docs.ASSETS:
+            raise NotFound()
+        return send_from_directory(assets, name, max_age=3600)
 
 
 class ErrorFunnelApi(Api):  # type: ignore[misc]

@@ -113,13 +113,23 @@ def _jobs(name: str, body: dict[str, Any]) -> dict[str, Any]:
 
 
 def document(
-    name: str, version: str, input_schema: dict[str, Any] | None, *, jobs: bool = False
+    name: str,
+    version: str,
+    input_schema: dict[str, Any] | None,
+    *,
+    jobs: bool = False,
+    example: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """``example`` (the handler's ``sample.json``) becomes the JSON body's example,
+    the body the docs page's "Try it out" starts from."""
     params = input_schema or {"type": "object"}
+    json_body: dict[str, Any] = {"schema": params}
+    if example is not None:
+        json_body["example"] = example
     body = {
         "required": True,
         "content": {
-            "application/json": {"schema": params},
+            "application/json": json_body,
             "application/x-www-form-urlencoded": {"schema": params},
             "multipart/form-data": {"schema": params},
         },
