@@ -11,6 +11,11 @@ it needs:
 Everything else (the error log, files, syslog, ``--log-config``, reopening on
 ``USR1``) is gunicorn's, unchanged; the line still goes through the
 ``gunicorn.access`` logger, so a logging config may route or silence it.
+
+``JsonAccessLogger`` (``SERVING_LOG_FORMAT=json``) writes gunicorn's error log
+and the access line as JSON objects (``serving_core.logs.JsonFormatter``); the
+access line's fields are the same few values, plus the route the app matched
+(the app leaves it in the WSGI environ under ``ROUTE_KEY``).
 """
 
 from __future__ import annotations
@@ -21,18 +26,17 @@ from typing import Any
 
 from gunicorn.glogging import Logger
 
+from .logs import ROUTE_KEY, JsonFormatter
+
 _FORMAT = '%s "%s %s %s" %s %s %dms request_id=%s'
+_JSON_MESSAGE = "%s %s %s"
 
 
 class AccessLogger(Logger):  # type: ignore[misc]
     def access(self, resp: Any, req: Any, environ: dict[str, Any], request_time: timedelta) -> None:
         if not self.access_log_enabled:
             return
-        request_id = "-"
-        for name, value in resp.headers:
-            if len(name) == 12 and name.lower() == "x-request-id":
-                request_id = value
-                break
+        request_id = _request_id(resp)
         status = resp.status
         if isinstance(status, str):
             status = status.split(None, 1)[0]
@@ -49,5 +53,46 @@ class AccessLogger(Logger):  # type: ignore[misc]
                 request_time.seconds * 1000 + request_time.microseconds // 1000,
                 request_id,
             )
+        except Exception:
+            self.error(traceback.format_exc())
+
+
+def _request_id(resp: Any) -> str:
+    for name, value in resp.headers:
+        if len(name) == 12 and name.lower() == "x-request-id":
+            return str(value)
+    return "-"
+
+
+class JsonAccessLogger(Logger):  # type: ignore[misc]
+    def setup(self, cfg: Any) -> None:
+        super().setup(cfg)
+        formatter = JsonFormatter()
+        for log in (self.error_log, self.access_log):
+            for handler in log.handlers:
+                if getattr(handler, "_gunicorn", False):
+                    handler.setFormatter(formatter)
+
+    def access(self, resp: Any, req: Any, environ: dict[str, Any], request_time: timedelta) -> None:
+        if not self.access_log_enabled:
+            return
+        status = resp.status
+        if isinstance(status, str):
+            status = status.split(None, 1)[0]
+        method = environ["REQUEST_METHOD"]
+        path = environ["RAW_URI"]
+        try:
+            status = int(status)
+            fields = {
+                "request_id": _request_id(resp),
+                "method": method,
+                "path": path,
+                "route": environ.get(ROUTE_KEY),
+                "status": status,
+                "duration_ms": round(request_time.total_seconds() * 1000, 3),
+                "bytes": getattr(resp, "sent", None),
+                "remote_addr": environ.get("REMOTE_ADDR"),
+            }
+            self.access_log.info(_JSON_MESSAGE, method, path, status, extra={"fields": fields})
         except Exception:
             self.error(traceback.format_exc())

@@ -15,6 +15,7 @@ from werkzeug.exceptions import HTTPException, NotFound
 
 from . import arrival, docs, encoding, openapi
 from .errors import BadRequest, ServingError
+from .logs import ROUTE_KEY
 from .metrics import CONTENT_TYPE, Metrics
 from .params import request_params
 from .service import Service, status_url
@@ -80,6 +81,7 @@ def create_app(settings: Settings, service: Service, metrics: Metrics) -> Flask:
         rule = request.url_rule
         # Unmatched paths share one label: a scanner must not create series.
         route = rule.rule if rule is not None else "unmatched"
+        request.environ[ROUTE_KEY] = route  # for the JSON access line
         now = time.monotonic()
         metrics.request(route, response.status_code, now - g.get("arrival", now))
         return response
@@ -221,10 +223,12 @@ def _json_response(data: Any, code: int, headers: Any = None) -> Response:
     try:
         body = encoding.dumps(data)
     except TypeError as exc:
+        request_id = g.get("request_id")
         log.error(
             "request %s: the handler's output is not JSON-serialisable: %s",
-            g.get("request_id"),
+            request_id,
             exc,
+            extra={"fields": {"request_id": request_id}},
         )
         return error_response(exc)
     response = Response(body, status=code, mimetype="application/json")
@@ -253,7 +257,11 @@ def error_response(exc: Exception) -> Response:
         if allow:
             headers["Allow"] = allow
     else:
-        log.exception("request %s failed with an unexpected error", request_id)
+        log.exception(
+            "request %s failed with an unexpected error",
+            request_id,
+            extra={"fields": {"request_id": request_id}},
+        )
         status = 500
         body = {
             "error": {

@@ -68,7 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"serving-core: {seen}", file=sys.stdout if healthy else sys.stderr)
         return 0 if healthy else 1
     if args.command == "batch":
-        _configure_logging(settings.log_level)
+        _configure_logging(settings)
         return batch.main(args, settings, os.environ)
     return _load_and_run(args, settings)
 
@@ -82,7 +82,7 @@ def _load_and_run(args: argparse.Namespace, settings: Settings) -> int:
     try:
         if args.command == "check":
             settings = dataclasses.replace(settings, handler=args.handler)
-        _configure_logging(settings.log_level)
+        _configure_logging(settings)
         if args.command in ("serve", "worker"):
             # Before the handler is imported: it might import prometheus_client.
             enable_multiprocess(settings.metrics_dir)
@@ -170,12 +170,10 @@ def _init(name: str, parent: str) -> int:
     return 0
 
 
-def _configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(),
-        format="%(asctime)s [%(process)d] [%(levelname)s] %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+def _configure_logging(settings: Settings) -> None:
+    from . import logs
+
+    logs.configure(settings.log_level, settings.log_format)
 
 
 if __name__ == "__main__":

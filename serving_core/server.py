@@ -84,7 +84,8 @@ def gunicorn_options(settings: Settings, service: Service) -> dict[str, Any]:
         "accesslog": "-",
         "errorlog": "-",
         # The same line as before, without gunicorn's per-request atoms dict.
-        "logger_class": "serving_core.accesslog.AccessLogger",
+        "logger_class": "serving_core.accesslog."
+        + ("JsonAccessLogger" if settings.log_format == "json" else "AccessLogger"),
         "post_fork": post_fork,
         "worker_exit": worker_exit,
         "child_exit": child_exit,

@@ -1,0 +1,58 @@
+"""Log lines as text (the default) or as one JSON object per line (``SERVING_LOG_FORMAT=json``).
+
+A JSON line holds ``time`` (UTC, ISO 8601), ``level``, ``logger``,
+``message`` and ``pid``, then the record's ``fields``: what a caller passed as
+``extra={"fields": {...}}`` (the access line passes the request's id, method,
+path, route, status and duration). A traceback goes under ``exception``, as
+one string, so a line is always one object a log shipper can parse.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+
+from .settings import LogFormat
+
+# Where the app leaves the route it matched, in the WSGI environ, for the access line.
+ROUTE_KEY = "serving_core.route"
+TEXT_FORMAT = "%(asctime)s [%(process)d] [%(levelname)s] %(name)s: %(message)s"
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record, encoded with orjson."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+            "pid": record.process,
+        }
+        fields = getattr(record, "fields", None)
+        if fields:
+            entry.update(fields)
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        if record.stack_info:
+            entry["stack"] = self.formatStack(record.stack_info)
+        # default=str: a handler may log any object; the line must still be written.
+        return orjson.dumps(entry, default=str).decode()
+
+
+def formatter(log_format: LogFormat) -> logging.Formatter:
+    return JsonFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT)
+
+
+def configure(level: str, log_format: LogFormat) -> None:
+    """The root logger: every ``serving_core.*`` logger and the handler's own write here."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(formatter(log_format))
+    logging.basicConfig(level=level.upper(), handlers=[handler])
+    # warnings.warn() would print bare text to stderr; as log records they are JSON too.
+    logging.captureWarnings(log_format == "json")
