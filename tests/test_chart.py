@@ -15,6 +15,7 @@ import copy
 import dataclasses
 import hashlib
 import io
+import json
 import re
 import shutil
 import subprocess
@@ -2032,3 +2033,85 @@ def test_readmes_time_lag_pair_renders_a_fast_server_and_slow_workers(chart: hel
     ]
     assert len(urls) == 3
     assert all(url == urls[0] for url in urls)
+
+
+# --- the Grafana dashboard ConfigMap and the PrometheusRule ----------------------
+
+
+def monitoring_values(**rule: Any) -> dict[str, Any]:
+    return tagged(
+        {
+            "serving": {"requestTimeoutSeconds": 4},
+            "metrics": {
+                "grafanaDashboard": {"enabled": True},
+                "prometheusRule": {"enabled": True, "labels": {"release": "kps"}, **rule},
+            },
+        }
+    )
+
+
+def test_dashboard_and_alerts_are_off_by_default(chart: helm.Chart) -> None:
+    kinds = {d["kind"] for d in render(chart, tagged({}))}
+    assert "PrometheusRule" not in kinds
+    assert "ConfigMap" not in kinds or all(
+        "grafana_dashboard" not in d["metadata"]["labels"]
+        for d in render(chart, tagged({}))
+        if d["kind"] == "ConfigMap"
+    )
+
+
+@pytest.mark.parametrize("kube_version", KUBE_VERSIONS)
+def test_dashboard_configmap_carries_the_dashboard_for_grafanas_sidecar(
+    chart: helm.Chart, kube_version: str
+) -> None:
+    assert lint_errors(monitoring_values(), kube_version) == []
+    docs = render(chart, monitoring_values())
+    (configmap,) = [
+        d for d in docs if d["kind"] == "ConfigMap" and "dashboard" in d["metadata"]["name"]
+    ]
+    kubernetes_validate.validate(configmap, kube_version, strict=True)
+    assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
+    dashboard = CHART / "dashboards" / "serving-core.json"
+    assert json.loads(configmap["data"]["serving-core.json"]) == json.loads(dashboard.read_text())
+    # deploy/grafana's file is this one (a link), so the two cannot drift.
+    assert (ROOT / "deploy/grafana/serving-core.json").resolve() == dashboard.resolve()
+
+
+def test_prometheus_rule_has_the_alerts_of_deploy_with_the_releases_deadline(
+    chart: helm.Chart,
+) -> None:
+    from tests.test_dashboard import PROMETHEUS_RULE_SCHEMA, RULES, metric_names, rule_exprs
+
+    docs = render(chart, monitoring_values(errorRatio=0.02))
+    rule = (
+        find(docs, "PrometheusRule")
+        if False
+        else next(d for d in docs if d["kind"] == "PrometheusRule")
+    )
+    jsonschema.validate(rule, PROMETHEUS_RULE_SCHEMA)
+    assert rule["metadata"]["labels"]["release"] == "kps"
+    standalone = yaml.safe_load(RULES.read_text())
+    alerts = {r["alert"]: r for group in rule["spec"]["groups"] for r in group["rules"]}
+    assert set(alerts) == {r["alert"] for g in standalone["spec"]["groups"] for r in g["rules"]}
+    for expr in rule_exprs(rule):
+        assert 'namespace="serving"' in expr
+        # The same metrics as the standalone rules, which a real server exports.
+        assert metric_names(expr) <= set().union(*map(metric_names, rule_exprs(standalone)))
+    assert alerts["ServingCoreP99OverDeadline"]["expr"].rstrip().endswith("> 4")
+    assert alerts["ServingCoreHigh5xxRate"]["expr"].rstrip().endswith("> 0.02")
+    assert "{{ $labels.job }}" in alerts["ServingCoreSustained503"]["annotations"]["description"]
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"metrics": {"prometheusRule": {"errorRatio": 2}}},
+        {"metrics": {"prometheusRule": {"severity": "page"}}},
+        {"metrics": {"grafanaDashboard": {"folder": "x"}}},
+    ],
+)
+def test_monitoring_values_outside_the_schema_are_refused(
+    chart: helm.Chart, values: dict[str, Any]
+) -> None:
+    with pytest.raises(Exception, match=r"(?i)schema|additional|maximum"):
+        render(chart, tagged(values))
