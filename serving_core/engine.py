@@ -122,6 +122,9 @@ class Engine:
             return self._call(items[:middle], contexts[:middle], calls) + self._call(
                 items[middle:], contexts[middle:], calls
             )
+        except ServingError as exc:
+            # The handler chose the answer (a pipeline's 502 naming its stage).
+            return [exc for _ in contexts]
         except Exception:
             ids = ", ".join(c.request_id for c in contexts)
             log.exception("the handler failed on a batch of %d (request ids: %s)", len(items), ids)

@@ -67,6 +67,13 @@ class DeadlineExceeded(ServingError):
     type = "deadline_exceeded"
 
 
+class BadGateway(ServingError):
+    """A pipeline's required stage failed; the message names the stage."""
+
+    status = 502
+    type = "bad_gateway"
+
+
 class ModelError(ServingError):
     """The handler failed; the message is generic, the log has the traceback."""
 

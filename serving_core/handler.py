@@ -38,6 +38,17 @@ class Handler:
       Its return value is what the model thread receives.
     - ``predict_batch(items)`` or ``predict(item)``: on the worker's single model thread.
     - ``postprocess(output, params)``: where the request runs, as ``preprocess``.
+    - ``ready()``: whether this worker can answer now, asked by ``/readyz``
+      (keep it cheap: it is polled); True by default.
+
+    ``concurrent = True`` changes where ``predict`` runs: where the request
+    runs, one item per call, many calls at once, with no batcher and no model
+    thread (``SERVING_MAX_QUEUE`` caps the requests in flight per worker;
+    beyond it, 503). It is for handlers that wait rather than compute, such as
+    a pipeline calling other services (``serving_core.pipeline``): their
+    requests must not queue behind one another. ``predict`` must then be safe
+    to call concurrently, and under the gevent worker it should wait on
+    sockets (which yield) rather than compute (which holds up the worker).
     """
 
     name: ClassVar[str] = ""
@@ -52,12 +63,19 @@ class Handler:
     #: False keeps this handler's answers out of the inference cache (a model
     #: that samples, or answers that depend on the time).
     cacheable: ClassVar[bool] = True
+    #: True: ``predict`` runs where the request runs, concurrently, without the
+    #: batcher (see the class docstring); only ``predict``, not ``predict_batch``.
+    concurrent: ClassVar[bool] = False
 
     def setup(self) -> None:
         """Load the model; runs once in the master before the workers fork."""
 
     def setup_worker(self) -> None:
         """Per-worker initialisation after fork."""
+
+    def ready(self) -> bool:
+        """Whether this worker can answer now; ``/readyz`` asks it (keep it cheap)."""
+        return True
 
     def preprocess(self, params: Params) -> Any:
         return params

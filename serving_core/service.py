@@ -2,7 +2,9 @@
 
 ``prepare`` and ``finish`` (validation, pre- and postprocessing) run where the
 request runs; the model call runs on the worker's model thread, which the
-batcher feeds. ``start`` runs after fork (it starts that thread) and takes
+batcher feeds. A ``concurrent`` handler (a pipeline) has no batcher: its
+``predict`` runs where the request runs, at most ``SERVING_MAX_QUEUE`` at once.
+``start`` runs after fork (it starts that thread) and takes
 what only the worker knows: how many connections it holds and what a waiting
 request waits on. ``stop`` runs at worker exit. Imports no Flask.
 """
@@ -10,6 +12,7 @@ request waits on. ``stop`` runs at worker exit. Imports no Flask.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import CancelledError, Future
@@ -21,7 +24,7 @@ from .cache import Cache, CacheObserver, CacheResult, from_settings
 from .context import Context
 from .dispatch import make_policy
 from .engine import Engine
-from .errors import Conflict, DeadlineExceeded, NotFound, NotReady, Overloaded
+from .errors import Conflict, DeadlineExceeded, NotFound, NotReady, Overloaded, ServingError
 from .handler import Output, Params
 from .jobs import Job, JobQueue, QueueFull, QueueUnavailable, open_queue
 from .loading import LoadedHandler
@@ -55,6 +58,11 @@ class Service:
         # pool may be shared by forked processes.
         self.jobs: JobQueue | None = None
         self.followup: JobQueue | None = None
+        # A concurrent handler's requests in flight in this worker (no batcher).
+        self.concurrent = loaded.handler.concurrent
+        self._in_flight = 0
+        self._in_flight_lock = threading.Lock()
+        self._serving = False
 
     # -- lifecycle ----------------------------------------------------------
 
@@ -77,6 +85,11 @@ class Service:
             self.jobs = open_queue(self.settings, self.name)
         if self.settings.followup_queue:
             self.followup = open_queue(self.settings, self.settings.followup_queue)
+        if self.concurrent:
+            # No model thread to start or warm: predict runs in the requests. (Nor
+            # is the sample run: a pipeline's stages may start after it does.)
+            self._serving = True
+            return
         policy = make_policy(
             self.settings.batch_policy,
             max_batch_size=self.max_batch_size,
@@ -103,13 +116,16 @@ class Service:
         for queue in (self.jobs, self.followup):
             if queue is not None:
                 queue.close()
+        self._serving = False
         if self.batcher is None:
             return True
         return self.batcher.stop(self.settings.graceful_timeout_s)
 
     @property
     def ready(self) -> bool:
-        return self.batcher is not None and self.batcher.alive
+        if self.concurrent:
+            return self._serving and self.handler.ready()
+        return self.batcher is not None and self.batcher.alive and self.handler.ready()
 
     # -- requests -----------------------------------------------------------
 
@@ -122,18 +138,20 @@ class Service:
         timeout_s: float | None = None,
     ) -> Output:
         """Prepare, batch, finish; raises ``ServingError`` subclasses."""
-        if self.batcher is None:
+        if self.batcher is None and not (self.concurrent and self._serving):
             raise NotReady("the model is not loaded yet; retry after /readyz answers 200")
         now = time.monotonic()
         arrival = now if arrival is None else arrival
         deadline = self._deadline(arrival, timeout_s)
         if deadline <= now:
-            self.batcher.rejected("deadline_passed")
+            self._rejected("deadline_passed")
             raise DeadlineExceeded(
                 f"the request waited {now - arrival:.3f} s before reaching the app (in a proxy "
                 "or the server's connection queue), past its deadline; retry later"
             )
         ctx = Context(request_id, deadline)
+        if self.batcher is None:
+            return self._predict_here(params, ctx)
         item = self.engine.prepare(params, ctx)
         pending = self.batcher.submit(item, ctx, arrival=arrival)
         try:
@@ -145,6 +163,35 @@ class Service:
                 "retry later or ask for a longer timeout"
             ) from None
         return self.engine.finish(output, params, ctx)
+
+    def _predict_here(self, params: Params, ctx: Context) -> Output:
+        """A concurrent handler: every step in this request, at most max_queue at once."""
+        with self._in_flight_lock:
+            if self._in_flight >= self.settings.max_queue:
+                self._rejected("queue_full")
+                raise Overloaded(
+                    f"{self._in_flight} requests are in flight in this worker "
+                    f"(SERVING_MAX_QUEUE={self.settings.max_queue}); retry after the "
+                    "Retry-After delay",
+                    reason="queue_full",
+                    retry_after_s=1.0,
+                )
+            self._in_flight += 1
+        try:
+            item = self.engine.prepare(params, ctx)
+            (result,) = self.engine.run([item], [ctx]).results
+        finally:
+            with self._in_flight_lock:
+                self._in_flight -= 1
+        if isinstance(result, ServingError):
+            raise result
+        return self.engine.finish(result, params, ctx)
+
+    def _rejected(self, reason: str) -> None:
+        if self.batcher is not None:
+            self.batcher.rejected(reason)
+        elif self._observer is not None:
+            self._observer.rejected(reason)
 
     def answer(
         self,
@@ -256,6 +303,7 @@ class Service:
     def metadata(self) -> dict[str, Any]:
         batching: dict[str, Any] = {
             "batched": self.batched,
+            "concurrent": self.concurrent,
             "max_batch_size": self.max_batch_size,
             "max_queue": self.settings.max_queue,
             "request_timeout_s": self.settings.request_timeout_s,
