@@ -128,7 +128,10 @@ def main(args: argparse.Namespace, settings: Settings, environ: Mapping[str, str
             source_at = input_location(args.input, args.input_table, args.input_query)
             sink_at = output_location(args.output, args.output_table)
             loaded = load_handler(
-                args.handler or settings.handler, device=settings.device, dtype=settings.dtype
+                args.handler or settings.handler,
+                device=settings.device,
+                dtype=settings.dtype,
+                environ=environ,
             )
             on_result = cache_writer(settings, loaded.handler) if args.warm_cache else None
             # The output first: SQLite output switches the file to WAL before a

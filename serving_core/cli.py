@@ -86,7 +86,9 @@ def _load_and_run(args: argparse.Namespace, settings: Settings) -> int:
         if args.command in ("serve", "worker"):
             # Before the handler is imported: it might import prometheus_client.
             enable_multiprocess(settings.metrics_dir)
-        loaded = load_handler(settings.handler, device=settings.device, dtype=settings.dtype)
+        loaded = load_handler(
+            settings.handler, device=settings.device, dtype=settings.dtype, environ=os.environ
+        )
     except (SettingsError, HandlerError) as exc:
         print(f"serving-core: error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
@@ -125,13 +127,10 @@ def _check(settings: Settings, loaded: LoadedHandler, raw_params: str | None) ->
         except ValueError as exc:
             print(f"serving-core: error: --params is not JSON: {exc}", file=sys.stderr)
             return EXIT_CONFIG
-    elif loaded.sample is not None:
+    elif loaded.sample is not None and not _unset_stage_urls(loaded):
         params = loaded.sample
     else:
-        print(
-            f"serving-core: {loaded.source} loaded; no sample.json beside it and no --params, "
-            "so nothing was run",
-        )
+        print(_nothing_run(loaded))
         return 0
     if not isinstance(params, dict):
         print("serving-core: error: the request parameters must be a JSON object", file=sys.stderr)
@@ -150,6 +149,26 @@ def _check(settings: Settings, loaded: LoadedHandler, raw_params: str | None) ->
         return EXIT_PREDICT
     print(encoding.dumps(result).decode())
     return 0
+
+
+def _nothing_run(loaded: LoadedHandler) -> str:
+    unset = _unset_stage_urls(loaded)
+    if loaded.sample is not None and unset:
+        # A pipeline's sample needs its stages up; make check runs without them.
+        return (
+            f"serving-core: {loaded.source} loaded (a pipeline); its sample was not run: "
+            f"the stage URL variable(s) {', '.join(unset)} are not set"
+        )
+    return (
+        f"serving-core: {loaded.source} loaded; no sample.json beside it and no --params, "
+        "so nothing was run"
+    )
+
+
+def _unset_stage_urls(loaded: LoadedHandler) -> list[str]:
+    from .pipeline import Pipeline
+
+    return loaded.handler.spec.unset() if isinstance(loaded.handler, Pipeline) else []
 
 
 def _init(name: str, parent: str) -> int:

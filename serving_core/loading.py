@@ -2,9 +2,11 @@
 
 Accepted forms: a file (``handlers/minilm/handler.py``), a folder holding
 ``handler.py``, or a module path (``handlers.minilm.handler``); any of them may
-end in ``:ClassName`` to pick one class. Every failure is a ``HandlerError``
-whose message names the file and says how to fix it; ``serving-core serve``
-prints it and stops before fork.
+end in ``:ClassName`` to pick one class. A pipeline file
+(``handlers/iris-pipeline/pipeline.yaml``), or a folder holding one and no
+``handler.py``, is served by a ``serving_core.pipeline.Pipeline`` built from it.
+Every failure is a ``HandlerError`` whose message names the file and says how
+to fix it; ``serving-core serve`` prints it and stops before fork.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import importlib.util
 import inspect
 import json
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -21,7 +24,7 @@ from typing import Any
 
 import jsonschema
 
-from .handler import Handler, has_predict
+from .handler import Handler, has_predict, is_batched
 
 
 class HandlerError(Exception):
@@ -35,15 +38,37 @@ class LoadedHandler:
     sample: dict[str, Any] | None  # sample.json beside handler.py, if any
 
 
-def load_handler(spec: str, *, device: str = "cpu", dtype: str = "float32") -> LoadedHandler:
+PIPELINE_FILE = "pipeline.yaml"
+
+
+def load_handler(
+    spec: str,
+    *,
+    device: str = "cpu",
+    dtype: str = "float32",
+    environ: Mapping[str, str] | None = None,
+) -> LoadedHandler:
     """Import the module named by ``spec`` and instantiate its one ``Handler`` subclass.
 
     ``device`` and ``dtype`` (``SERVING_DEVICE``, ``SERVING_DTYPE``) become the
     handler's ``self.device`` and ``self.dtype``, read from ``setup()`` on.
+    ``environ`` is where a pipeline file's stage URL variables are looked up
+    (the CLI passes ``os.environ``); without it they are all unset.
     """
+    pipeline_file = _pipeline_file(spec)
+    if pipeline_file is not None:
+        from .pipeline import load
+
+        pipeline = load(pipeline_file, environ or {})
+        return LoadedHandler(pipeline, str(pipeline_file), _sample_at(pipeline_file.parent))
     target, _, class_name = spec.partition(":")
     module, source = _import(target)
     cls = _pick_class(module, source, class_name)
+    if cls.concurrent and is_batched(cls):
+        raise HandlerError(
+            f"{source}: {cls.__name__} sets concurrent = True and implements predict_batch; a "
+            "concurrent handler runs one item per call: implement predict(item) instead"
+        )
     if not has_predict(cls):
         raise HandlerError(
             f"{source}: {cls.__name__} implements neither predict(params) -> dict nor "
@@ -60,6 +85,20 @@ def load_handler(spec: str, *, device: str = "cpu", dtype: str = "float32") -> L
     handler.device = device
     handler.dtype = dtype
     return LoadedHandler(handler, source, _sample(module))
+
+
+def _pipeline_file(spec: str) -> Path | None:
+    path = Path(spec)
+    if path.suffix in (".yaml", ".yml"):
+        if not path.is_file():
+            raise HandlerError(
+                f"pipeline file {path} does not exist; set SERVING_HANDLER to a pipeline.yaml "
+                "file or its folder"
+            )
+        return path
+    if path.is_dir() and not (path / "handler.py").exists() and (path / PIPELINE_FILE).is_file():
+        return path / PIPELINE_FILE
+    return None
 
 
 def _import(target: str) -> tuple[ModuleType, str]:
@@ -152,7 +191,11 @@ def _check_schema(cls: type[Handler], source: str) -> None:
 def _sample(module: ModuleType) -> dict[str, Any] | None:
     if module.__file__ is None:
         return None
-    sample = Path(module.__file__).parent / "sample.json"
+    return _sample_at(Path(module.__file__).parent)
+
+
+def _sample_at(folder: Path) -> dict[str, Any] | None:
+    sample = folder / "sample.json"
     if not sample.is_file():
         return None
     try:
