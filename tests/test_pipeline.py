@@ -1,0 +1,272 @@
+"""Pipelines end to end: real gunicorn processes for every stage and for the pipeline."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import requests
+import yaml
+
+from serving_core import pipeline
+from tests.conftest import PROBE
+from tests.servers import ROOT, Server, free_port, gunicorn_server
+
+pytestmark = pytest.mark.e2e
+
+SPECIES = ("setosa", "versicolor", "virginica")
+ONE_WORKER = {"SERVING_WORKERS": "1"}
+
+
+def post(server: Server, payload: dict, **kwargs) -> requests.Response:
+    return requests.post(server.url + "/predict", json=payload, timeout=30, **kwargs)
+
+
+def wait_for(condition, what: str, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout_s} s: {what}")
+        time.sleep(0.05)
+
+
+def write_pipeline(folder: Path, spec: dict) -> str:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "pipeline.yaml").write_text(yaml.safe_dump(spec))
+    return str(folder)
+
+
+# -- the iris example: three classifiers and a parallel pipeline ----------------
+
+
+@pytest.fixture(scope="module")
+def iris() -> Iterator[dict[str, Server]]:
+    with contextlib.ExitStack() as stack:
+        servers = {
+            species: stack.enter_context(
+                gunicorn_server({"SERVING_HANDLER": f"handlers/iris-{species}", **ONE_WORKER})
+            )
+            for species in SPECIES
+        }
+        urls = {f"IRIS_{species.upper()}_URL": servers[species].url for species in SPECIES}
+        servers["pipeline"] = stack.enter_context(
+            gunicorn_server({"SERVING_HANDLER": "handlers/iris-pipeline", **ONE_WORKER, **urls})
+        )
+        yield servers
+
+
+def test_the_iris_pipelines_best_label_agrees_with_one_vs_rest_on_the_whole_data_set(iris):
+    from sklearn.datasets import load_iris
+    from sklearn.multiclass import OneVsRestClassifier
+
+    from handlers.iris.onevsrest import FEATURES, estimator
+
+    features, target = load_iris(return_X_y=True)
+    expected = [
+        SPECIES[i] for i in OneVsRestClassifier(estimator()).fit(features, target).predict(features)
+    ]
+    rows = [dict(zip(FEATURES, map(float, row), strict=True)) for row in features]
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda row: post(iris["pipeline"], row), rows))
+    assert {a.status_code for a in answers} == {200}
+    bodies = [a.json() for a in answers]
+    assert [b["label"] for b in bodies] == expected
+    for body in bodies:
+        assert set(body["scores"]) == set(SPECIES)
+        assert body["probability"] == max(body["scores"].values())
+        assert [s["status"] for s in body["stages"]] == ["ran"] * 3
+
+
+def test_request_ids_show_up_in_every_stages_log(iris):
+    answer = post(iris["pipeline"], json_row(), headers={"X-Request-ID": "iris-trace-7"})
+    assert answer.status_code == 200
+    assert answer.headers["X-Request-ID"] == "iris-trace-7"
+    for name in (*SPECIES, "pipeline"):
+        wait_for(
+            lambda name=name: "request_id=iris-trace-7" in iris[name].output(),
+            f"the request id in {name}'s log",
+        )
+
+
+def test_with_one_classifier_stopped_the_pipeline_answers_with_the_other_two_and_an_error(iris):
+    stopped = iris["virginica"]
+    os.killpg(stopped.pid, signal.SIGSTOP)  # it accepts connections but never answers
+    try:
+        answer = post(iris["pipeline"], json_row(), headers={"X-Request-Timeout": "20"})
+    finally:
+        os.killpg(stopped.pid, signal.SIGCONT)
+    assert answer.status_code == 200
+    body = answer.json()
+    assert set(body["scores"]) == {"setosa", "versicolor"}
+    assert body["label"] == "setosa"
+    # The stage's own timeout (1 s in pipeline.yaml), not the request's 20 s, cut it off.
+    assert body["results"]["virginica"] == {
+        "error": {"type": "timeout", "message": "no answer within 1.000 s"}
+    }
+    stages = {s["stage"]: s for s in body["stages"]}
+    assert stages["virginica"]["status"] == "skipped"
+    assert stages["virginica"]["reason"]["type"] == "timeout"
+    assert stages["setosa"]["status"] == stages["versicolor"]["status"] == "ran"
+
+
+def json_row() -> dict[str, float]:
+    return {"sepal_length": 5.1, "sepal_width": 3.5, "petal_length": 1.4, "petal_width": 0.2}
+
+
+# -- serial pipelines over the probe handler -----------------------------------
+
+
+@pytest.fixture(scope="module")
+def probe() -> Iterator[Server]:
+    with gunicorn_server({"SERVING_HANDLER": PROBE, **ONE_WORKER}) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def serial(probe, tmp_path_factory) -> Iterator[Server]:
+    folder = write_pipeline(
+        tmp_path_factory.mktemp("serial") / "serial",
+        {
+            "kind": "serial",
+            "stages": [
+                {"name": "first", "url_env": "PROBE_URL", "into": "first"},
+                {"name": "flaky", "url_env": "DOWN_URL", "optional": True, "retries": 1},
+                {"name": "last", "url_env": "PROBE_URL"},
+            ],
+        },
+    )
+    env = {
+        "SERVING_HANDLER": folder,
+        "PROBE_URL": probe.url,
+        "DOWN_URL": f"http://127.0.0.1:{free_port()}",  # nothing listens there
+        **ONE_WORKER,
+    }
+    with gunicorn_server(env) as server:
+        yield server
+
+
+def test_a_serial_pipeline_skips_an_optional_failing_stage_and_says_so(serial):
+    answer = post(serial, {"text": "hello"})
+    assert answer.status_code == 200
+    body = answer.json()
+    assert body["text"] == "hello"  # the last stage's answer
+    assert [(s["stage"], s["status"]) for s in body["stages"]] == [
+        ("first", "ran"),
+        ("flaky", "skipped"),
+        ("last", "ran"),
+    ]
+    flaky = body["stages"][1]
+    assert flaky["reason"]["type"] == "unavailable"
+    assert flaky["attempts"] == 2  # one retry: a refused connection never reached the stage
+    assert all(s["elapsed_ms"] >= 0 for s in body["stages"])
+
+
+def test_a_required_stage_that_fails_gives_a_json_502_naming_it(serial):
+    answer = post(serial, {"text": "hello", "fail": True})  # the probe answers 500
+    assert answer.status_code == 502
+    error = answer.json()["error"]
+    assert error["type"] == "bad_gateway"
+    assert error["message"].startswith("stage 'first' failed: HTTP 500 model_error")
+    assert error["details"]["stage"] == "first"
+
+
+# gevent: the stages are called from greenlets; gthread: from the pipeline's thread pool.
+@pytest.mark.parametrize("worker_class", ["gevent", "gthread"])
+def test_a_required_stage_that_is_down_gives_a_json_502_naming_it(probe, tmp_path, worker_class):
+    folder = write_pipeline(
+        tmp_path / "down",
+        {
+            "kind": "parallel",
+            "aggregate": "all",
+            "stages": [
+                {"name": "probe", "url_env": "PROBE_URL"},
+                {"name": "ranker", "url_env": "RANKER_URL", "retries": 0},
+            ],
+        },
+    )
+    env = {
+        "SERVING_HANDLER": folder,
+        "PROBE_URL": probe.url,
+        "RANKER_URL": f"http://127.0.0.1:{free_port()}",
+        "SERVING_WORKER_CLASS": worker_class,
+        **ONE_WORKER,
+    }
+    with gunicorn_server(env) as server:
+        answer = post(server, {"text": "hello"})
+    assert answer.status_code == 502
+    assert answer.headers["Content-Type"] == "application/json"
+    error = answer.json()["error"]
+    assert error["type"] == "bad_gateway"
+    assert error["message"].startswith("stage 'ranker' failed: connection failed")
+    assert [s["status"] for s in error["details"]["stages"]] == ["ran", "failed"]
+
+
+def test_readiness_asks_the_required_stages_when_the_file_says_so(probe, tmp_path):
+    path = Path(
+        write_pipeline(
+            tmp_path / "ready",
+            {
+                "kind": "serial",
+                "readiness": True,
+                "stages": [{"name": "probe", "url_env": "PROBE_URL"}],
+            },
+        )
+    )
+    up = pipeline.load(path / "pipeline.yaml", {"PROBE_URL": probe.url})
+    down = pipeline.load(path / "pipeline.yaml", {"PROBE_URL": f"http://127.0.0.1:{free_port()}"})
+    for one in (up, down):
+        one.setup_worker()
+    assert up.ready()
+    assert not down.ready()
+
+
+# -- prep→pred: two MiniLM services in series -----------------------------------
+
+
+@pytest.mark.model
+def test_prep_then_pred_gives_the_single_minilm_services_embeddings():
+    import numpy as np
+
+    from serving_core.context import Context
+    from serving_core.engine import Engine
+    from serving_core.loading import load_handler
+
+    texts = [
+        "Paris is the capital of France.",
+        "A man is playing a guitar on the street.",
+        "déjà vu " * 200,  # past 256 tokens: truncated the same way in both
+    ]
+    single = load_handler(str(ROOT / "handlers/minilm"))
+    single.handler.setup()
+    single.handler.setup_worker()
+    engine = Engine(single.handler, max_batch_size=16)
+    expected = engine.predict_many([{"text": t} for t in texts], [Context("ref")] * len(texts))
+    with contextlib.ExitStack() as stack:
+        prep = stack.enter_context(
+            gunicorn_server({"SERVING_HANDLER": "handlers/minilm-prep", **ONE_WORKER})
+        )
+        pred = stack.enter_context(
+            gunicorn_server({"SERVING_HANDLER": "handlers/minilm-ids", **ONE_WORKER})
+        )
+        env = {
+            "SERVING_HANDLER": "handlers/minilm-prep-pred",
+            "MINILM_PREP_URL": prep.url,
+            "MINILM_IDS_URL": pred.url,
+            **ONE_WORKER,
+        }
+        pair = stack.enter_context(gunicorn_server(env))
+        answers = [post(pair, {"text": t}) for t in texts]
+    for answer, reference in zip(answers, expected, strict=True):
+        assert answer.status_code == 200, answer.text
+        body = answer.json()
+        assert [s["stage"] for s in body["stages"]] == ["prep", "pred"]
+        got = np.array(body["embedding"])
+        want = np.asarray(reference["embedding"])
+        cosine = float(got @ want / (np.linalg.norm(got) * np.linalg.norm(want)))
+        assert cosine >= 0.9999
