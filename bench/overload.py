@@ -8,6 +8,14 @@ arrival), how many were answered within their deadline, and the 504s.
 
     .venv/bin/python bench/overload.py [--times 2] [--seconds 20] [--timeout-s 2]
         [--policy adaptive] [--connections 1500] [--rounds 3] [--env SERVING_X=Y ...]
+    .venv/bin/python bench/overload.py --times 0.5 1 2 4 --policy adaptive fixed
+    .venv/bin/python bench/overload.py --plot-only bench/figures/overload.json
+
+Several --times and --policy values run each pair in turn (one server per
+policy). The rows go to bench/figures/overload.json and the chart (latency
+percentiles and goodput against the offered rate, the bare limit as a line)
+to bench/figures/overload-latency.png (``bench/plots.py``); ``--plot-only``
+redraws it without measuring.
 
 Each round measures the bare-model limit again first (``bare_model.Bare``)
 and divides that round's goodput by it; the last line gives the medians.
@@ -26,6 +34,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench import plots  # noqa: E402
 from bench.bare_model import Bare  # noqa: E402
 from bench.served import wrk  # noqa: E402
 from bench.workload import SENTENCES  # noqa: E402
@@ -139,9 +148,9 @@ def percentile(values: list[float], q: float) -> float:
     )
 
 
-def one_round(url: str, limit: float, args: argparse.Namespace) -> dict[str, Any]:
+def one_round(url: str, limit: float, times: float, args: argparse.Namespace) -> dict[str, Any]:
     capacity = wrk(url, 32, 8)["ok_per_s"]
-    rate = args.times * capacity
+    rate = times * capacity
     cpu_before, wall_before = time.process_time(), time.monotonic()
     results, stale = asyncio.run(open_loop(url, rate, args.seconds, args.connections))
     client_cores = (time.process_time() - cpu_before) / (time.monotonic() - wall_before)
@@ -191,33 +200,52 @@ COLUMNS = [
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--times", type=float, default=2.0, help="offered load / capacity")
+    parser.add_argument(
+        "--times", type=float, nargs="+", default=[2.0], help="offered load / capacity"
+    )
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--timeout-s", type=float, default=2.0, help="SERVING_REQUEST_TIMEOUT_S")
-    parser.add_argument("--policy", default="adaptive")
+    parser.add_argument("--policy", nargs="+", default=["adaptive"])
     parser.add_argument("--connections", type=int, default=1500)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--env", nargs="*", default=[], help="extra SERVING_X=Y settings")
+    parser.add_argument("--plot-only", type=Path, help="redraw the chart from this JSON; no run")
     args = parser.parse_args()
-    env = {
-        "SERVING_BATCH_POLICY": args.policy,
-        "SERVING_REQUEST_TIMEOUT_S": str(args.timeout_s),
-        **dict(item.split("=", 1) for item in args.env),
-    }
+    if args.plot_only:
+        print("\n".join(f"wrote {p}" for p in plots.plot_file(args.plot_only)))
+        return
+    rows = []
+    with Bare() as bare:
+        for policy in args.policy:
+            env = {
+                "SERVING_BATCH_POLICY": policy,
+                "SERVING_REQUEST_TIMEOUT_S": str(args.timeout_s),
+                **dict(item.split("=", 1) for item in args.env),
+            }
+            with gunicorn_server(env) as server:
+                wrk(server.url, 8, 3)  # warm-up
+                for times in args.times:
+                    rows += _run(server.url, bare, policy, times, args)
+    saved = plots.save_rows("overload", rows)
+    print("\n".join(f"wrote {p}" for p in [saved, *plots.plot_file(saved)]))
+
+
+def _run(
+    url: str, bare: Bare, policy: str, times: float, args: argparse.Namespace
+) -> list[dict[str, Any]]:
     print(
-        f"open loop at {args.times:g}x the closed-loop capacity (c=32, measured each round), "
-        f"{args.seconds:g} s, up to {args.connections} connections, policy {args.policy}, "
+        f"\nopen loop at {times:g}x the closed-loop capacity (c=32, measured each round), "
+        f"{args.seconds:g} s, up to {args.connections} connections, policy {policy}, "
         f"deadline {args.timeout_s:g} s"
     )
     print("round " + " ".join(f"{h:>{len(f.format(0))}}" for _, h, f in COLUMNS))
     rows = []
-    with Bare() as bare, gunicorn_server(env) as server:
-        wrk(server.url, 8, 3)  # warm-up
-        for round_ in range(1, args.rounds + 1):
-            # The limit again right before this round: the VM's speed drifts.
-            row = one_round(server.url, bare.measure(3.0)["limit_per_s"], args)
-            rows.append(row)
-            print(f"{round_:>5} " + " ".join(f.format(row[k]) for k, _, f in COLUMNS), flush=True)
+    for round_ in range(1, args.rounds + 1):
+        # The limit again right before this round: the VM's speed drifts.
+        row = one_round(url, bare.measure(3.0)["limit_per_s"], times, args)
+        row.update(policy=policy, times=times, round=round_)
+        rows.append(row)
+        print(f"{round_:>5} " + " ".join(f.format(row[k]) for k, _, f in COLUMNS), flush=True)
     print(
         "median " + " ".join(f.format(statistics.median(r[k] for r in rows)) for k, _, f in COLUMNS)
     )
@@ -227,6 +255,7 @@ def main() -> None:
         "other: failed exchanges; stale: idle keep-alive connections the server had closed, "
         "retried on a new one (never reached the app); client: cores the load generator used"
     )
+    return rows
 
 
 if __name__ == "__main__":

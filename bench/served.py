@@ -9,6 +9,12 @@ own round's limit, and the summary gives the median of those ratios.
 
     .venv/bin/python bench/served.py [--policy adaptive fixed] [--concurrency 1 8 32]
         [--seconds 10] [--rounds 3] [--env SERVING_X=Y ...]
+    .venv/bin/python bench/served.py --plot-only bench/figures/served.json
+
+The rows go to bench/figures/served.json and the chart (throughput and
+latency against concurrency, the bare limit as a line) to
+bench/figures/served-throughput.png (``bench/plots.py``); ``--plot-only``
+redraws the chart from a saved JSON without measuring.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench import plots  # noqa: E402
 from bench.bare_model import Bare  # noqa: E402
 from bench.workload import SENTENCES  # noqa: E402
 from tests.servers import gunicorn_server  # noqa: E402
@@ -79,7 +86,11 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--env", nargs="*", default=[], help="extra SERVING_X=Y settings")
+    parser.add_argument("--plot-only", type=Path, help="redraw the chart from this JSON; no run")
     args = parser.parse_args()
+    if args.plot_only:
+        print("\n".join(f"wrote {p}" for p in plots.plot_file(args.plot_only)))
+        return
     extra = dict(item.split("=", 1) for item in args.env)
     rows: list[dict[str, Any]] = []
     with Bare() as bare:
@@ -129,6 +140,8 @@ def main() -> None:
                 f"{p50:>8.2f} {statistics.median(r['p99_ms'] for r in mine):>8.2f} "
                 f"{p50 - latency['one_thread']:>+30.2f}"
             )
+    saved = plots.save_rows("served", rows)
+    print("\n".join(f"wrote {p}" for p in [saved, *plots.plot_file(saved)]))
 
 
 if __name__ == "__main__":
