@@ -60,7 +60,13 @@ def test_the_app_counts_requests_by_route_and_status(client):
 
 @pytest.mark.e2e
 def test_metrics_add_up_across_two_workers_and_survive_a_dead_worker(tmp_path):
-    env = {"SERVING_HANDLER": PROBE, "SERVING_WORKERS": "2", "SERVING_METRICS_DIR": str(tmp_path)}
+    env = {
+        "SERVING_HANDLER": PROBE,
+        "SERVING_WORKERS": "2",
+        "SERVING_METRICS_DIR": str(tmp_path),
+        # Every request must reach the model for the batch sums to add up.
+        "SERVING_CACHE_SIZE": "0",
+    }
     (tmp_path / "counter_99999.db").write_bytes(b"stale")  # an earlier run's file
     with gunicorn_server(env) as server:
         wait_for_worker_pids(server.url, 2)
