@@ -69,15 +69,7 @@ def gunicorn_server(
         # Its own job queue file: the default one is shared by the whole machine.
         overrides.setdefault("SERVING_JOBS_PATH", str(Path(tmp) / "jobs.db"))
         log_path = Path(tmp) / "server.log"
-        with log_path.open("wb") as log:
-            process = subprocess.Popen(
-                [str(SERVING_CORE), "serve"],
-                cwd=ROOT,
-                env=base_env(overrides),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+        process = spawn("serve", overrides, log_path)
         server = Server(process, bind, url, log_path)
         try:
             if wait_ready:
@@ -87,6 +79,20 @@ def gunicorn_server(
             yield server
         finally:
             stop(process)
+
+
+def spawn(command: str, overrides: Mapping[str, str], log_path: Path) -> subprocess.Popen[bytes]:
+    """``serving-core COMMAND`` in a process group of its own (``stop`` ends it whole),
+    stdout and stderr into ``log_path``."""
+    with log_path.open("wb") as log:
+        return subprocess.Popen(
+            [str(SERVING_CORE), command],
+            cwd=ROOT,
+            env=base_env(overrides),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
 
 def stop(process: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None:
@@ -151,15 +157,7 @@ def job_worker(
         "SERVING_BIND": f"127.0.0.1:{port}",
         **overrides,
     }
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            [str(SERVING_CORE), "worker"],
-            cwd=ROOT,
-            env=base_env(env),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    process = spawn("worker", env, log_path)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + ready_timeout_s
