@@ -56,11 +56,14 @@ class Consumer:
     max_batch_size: int
     stopping: Callable[[], bool]
     observer: Callable[[int, int], None] = field(default=lambda done, failed: None)
+    # Each taken job's wait in the queue (submitted to started): the queue's lag.
+    on_taken: Callable[[list[float]], None] = field(default=lambda waits: None)
 
     def run(self) -> None:
         while not self.stopping():
             jobs = self.queue.take(self.name, self.max_batch_size, TAKE_WAIT_S)
             if jobs:
+                self.on_taken([_waited(job) for job in jobs])
                 self.run_batch(jobs)
 
     def run_batch(self, jobs: list[Job]) -> None:
@@ -73,15 +76,18 @@ class Consumer:
             raise
         if len(jobs) > 1:
             results = self._isolate(jobs, contexts, results)
-        done = failed = 0
+        finished: list[tuple[Job, Result]] = []
+        failed = 0
         for job, result in zip(jobs, results, strict=True):
             if isinstance(result, ServingError):
                 self.queue.fail(job, result.body()["error"], retry=result.status >= 500)
                 failed += 1
             else:
-                self.queue.complete(job, result)
-                done += 1
-        self.observer(done, failed)
+                finished.append((job, result))
+        # The whole batch's results in one commit (SQLite) or round trip (Redis): a
+        # commit per job cost about 5% of MiniLM's jobs/s.
+        self.queue.complete_many(finished)
+        self.observer(len(finished), failed)
 
     def _isolate(
         self, jobs: list[Job], contexts: list[Context], results: list[Result]
@@ -98,6 +104,11 @@ class Consumer:
         for i in failed:
             results[i] = self.engine.predict_many([jobs[i].params], [contexts[i]])[0]
         return results
+
+
+def _waited(job: Job) -> float:
+    """Seconds from submission to this attempt's start (both stamped by the queue)."""
+    return max(0.0, (job.started_at or job.created_at) - job.created_at)
 
 
 class Master:
@@ -203,6 +214,7 @@ class Master:
                 max_batch_size=engine.max_batch_size,
                 stopping=lambda: stop["asked"],
                 observer=metrics.jobs_finished,
+                on_taken=metrics.jobs_taken,
             ).run()
         finally:
             queue.close()

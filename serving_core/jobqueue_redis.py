@@ -150,8 +150,23 @@ class RedisJobQueue:
         return [self._job(row) for row in rows]
 
     def complete(self, job: Job, result: Any) -> None:
-        argv: list[Arg] = [GROUP, encoding.dumps(result), repr(time.time()), self.ttl_ms]
-        self._run(self._complete, [self.stream, self._job_key(job.id)], argv)
+        self.complete_many([(job, result)])
+
+    def complete_many(self, finished: Sequence[tuple[Job, Any]]) -> None:
+        if not finished:
+            return
+        now = repr(time.time())
+
+        def store() -> None:
+            # One round trip: a pipeline of the script's EVALSHAs (not a
+            # transaction; each script is atomic on its own, as in complete).
+            pipe = self.client.pipeline(transaction=False)
+            for job, result in finished:
+                argv: list[Arg] = [GROUP, encoding.dumps(result), now, self.ttl_ms]
+                self._complete(keys=[self.stream, self._job_key(job.id)], args=argv, client=pipe)
+            pipe.execute()
+
+        self._call(store)
 
     def fail(self, job: Job, error: dict[str, Any], *, retry: bool = True) -> None:
         now = time.time()

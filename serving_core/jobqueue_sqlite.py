@@ -233,15 +233,21 @@ class SqliteJobQueue:
         )
 
     def complete(self, job: Job, result: Any) -> None:
+        self.complete_many([(job, result)])
+
+    def complete_many(self, finished: Sequence[tuple[Job, Any]]) -> None:
+        if not finished:
+            return
         now = time.time()
         with self._transaction() as db:
-            # Any unfinished state, not only this lease: a slow consumer's result is
-            # as good as the next one's, and the first stored wins.
-            row = db.execute(
-                "SELECT status FROM jobs WHERE id = ? AND queue = ?", (job.id, self.queue)
-            ).fetchone()
-            if row is not None and row[0] in ("queued", "running"):
-                self._finish(db, job.id, "done", now, result=result)
+            for job, result in finished:
+                # Any unfinished state, not only this lease: a slow consumer's result
+                # is as good as the next one's, and the first stored wins.
+                row = db.execute(
+                    "SELECT status FROM jobs WHERE id = ? AND queue = ?", (job.id, self.queue)
+                ).fetchone()
+                if row is not None and row[0] in ("queued", "running"):
+                    self._finish(db, job.id, "done", now, result=result)
         self._purge(now)
 
     def fail(self, job: Job, error: dict[str, Any], *, retry: bool = True) -> None:

@@ -154,6 +154,11 @@ class JobQueue(Protocol):
         """Store the result, any JSON value (the first one stored wins), and finish the job."""
         ...
 
+    def complete_many(self, finished: Sequence[tuple[Job, Any]]) -> None:
+        """``complete`` for each (job, result) pair, in one transaction or round trip:
+        a consumer stores its whole batch at once, not a commit per job."""
+        ...
+
     def fail(self, job: Job, error: dict[str, Any], *, retry: bool = True) -> None:
         """This attempt failed: queue the job again, or dead-letter it after its last attempt.
 

@@ -25,6 +25,10 @@ LATENCY_BUCKETS_S = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 )  # fmt: skip
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+# Jobs wait from milliseconds (an idle worker) to hours (a backlog worked off slowly).
+JOB_WAIT_BUCKETS_S = (
+    0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0, 4 * 3600.0,
+)  # fmt: skip
 
 
 def enable_multiprocess(directory: str) -> str:
@@ -144,6 +148,13 @@ class Metrics:
             ["result"],
             registry=r,
         )
+        self.job_wait = Histogram(
+            "serving_job_wait_seconds",
+            "How long each job waited in the job queue, from submission to the start of the "
+            "attempt that took it: the queue's lag, as the worker sees it.",
+            buckets=JOB_WAIT_BUCKETS_S,
+            registry=r,
+        )
         for reason in ("queue_full", "predicted_late", "deadline_passed"):
             self.rejections.labels(reason)
         for outcome in ("done", "failed"):
@@ -187,6 +198,10 @@ class Metrics:
     def jobs_finished(self, done: int, failed: int) -> None:
         self.jobs.labels("done").inc(done)
         self.jobs.labels("failed").inc(failed)
+
+    def jobs_taken(self, waits_s: Sequence[float]) -> None:
+        for wait in waits_s:
+            self.job_wait.observe(wait)
 
     def exposition(self) -> bytes:
         if MULTIPROC_ENV not in os.environ:

@@ -199,6 +199,31 @@ def test_jobs_held_by_a_killed_consumer_are_handed_out_again_after_the_lease(
     assert queue.depth() == 0
 
 
+def test_a_batch_completed_at_once_stores_each_result_and_skips_finished_ones(
+    make_queue: MakeQueue,
+) -> None:
+    queue = make_queue()
+    ids = [queue.submit({"n": n}).id for n in range(5)]
+    taken = queue.take("w1", 5, 0)
+    assert [job.id for job in taken] == ids
+    cancelled = queue.submit({"n": 99})
+    assert queue.cancel(cancelled.id) is not None
+    queue.complete(taken[0], {"first": True})  # already done: its first result stays
+    late = queue.get(cancelled.id)
+    assert late is not None
+    queue.complete_many([(job, {"n": job.params["n"]}) for job in taken] + [(late, {"n": 99})])
+    queue.complete_many([])
+    stored = [queue.get(job_id) for job_id in ids]
+    assert [(j.status, j.result) for j in stored if j is not None] == [
+        ("done", {"first": True}),
+        *(("done", {"n": n}) for n in range(1, 5)),
+    ]
+    never = queue.get(cancelled.id)
+    assert never is not None
+    assert (never.status, never.result) == ("cancelled", None)
+    assert queue.depth() == 0
+
+
 def test_a_job_completed_twice_keeps_the_first_result(make_queue: MakeQueue) -> None:
     queue = make_queue(jobs_lease_s=0.2)
     job = queue.submit({"n": 1})

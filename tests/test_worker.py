@@ -155,6 +155,7 @@ def test_idempotency_cancel_and_expiry_through_the_server(queue_env, tmp_path):
             )
             metrics = requests.get(health_url + "/metrics", timeout=10).text
         assert 'serving_jobs_total{result="done"} 1.0' in metrics
+        assert "serving_job_wait_seconds_count 1.0" in metrics  # the cancelled one never ran
         # The cancelled job never ran; past the TTL, both answers expire.
         wait_for(
             lambda: session.get(f"{server.url}/jobs/{first}", timeout=10).status_code == 404,
