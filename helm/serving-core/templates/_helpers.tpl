@@ -202,7 +202,39 @@ makes Settings refuse to start, so refuse it here, at install time. */}}
 {{- if hasPrefix "SERVING_" $var.name }}
 {{- fail (printf "extraEnv sets %s, which is not a serving-core setting (serving-core would refuse to start): check the name against the serving values in values.yaml" $var.name) }}
 {{- end }}
+{{- if hasKey $.Values.pipeline.stageUrls $var.name }}
+{{- fail (printf "extraEnv sets %s, which pipeline.stageUrls sets too: keep it in pipeline.stageUrls" $var.name) }}
 {{- end }}
+{{- end }}
+{{- range $name, $url := .Values.pipeline.stageUrls }}
+{{- if hasPrefix "SERVING_" $name }}
+{{- fail (printf "pipeline.stageUrls sets %s, but SERVING_* names are serving-core's settings and no stage's url_env is one: use the name the pipeline file's url_env gives" $name) }}
+{{- end }}
+{{- end }}
+{{- $np := .Values.networkPolicy }}
+{{- if and (include "serving-core.egressLimited" .) (not $np.egress) }}
+{{- $redis := list }}
+{{- range $key := list "cacheUrl" "jobsUrl" }}
+{{- $url := get $s $key }}
+{{- if or (and $url (not (hasPrefix "unix:" $url))) (get $s (printf "%sSecret" $key)).name }}
+{{- $redis = append $redis (printf "serving.%s" $key) }}
+{{- end }}
+{{- end }}
+{{- if $redis }}
+{{- fail (printf "networkPolicy.enabled with pipeline.stageUrls limits the server pods' egress to DNS and the stages, but %s needs Redis: add a rule for it to networkPolicy.egress, e.g. [{to: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: redis}}}], ports: [{port: 6379, protocol: TCP}]}]" (join " and " $redis)) }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+"true" when the server pods' NetworkPolicy limits egress (empty otherwise): a
+pipeline's stages (pipeline.stageUrls) or networkPolicy.egress rules make it
+list what the pods may reach. Without either, egress stays open: a handler
+may call anything.
+*/}}
+{{- define "serving-core.egressLimited" -}}
+{{- $np := .Values.networkPolicy }}
+{{- if and $np.enabled (or .Values.pipeline.stageUrls $np.egress) }}true{{ end }}
 {{- end }}
 
 {{/*
@@ -211,7 +243,8 @@ container (call with (dict "ctx" $ "server" true): it also gets SERVING_BIND,
 gunicorn's socket), the worker container (dict "ctx" $ "bind" "0.0.0.0:9090"
 "workers" N: its health/metrics address, and its own SERVING_WORKERS unless N
 is 0) and the batch container (dict "ctx" $), the same settings, so all run
-the same handler the same way.
+the same handler the same way. A pipeline's stage URLs (pipeline.stageUrls,
+sorted by name) come before extraEnv.
 */}}
 {{- define "serving-core.env" -}}
 {{- $s := deepCopy .ctx.Values.serving }}
@@ -254,6 +287,10 @@ the same handler the same way.
 {{- end }}
 - name: SERVING_METRICS_DIR
   value: {{ include "serving-core.metricsDir" .ctx | quote }}
+{{- range $name, $url := .ctx.Values.pipeline.stageUrls }}
+- name: {{ $name }}
+  value: {{ $url | quote }}
+{{- end }}
 {{- with .ctx.Values.extraEnv }}
 {{ toYaml . }}
 {{- end }}
