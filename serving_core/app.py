@@ -9,12 +9,12 @@ import time
 import uuid
 from typing import Any
 
-from flask import Flask, Response, g, request, send_from_directory
+from flask import Flask, Response, current_app, g, request, send_from_directory
 from flask_restful import Api, Resource
 from werkzeug.exceptions import HTTPException, NotFound
 
-from . import arrival, docs, encoding, openapi
-from .errors import BadRequest, ServingError
+from . import access, arrival, docs, encoding, openapi
+from .errors import QUOTE_CHARS, BadRequest, ServingError, quote, shorten
 from .logs import ROUTE_KEY
 from .metrics import CONTENT_TYPE, Metrics
 from .params import request_params
@@ -22,6 +22,7 @@ from .service import Service, status_url
 from .settings import Settings
 
 log = logging.getLogger("serving_core.app")
+_ROUTES_HINT = "SERVING_ROUTES_HINT"
 
 REQUEST_ID = "X-Request-ID"
 # A client-sent id is echoed into logs and headers: keep it short and printable.
@@ -48,6 +49,10 @@ def create_app(settings: Settings, service: Service, metrics: Metrics) -> Flask:
     app.config["MAX_FORM_MEMORY_SIZE"] = settings.max_body_bytes
     # Flask's place for what an app serves; tests and tools find the service here.
     app.extensions["serving_core"] = service
+    # Reads the keys file: a bad one stops the master here, before fork.
+    guard = access.Guard(settings)
+    described = guard.serves_private_paths
+    app.config[_ROUTES_HINT] = "; see /openapi.json or /metadata for the API" if described else ""
 
     api = ErrorFunnelApi(app, catch_all_404s=True)
     api.representations = {"application/json": _json_response}
@@ -58,22 +63,26 @@ def create_app(settings: Settings, service: Service, metrics: Metrics) -> Flask:
         api.add_resource(JobStatus, "/jobs/<job_id>", resource_class_args=(service,))
     api.add_resource(Healthz, "/healthz")
     api.add_resource(Readyz, "/readyz", resource_class_args=(service,))
-    api.add_resource(Metadata, "/metadata", resource_class_args=(service,))
-    api.add_resource(MetricsEndpoint, "/metrics", resource_class_args=(metrics,))
-    document = openapi.document(
-        service.name,
-        service.handler.version,
-        service.handler.input_schema,
-        jobs=settings.jobs_enabled,
-        example=service.loaded.sample,
-    )
-    api.add_resource(OpenAPI, "/openapi.json", resource_class_args=(document,))
-    if settings.docs_enabled:
+    if described:
+        api.add_resource(Metadata, "/metadata", resource_class_args=(service,))
+        api.add_resource(MetricsEndpoint, "/metrics", resource_class_args=(metrics,))
+        document = openapi.document(
+            service.name,
+            service.handler.version,
+            service.handler.input_schema,
+            jobs=settings.jobs_enabled,
+            example=service.loaded.sample,
+        )
+        api.add_resource(OpenAPI, "/openapi.json", resource_class_args=(document,))
+    if settings.docs_enabled and described:
         # Plain routes, not Resources: HTML and static files, not JSON. When
         # serving-core has API keys, these go behind them like every route.
         _add_docs(app, docs.page(service.name))
 
     app.before_request(_start_request)
+    # After the request id is set: a 401 carries it too.
+    app.before_request(guard.check)
+    access.enable_cors(app, settings.cors_origins)
     app.after_request(_tag_response)
 
     @app.after_request
@@ -214,7 +223,7 @@ def _client_timeout() -> float | None:
         value = math.nan
     if not value > 0 or math.isinf(value):
         raise BadRequest(
-            f"X-Request-Timeout={raw!r} is not a positive number of seconds; send e.g. 2.5"
+            f"X-Request-Timeout={quote(raw)} is not a positive number of seconds; send e.g. 2.5"
         )
     return value
 
@@ -243,6 +252,7 @@ def error_response(exc: Exception) -> Response:
     headers: dict[str, str] = {}
     if isinstance(exc, ServingError):
         status, body = exc.status, exc.body()
+        headers.update(exc.headers)
         if exc.retry_after_s is not None:
             headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after_s)))
     elif isinstance(exc, HTTPException):
@@ -279,9 +289,11 @@ def error_response(exc: Exception) -> Response:
 
 def _http_message(exc: HTTPException, status: int) -> str:
     if status == 404:
-        return f"no route {request.path}; see /openapi.json or /metadata for the API"
+        path = shorten(request.path, QUOTE_CHARS)
+        return f"no route {path}{current_app.config.get(_ROUTES_HINT, '')}"
     if status == 405:
-        return f"{request.method} is not allowed on {request.path}"
+        method, path = shorten(request.method, 16), shorten(request.path, QUOTE_CHARS)
+        return f"{method} is not allowed on {path}"
     if status == 413:
         return "the request body is larger than SERVING_MAX_BODY_BYTES allows; send less"
     return exc.description or exc.name

@@ -26,12 +26,16 @@ import jsonschema
 
 from . import context
 from .context import Context
-from .errors import InvalidParams, ModelError, ServingError
+from .errors import QUOTE_CHARS, InvalidParams, ModelError, ServingError, quote, shorten
 from .handler import Handler, InvalidInput, Output, Params, call_batch, handler_name, is_batched
 
 log = logging.getLogger("serving_core.engine")
 
 Result = Output | ServingError
+# A 400 names this many schema errors at most, each quoting a short part of the
+# client's value: a body of a million bad items must not come back a million times.
+MAX_FIELD_ERRORS = 20
+MAX_MESSAGE_CHARS = 200
 
 
 @dataclass(frozen=True)
@@ -73,12 +77,13 @@ class Engine:
         errors = sorted(self._validator.iter_errors(params), key=lambda e: list(e.path))
         if errors:
             fields = [
-                {"field": "/".join(str(p) for p in e.path) or "(root)", "message": e.message}
-                for e in errors
+                {"field": shorten(_field(e), QUOTE_CHARS), "message": _message(e)}
+                for e in errors[:MAX_FIELD_ERRORS]
             ]
-            raise InvalidParams(
-                "; ".join(f"{f['field']}: {f['message']}" for f in fields), details=fields
-            )
+            message = "; ".join(f"{f['field']}: {f['message']}" for f in fields)
+            if len(errors) > MAX_FIELD_ERRORS:
+                message += f"; and {len(errors) - MAX_FIELD_ERRORS} more"
+            raise InvalidParams(message, details=fields)
 
     def prepare(self, params: Params, ctx: Context) -> Any:
         """Validate and preprocess one request: what ``run`` receives for it."""
@@ -183,3 +188,17 @@ class Engine:
         return ModelError(
             f"{hook} failed on this item; the log has the details under id {ctx.request_id}"
         )
+
+
+def _field(error: jsonschema.ValidationError) -> str:
+    return "/".join(str(p) for p in error.path) or "(root)"
+
+
+def _message(error: jsonschema.ValidationError) -> str:
+    """jsonschema's message with the client's value, which it quotes whole, cut short."""
+    message = error.message
+    whole = repr(error.instance)
+    if len(whole) > QUOTE_CHARS:
+        message = message.replace(whole, quote(error.instance))
+    # Other parts may quote the client too (an unexpected property's name).
+    return shorten(message, MAX_MESSAGE_CHARS)

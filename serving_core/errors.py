@@ -6,12 +6,34 @@ nothing here imports Flask, so the batcher and the service raise them too.
 
 from __future__ import annotations
 
+import reprlib
+from collections.abc import Mapping
 from typing import Any, ClassVar
+
+QUOTE_CHARS = 80
+# A bounded repr: a 1 MiB string or a deep structure costs no more than a short one.
+_QUOTE = reprlib.Repr()
+_QUOTE.maxstring = _QUOTE.maxother = QUOTE_CHARS
+_QUOTE.maxlevel = 3
+
+
+def quote(value: Any, limit: int = QUOTE_CHARS) -> str:
+    """``repr(value)`` cut to ``limit`` characters with an ellipsis: how an error
+    message names a client's value without echoing all of it back."""
+    text = _QUOTE.repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
+
+
+def shorten(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters with an ellipsis."""
+    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
 
 
 class ServingError(Exception):
     status: ClassVar[int] = 500
     type: ClassVar[str] = "internal_error"
+    # Sent with the error response (the HTTP layer adds them).
+    headers: ClassVar[Mapping[str, str]] = {}
 
     def __init__(
         self,
@@ -39,6 +61,14 @@ class BadRequest(ServingError):
 
 class InvalidParams(BadRequest):
     type = "invalid_input"
+
+
+class Unauthorized(ServingError):
+    """No API key, or not one of SERVING_API_KEYS; the message never repeats what was sent."""
+
+    status = 401
+    type = "unauthorized"
+    headers: ClassVar[Mapping[str, str]] = {"WWW-Authenticate": 'Bearer realm="serving-core"'}
 
 
 class UnsupportedMediaType(ServingError):

@@ -20,7 +20,7 @@ from werkzeug.datastructures import MultiDict
 from werkzeug.wrappers import Request
 
 from . import encoding
-from .errors import BadRequest, UnsupportedMediaType
+from .errors import QUOTE_CHARS, BadRequest, UnsupportedMediaType, quote, shorten
 
 MAX_FIELDS = 1000  # werkzeug's own default for multipart parts
 ACCEPTED = "application/json, application/x-www-form-urlencoded or multipart/form-data"
@@ -43,7 +43,7 @@ def body_params(request: Request) -> dict[str, Any]:
     if not mimetype and not _has_body(request):
         return {}
     raise UnsupportedMediaType(
-        f"unsupported Content-Type {request.content_type or '(none)'!r}; send {ACCEPTED}"
+        f"unsupported Content-Type {quote(request.content_type or '(none)')}; send {ACCEPTED}"
     )
 
 
@@ -88,7 +88,7 @@ def _urlencoded(data: bytes) -> dict[str, Any]:
     except UnicodeDecodeError:
         raise BadRequest("the form is not valid UTF-8; percent-encode UTF-8 text") from None
     except ValueError as exc:
-        raise BadRequest(f"malformed form body: {exc}") from None
+        raise BadRequest(f"malformed form body: {shorten(str(exc), QUOTE_CHARS)}") from None
     return _flatten(MultiDict(pairs))
 
 
@@ -97,7 +97,7 @@ def _multipart(request: Request) -> dict[str, Any]:
         form = request.form
         files = request.files
     except ValueError as exc:
-        raise BadRequest(f"malformed multipart body: {exc}") from None
+        raise BadRequest(f"malformed multipart body: {shorten(str(exc), QUOTE_CHARS)}") from None
     params = _flatten(form)
     for name, uploads in files.lists():
         contents = []
@@ -111,7 +111,9 @@ def _multipart(request: Request) -> dict[str, Any]:
         # werkzeug decodes multipart text fields with errors="replace"; a
         # replacement character is the only trace of bytes that were not UTF-8.
         if isinstance(value, str) and "\ufffd" in value:
-            raise BadRequest(f"form field {key!r} is not valid UTF-8; encode the form as UTF-8")
+            raise BadRequest(
+                f"form field {quote(key)} is not valid UTF-8; encode the form as UTF-8"
+            )
     return params
 
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from .resources import usable_cores
@@ -75,6 +76,16 @@ class Settings:
     # queues the same request for the (slow) handler whose name is this queue;
     # `serving-core worker` running that handler fills in its result.
     followup_queue: str = ""
+    # Who may call (serving_core.access). With keys, every route but /healthz
+    # and /readyz needs one; the keys file (one per line, from a Secret) is read
+    # when the app is built and re-read when it changes. Never in a repr.
+    api_keys: tuple[str, ...] = field(default=(), repr=False)
+    api_keys_file: str = ""
+    # /metadata, /openapi.json and /metrics (and /docs) behind the keys, or 404
+    # when there are none; off: open to anyone, keys or not (Prometheus scrapes).
+    private_endpoints: bool = False
+    # Origins a browser may call from (CORS); empty: no CORS headers at all.
+    cors_origins: tuple[str, ...] = ()
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str], *, cores: int | None = None) -> Settings:
@@ -90,9 +101,9 @@ class Settings:
         )
         if unknown:
             known = ", ".join(PREFIX + name.upper() for name in fields)
+            # The name only: a misspelt SERVING_API_KEY holds a secret.
             raise SettingsError(
-                f"unknown setting {unknown[0]}={environ[unknown[0]]!r}; "
-                f"check the spelling (known settings: {known})"
+                f"unknown setting {unknown[0]}; check the spelling (known settings: {known})"
             )
         values: dict[str, Any] = {}
         for name in fields:
@@ -213,6 +224,46 @@ def _device(name: str, raw: str) -> str:
     )
 
 
+# Printable ASCII without spaces or commas (the list separator): what a header carries.
+_KEY = re.compile(r"[!-+\--~]+")
+MIN_KEY_CHARS = 16
+
+
+def api_keys(name: str, raw: str) -> tuple[str, ...]:
+    """Keys from a comma-separated list or a file's lines; errors never quote a key."""
+    keys = tuple(key.strip() for key in re.split(r"[,\n]", raw) if key.strip())
+    for index, key in enumerate(keys, 1):
+        if len(key) < MIN_KEY_CHARS or not _KEY.fullmatch(key):
+            raise SettingsError(
+                f"{name}: key {index} of {len(keys)} is not {MIN_KEY_CHARS} or more printable "
+                "ASCII characters without spaces or commas; make keys with e.g. "
+                "`openssl rand -hex 32`"
+            )
+    return keys
+
+
+def _path(name: str, raw: str) -> str:
+    if not raw.startswith("/"):
+        raise SettingsError(f"{name}={raw!r} is not an absolute path; use e.g. /run/secrets/keys")
+    return raw
+
+
+_ORIGIN = re.compile(r"https?://([A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])(:[0-9]{1,5})?")
+
+
+def _origins(name: str, raw: str) -> tuple[str, ...]:
+    origins = tuple(origin.strip() for origin in raw.split(",") if origin.strip())
+    if "*" in origins and len(origins) > 1:
+        raise SettingsError(f"{name}={raw!r} mixes * with origins; use * alone, or origins alone")
+    for origin in origins:
+        if origin != "*" and not _ORIGIN.fullmatch(origin):
+            raise SettingsError(
+                f"{name} holds {origin!r}, which is not an origin; use scheme://host[:port] "
+                "with no path or trailing slash, e.g. https://app.example.com, or *"
+            )
+    return origins
+
+
 _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "handler": _text,
     "bind": _bind,
@@ -245,4 +296,8 @@ _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "followup_queue": _text,
     "cache_size": _int(0, 100_000_000),
     "cache_ttl_s": _float(0.001, 365 * 86400.0),
+    "api_keys": api_keys,
+    "api_keys_file": _path,
+    "private_endpoints": _bool,
+    "cors_origins": _origins,
 }

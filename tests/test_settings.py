@@ -106,7 +106,6 @@ def test_non_serving_variables_are_ignored():
         ("SERVING_BIND", "localhost:99999", "is not HOST:PORT"),
         ("SERVING_BIND", "unix:", "names no socket path"),
         ("SERVING_LOG_LEVEL", "loud", "is not one of"),
-        ("SERVING_MAX_BATCHSIZE", "8", "unknown setting"),
         ("SERVING_CACHE_URL", "http://cache:6379", "is not a Redis URL"),
         ("SERVING_CACHE_SIZE", "-1", "out of range"),
         ("SERVING_JOBS_ENABLED", "maybe", "is not a boolean"),
@@ -119,6 +118,69 @@ def test_a_bad_value_names_the_variable_and_the_value(name, value, expected):
     assert name in message
     assert repr(value) in message or value in message
     assert expected in message
+
+
+def test_an_unknown_setting_is_named_without_its_value():
+    # A misspelt SERVING_API_KEY holds a secret: the error must not print it.
+    with pytest.raises(SettingsError) as info:
+        Settings.from_env({"SERVING_API_KEY": "s3cret-s3cret-s3cret"}, cores=2)
+    message = str(info.value)
+    assert "unknown setting SERVING_API_KEY;" in message
+    assert "SERVING_API_KEYS" in message  # the known names, to compare the spelling with
+    assert "s3cret" not in message
+
+
+def test_api_keys_cors_origins_and_private_endpoints_are_read():
+    env = {
+        "SERVING_API_KEYS": " 0123456789abcdef-one ,,0123456789abcdef-two ",
+        "SERVING_API_KEYS_FILE": "/run/secrets/api-keys/keys",
+        "SERVING_PRIVATE_ENDPOINTS": "true",
+        "SERVING_CORS_ORIGINS": "https://app.example.com, http://localhost:3000,http://[::1]:8080",
+    }
+    settings = Settings.from_env(env, cores=2)
+    assert settings.api_keys == ("0123456789abcdef-one", "0123456789abcdef-two")
+    assert settings.api_keys_file == "/run/secrets/api-keys/keys"
+    assert settings.private_endpoints is True
+    assert settings.cors_origins == (
+        "https://app.example.com",
+        "http://localhost:3000",
+        "http://[::1]:8080",
+    )
+    assert Settings.from_env({"SERVING_CORS_ORIGINS": "*"}, cores=2).cors_origins == ("*",)
+    # Settings are logged and printed: the keys never are.
+    assert "0123456789abcdef" not in repr(settings)
+    defaults = Settings.from_env({}, cores=2)
+    assert (defaults.api_keys, defaults.cors_origins, defaults.private_endpoints) == ((), (), False)
+
+
+@pytest.mark.parametrize(
+    "keys", ["short", "0123456789abcdef,tiny", "0123456789 abcdef0", "0123456789abcdef\u00e9"]
+)
+def test_a_weak_or_unsendable_key_is_refused_without_quoting_it(keys):
+    with pytest.raises(SettingsError) as info:
+        Settings.from_env({"SERVING_API_KEYS": keys}, cores=2)
+    message = str(info.value)
+    assert "SERVING_API_KEYS" in message
+    assert "openssl rand" in message
+    for part in keys.replace(",", " ").split():
+        assert part not in message
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "expected"),
+    [
+        ("SERVING_CORS_ORIGINS", "https://app.example.com/", "not an origin"),
+        ("SERVING_CORS_ORIGINS", "app.example.com", "not an origin"),
+        ("SERVING_CORS_ORIGINS", "*,https://app.example.com", "mixes *"),
+        ("SERVING_API_KEYS_FILE", "keys.txt", "not an absolute path"),
+        ("SERVING_PRIVATE_ENDPOINTS", "sometimes", "not a boolean"),
+    ],
+)
+def test_bad_access_settings_are_refused_naming_the_variable(name, value, expected):
+    with pytest.raises(SettingsError) as info:
+        Settings.from_env({name: value}, cores=2)
+    assert name in str(info.value)
+    assert expected in str(info.value)
 
 
 def test_a_queue_smaller_than_a_batch_is_refused():
