@@ -49,8 +49,8 @@ ALL_HANDLER_DIRS := $(patsubst %/,%,$(dir $(wildcard handlers/*/requirements.txt
 HANDLER_DIR ?= $(DEFAULT_HANDLER_DIR)
 IMAGE ?= serving-core:$(notdir $(patsubst %/,%,$(HANDLER_DIR)))$(if $(filter-out cpu,$(TORCH_VARIANT)),-$(TORCH_VARIANT))
 
-.PHONY: serve test lint typecheck check image install install-dev install-handlers system-deps \
-	bench clean
+.PHONY: serve test fuzz lint typecheck check image install install-dev install-handlers \
+	system-deps bench clean
 
 ## make serve: install the framework and $SERVING_HANDLER's requirements, then serve it.
 serve: $(BIN)/.runtime $(call stamps,$(SERVE_DIR))
@@ -59,6 +59,10 @@ serve: $(BIN)/.runtime $(call stamps,$(SERVE_DIR))
 ## make test: install everything, then lint, type-check, check every handler, run the suite.
 test: install-dev install-handlers system-deps lint typecheck check
 	$(BIN)/pytest
+
+## make fuzz: tests/test_fuzz.py with 1,000 generated cases per test (make test runs 15).
+fuzz: install-dev
+	FUZZ_EXAMPLES=$${FUZZ_EXAMPLES:-1000} $(BIN)/pytest -p no:cacheprovider tests/test_fuzz.py
 
 lint: $(BIN)/.dev
 	$(BIN)/ruff check .
