@@ -8,8 +8,10 @@ PID when they end.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shutil
+import socket
 import subprocess
 import tempfile
 import time
@@ -499,6 +501,105 @@ def test_nginx_reaches_gunicorn_over_a_unix_socket() -> None:
     assert entry["upstream_addr"] == f"unix:{socket_path}"
 
 
+# -- who may call: headers, keys, connections per client --------------------------
+
+SECURITY_HEADERS = {
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+}
+API_KEY = "nginx-e2e-4d3c2b1a0f9e8d7c"
+
+
+def assert_security_headers(response: requests.Response) -> None:
+    for name, value in SECURITY_HEADERS.items():
+        assert response.raw.headers.getlist(name) == [value], (name, response.status_code)
+    # server_tokens off: nginx, with no version, and never gunicorn's banner.
+    assert response.headers["Server"] == "nginx"
+
+
+@pytest.mark.e2e
+def test_every_answer_carries_the_security_headers_and_no_version(echo_stack: Stack) -> None:
+    url = echo_stack.nginx.url
+    answers = [
+        requests.post(url + "/predict", json={"text": "a"}, timeout=10),  # the app's 200
+        requests.get(url + "/no-such-route", timeout=10),  # the app's 404
+        requests.post(url + "/predict", data=json_body_of_size(4097), timeout=10),  # nginx's 413
+        requests.get(url + "/metrics", timeout=10),  # nginx's own 404
+        requests.get(url + "/_nginx/healthz", timeout=10),
+    ]
+    assert [a.status_code for a in answers] == [200, 404, 413, 404, 200]
+    for answer in answers:
+        assert_security_headers(answer)
+
+
+@pytest.mark.e2e
+def test_keys_pass_through_nginx_and_no_log_holds_one() -> None:
+    app_env = {"SERVING_HANDLER": ECHO, "SERVING_WORKERS": "1", "SERVING_API_KEYS": API_KEY}
+    with gunicorn_server({**app_env, **LIMITS}) as app, nginx_server(app.bind, LIMITS) as proxy:
+        refused = requests.post(proxy.url + "/predict", json={}, timeout=10)
+        wrong = requests.post(
+            proxy.url + "/predict", json={}, headers={"X-API-Key": API_KEY[::-1]}, timeout=10
+        )
+        passed = requests.post(
+            proxy.url + "/predict",
+            json={"text": "k"},
+            headers={"Authorization": f"Bearer {API_KEY}", "X-Request-ID": "keyed"},
+            timeout=10,
+        )
+        health = requests.get(proxy.url + "/readyz", timeout=10)
+        proxy.access_entry("keyed")  # written: the log below is complete
+        logs = app.output() + proxy.output() + proxy.access_log.read_text()
+    assert (refused.status_code, wrong.status_code, passed.status_code) == (401, 401, 200)
+    assert refused.headers["WWW-Authenticate"].startswith("Bearer")  # the app's, through nginx
+    assert_security_headers(refused)
+    assert health.status_code == 200
+    assert API_KEY not in logs
+    assert API_KEY[::-1] not in logs
+
+
+def open_slow_upload(port: int) -> socket.socket:
+    """A request whose headers are sent and whose body never finishes: it stays in progress."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    sock.sendall(
+        b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 100\r\n\r\n{"
+    )
+    return sock
+
+
+def status_within(url: str, status: int, timeout_s: float = 15.0) -> requests.Response:
+    """Polls ``url`` until it answers ``status`` (the slow uploads are counted asynchronously)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        response = requests.post(url, json={"text": "c"}, timeout=10)
+        if response.status_code == status or time.monotonic() > deadline:
+            return response
+        time.sleep(0.02)
+
+
+@pytest.mark.e2e
+def test_a_client_over_its_connection_limit_gets_json_429_and_probes_still_answer() -> None:
+    app_env = {"SERVING_HANDLER": ECHO, "SERVING_WORKERS": "1", **LIMITS}
+    nginx_env = {**LIMITS, "NGINX_CONN_LIMIT_PER_CLIENT": "2", "NGINX_CLIENT_TIMEOUT_S": "60"}
+    with gunicorn_server(app_env) as app, nginx_server(app.bind, nginx_env) as proxy:
+        with contextlib.ExitStack() as uploads:
+            for _ in range(2):
+                uploads.enter_context(open_slow_upload(proxy.port))
+            refused = status_within(proxy.url + "/predict", 429)
+            health = requests.get(proxy.url + "/_nginx/healthz", timeout=5)
+        # The slow uploads gone, the same client is served again.
+        served = status_within(proxy.url + "/predict", 200)
+    assert refused.status_code == 429
+    error = error_of(refused)
+    assert error["type"] == "too_many_requests"
+    assert "NGINX_CONN_LIMIT_PER_CLIENT (2" in error["message"]
+    assert refused.headers["Retry-After"] == "1"
+    assert_security_headers(refused)
+    assert health.status_code == 200  # nginx's own probe is outside the limit
+    assert served.status_code == 200
+
+
 # -- the rendered configuration ------------------------------------------------------
 
 INCLUDE = re.compile(r"^\s*include\s+(\S+);", re.MULTILINE)
@@ -623,8 +724,70 @@ def test_optional_parts_are_included_only_when_their_settings_ask(
 
 
 @pytest.mark.parametrize(
+    ("settings", "present", "absent"),
+    [
+        (
+            {},
+            [
+                "server_tokens off;",
+                "limit_conn_zone $binary_remote_addr zone=serving_conn_per_client:10m;",
+                "limit_conn serving_conn_per_client 128;",
+                "limit_conn_status 429;",
+                "keepalive_timeout 15s;",
+                "client_header_timeout 10s;",
+                "client_body_timeout 10s;",
+                "send_timeout 10s;",
+                "reset_timedout_connection on;",
+                "worker_connections 1024;",
+                "worker_rlimit_nofile 2048;",
+                "add_header X-Content-Type-Options nosniff always;",
+                "add_header X-Frame-Options DENY always;",
+                "add_header Referrer-Policy no-referrer always;",
+            ],
+            [],
+        ),
+        (
+            {
+                "NGINX_CONN_LIMIT_PER_CLIENT": "0",
+                "NGINX_KEEPALIVE_TIMEOUT_S": "0",
+                "NGINX_CLIENT_TIMEOUT_S": "5",
+                "NGINX_WORKER_CONNECTIONS": "4096",
+            },
+            [
+                "keepalive_timeout 0s;",
+                "client_body_timeout 5s;",
+                "worker_connections 4096;",
+                "worker_rlimit_nofile 8192;",
+            ],
+            ["limit_conn"],
+        ),
+    ],
+    ids=["defaults", "limit-off-keepalive-off"],
+)
+def test_slow_clients_and_banners_are_bounded_by_the_settings(
+    tmp_path: Path, settings: dict[str, str], present: list[str], absent: list[str]
+) -> None:
+    conf = rendered(tmp_path, settings)
+    directives = "\n".join(line for line in conf.splitlines() if not line.lstrip().startswith("#"))
+    for directive in present:
+        assert directive in directives
+    for directive in absent:
+        assert directive not in directives
+    # Every block that sets headers of its own repeats the security headers
+    # (nginx would otherwise drop the inherited ones there).
+    for block in re.findall(r"location [^{]*\{[^}]*\}", directives):
+        if "add_header" in block:
+            assert "X-Frame-Options DENY" in block, block
+
+
+@pytest.mark.parametrize(
     ("settings", "named"),
     [
+        ({"NGINX_CONN_LIMIT_PER_CLIENT": "lots"}, "NGINX_CONN_LIMIT_PER_CLIENT"),
+        ({"NGINX_CONN_LIMIT_PER_CLIENT": "-1"}, "NGINX_CONN_LIMIT_PER_CLIENT"),
+        ({"NGINX_KEEPALIVE_TIMEOUT_S": "1.5"}, "NGINX_KEEPALIVE_TIMEOUT_S"),
+        ({"NGINX_CLIENT_TIMEOUT_S": "0"}, "NGINX_CLIENT_TIMEOUT_S"),
+        ({"NGINX_WORKER_CONNECTIONS": "8"}, "NGINX_WORKER_CONNECTIONS"),
         ({"NGINX_PORT": "http"}, "NGINX_PORT"),
         ({"NGINX_PORT": "70000"}, "NGINX_PORT"),
         ({"NGINX_UPSTREAM": "http://app:8000"}, "NGINX_UPSTREAM"),
@@ -661,6 +824,7 @@ def test_render_refuses_a_bad_setting_and_names_it(
         {"NGINX_RATE_LIMIT_RPS": "50"},
         {"NGINX_TRUSTED_PROXIES": "10.0.0.0/8,fd00::/8"},
         {"NGINX_RATE_LIMIT_RPS": "50", "NGINX_TRUSTED_PROXIES": "10.0.0.0/8,fd00::/8"},
+        {"NGINX_CONN_LIMIT_PER_CLIENT": "0", "NGINX_KEEPALIVE_TIMEOUT_S": "0"},
         {"NGINX_UPSTREAM": "unix:/run/serving/gunicorn.sock", "NGINX_LISTEN_ADDRESS": "127.0.0.1"},
         {"SERVING_KEEPALIVE_S": "0", "NGINX_LISTEN_ADDRESS": "::1"},
         {"tls": "on"},
@@ -672,6 +836,7 @@ def test_render_refuses_a_bad_setting_and_names_it(
         "rate-limit",
         "trusted-proxies",
         "rate-limit-behind-proxies",
+        "conn-limit-off-keepalive-off",
         "unix-socket",
         "keepalive-off-ipv6",
         "tls",
