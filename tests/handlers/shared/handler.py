@@ -1,0 +1,35 @@
+"""A handler for the shared model process: says which batch, model process and worker served.
+
+``predict_batch`` runs where the model runs (the model process, or each
+worker's model thread): it numbers its batches and says its pid;
+``postprocess`` runs in the worker that took the request and adds that pid.
+``sleep_s`` holds the batch, so that requests pile up into one.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from typing import Any
+
+from serving_core import Handler
+
+
+class Shared(Handler):
+    name = "shared"
+    version = "1"
+
+    def setup(self) -> None:
+        self.batches = itertools.count()
+
+    def predict_batch(self, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        time.sleep(max((float(p.get("sleep_s", 0)) for p in batch), default=0))
+        number = next(self.batches)
+        return [
+            {"text": p.get("text"), "batch": number, "size": len(batch), "model_pid": os.getpid()}
+            for p in batch
+        ]
+
+    def postprocess(self, output: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+        return {**output, "worker_pid": os.getpid()}
