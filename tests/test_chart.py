@@ -473,10 +473,23 @@ SETTINGS_TABLE = [
     ("jobsMaxAttempts", 5, "SERVING_JOBS_MAX_ATTEMPTS", "5"),
     ("jobsLeaseSeconds", 30.5, "SERVING_JOBS_LEASE_S", "30.5"),
     ("followupQueue", "minilm-large", "SERVING_FOLLOWUP_QUEUE", "minilm-large"),
+    ("apiKeys", "0123456789abcdef-key", "SERVING_API_KEYS", "0123456789abcdef-key"),
+    ("apiKeysFile", "/keys/api-keys", "SERVING_API_KEYS_FILE", "/keys/api-keys"),
+    ("privateEndpoints", True, "SERVING_PRIVATE_ENDPOINTS", "true"),
+    (
+        "corsOrigins",
+        ["https://app.example.com", "http://localhost:3000"],
+        "SERVING_CORS_ORIGINS",
+        "https://app.example.com,http://localhost:3000",
+    ),
 ]
 # `serving` keys that feed a setting from a Secret (env valueFrom.secretKeyRef)
 # instead of a value.
-FROM_SECRETS = {"cacheUrlSecret": "SERVING_CACHE_URL", "jobsUrlSecret": "SERVING_JOBS_URL"}
+FROM_SECRETS = {
+    "cacheUrlSecret": "SERVING_CACHE_URL",
+    "jobsUrlSecret": "SERVING_JOBS_URL",
+    "apiKeysSecret": "SERVING_API_KEYS_FILE",  # mounted as a file, not an env value
+}
 # Set by the chart itself, not from `serving`.
 CHART_MANAGED = {"SERVING_BIND", "SERVING_METRICS_DIR"}
 
@@ -839,10 +852,51 @@ def test_nginx_values_reach_its_environment(chart: helm.Chart) -> None:
     )
     assert nginx["NGINX_WORKER_PROCESSES"] == "2"
     assert nginx["NGINX_WORKER_CONNECTIONS"] == "4096"
+    assert nginx["NGINX_CONN_LIMIT_PER_CLIENT"] == "64"
+    assert nginx["NGINX_CLIENT_TIMEOUT_S"] == "5"
+    assert nginx["NGINX_KEEPALIVE_TIMEOUT_S"] == "30"
     assert nginx["NGINX_UPSTREAM_KEEPALIVE"] == "64"
     assert (nginx["NGINX_RATE_LIMIT_RPS"], nginx["NGINX_RATE_LIMIT_BURST"]) == ("50", "100")
     assert nginx["NGINX_TRUSTED_PROXIES"] == "10.0.0.0/8"
     assert nginx["NGINX_LOG_LEVEL"] == "notice"
+
+
+API_KEYS_SECRET = {"name": "serving-api-keys", "key": "api-keys"}
+
+
+def test_api_keys_come_from_a_secret_mounted_in_the_app_container_only(
+    chart: helm.Chart,
+) -> None:
+    serving = {"apiKeysSecret": API_KEYS_SECRET, "jobsUrl": "redis://queue:6379/0"}
+    values = tagged({"serving": serving, "worker": {"enabled": True}})
+    docs = render(chart, values)
+    server = find(docs, "Deployment")
+    app = containers(server)["app"]
+    path = env_of(app)["SERVING_API_KEYS_FILE"]
+    mount = next(m for m in app["volumeMounts"] if m["name"] == "api-keys")
+    assert mount["readOnly"] is True
+    assert "subPath" not in mount  # a subPath mount never sees the Secret change
+    volume = next(v for v in pod_spec(docs)["volumes"] if v["name"] == "api-keys")
+    assert volume["secret"]["secretName"] == "serving-api-keys"
+    (item,) = volume["secret"]["items"]
+    assert item["key"] == "api-keys"
+    assert path == f"{mount['mountPath']}/{item['path']}"
+    # nginx, the worker and the batch run no API: no keys mounted or named there.
+    assert all(m["name"] != "api-keys" for m in containers(server)["nginx"]["volumeMounts"])
+    worker = containers(find(docs, "Deployment", component="worker"))["worker"]
+    assert "SERVING_API_KEYS_FILE" not in env_of(worker)
+    assert all(m["name"] != "api-keys" for m in worker.get("volumeMounts", []))
+    for kube_version in KUBE_VERSIONS:
+        validate(docs, kube_version)
+
+
+def test_without_a_keys_secret_nothing_is_mounted(chart: helm.Chart) -> None:
+    docs = render(chart, tagged({}))
+    app = containers(find(docs, "Deployment"))["app"]
+    assert "SERVING_API_KEYS_FILE" not in env_of(app)
+    assert "SERVING_API_KEYS" not in env_of(app)
+    assert "SERVING_CORS_ORIGINS" not in env_of(app)
+    assert all(v["name"] != "api-keys" for v in pod_spec(docs)["volumes"])
 
 
 def nginx_binary() -> str:
@@ -1292,6 +1346,10 @@ TEMPLATE_REFUSALS = [
     (
         {"worker": {"keda": {"address": "redis:6379", "addressFromEnv": "REDIS_ADDRESS"}}},
         "worker.keda.address and worker.keda.addressFromEnv are both set: keep one",
+    ),
+    (
+        {"serving": {"apiKeysFile": "/keys/api", "apiKeysSecret": {"name": "keys", "key": "k"}}},
+        "serving.apiKeysFile and serving.apiKeysSecret.name (keys) are both set",
     ),
     (
         {"pipeline": {"stageUrls": {"SERVING_STAGE_URL": "http://stage"}}},

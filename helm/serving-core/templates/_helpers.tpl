@@ -100,6 +100,10 @@ cluster can reach gunicorn past nginx.
 {{- define "serving-core.socketDir" -}}/run/serving{{- end }}
 {{- define "serving-core.bind" -}}unix:/run/serving/gunicorn.sock{{- end }}
 {{- define "serving-core.metricsDir" -}}/run/metrics{{- end }}
+{{- /* serving.apiKeysSecret, mounted read-only without subPath (a subPath
+mount would never see the Secret change); the file is its key's value. */}}
+{{- define "serving-core.apiKeysDir" -}}/run/api-keys{{- end }}
+{{- define "serving-core.apiKeysPath" -}}/run/api-keys/keys{{- end }}
 
 {{/*
 serving key -> SERVING_* variable and how to print it. Integers go through
@@ -143,6 +147,10 @@ jobsTtlSeconds: {env: SERVING_JOBS_TTL_S, kind: number}
 jobsMaxAttempts: {env: SERVING_JOBS_MAX_ATTEMPTS, kind: int}
 jobsLeaseSeconds: {env: SERVING_JOBS_LEASE_S, kind: number}
 followupQueue: {env: SERVING_FOLLOWUP_QUEUE, kind: optional}
+apiKeys: {env: SERVING_API_KEYS, kind: optional}
+apiKeysFile: {env: SERVING_API_KEYS_FILE, kind: optional, secretFile: apiKeysSecret}
+privateEndpoints: {env: SERVING_PRIVATE_ENDPOINTS, kind: string}
+corsOrigins: {env: SERVING_CORS_ORIGINS, kind: list}
 {{- end }}
 
 {{/*
@@ -165,6 +173,9 @@ Checks that JSON Schema cannot express; each message says what to change.
 {{- range $key, $setting := include "serving-core.settings" . | fromYaml }}
 {{- if and $setting.secret (get $s $key) (get $s $setting.secret).name }}
 {{- fail (printf "serving.%s and serving.%s.name (%s) are both set: keep one, the Secret when the URL carries a password" $key $setting.secret (get $s $setting.secret).name) }}
+{{- end }}
+{{- if and $setting.secretFile (get $s $key) (get $s $setting.secretFile).name }}
+{{- fail (printf "serving.%s and serving.%s.name (%s) are both set: keep one; the Secret is mounted and names its own file" $key $setting.secretFile (get $s $setting.secretFile).name) }}
 {{- end }}
 {{- end }}
 {{- include "serving-core.validateWorker" . }}
@@ -272,6 +283,16 @@ sorted by name) come before extraEnv.
     secretKeyRef:
       name: {{ $secret.name | quote }}
       key: {{ $secret.key | quote }}
+{{- else if and $setting.secretFile (get $s $setting.secretFile).name $.server }}
+{{- /* Mounted in the server's app container only (deployment.yaml): the
+worker and batch containers serve no API. */}}
+- name: {{ $setting.env }}
+  value: {{ include "serving-core.apiKeysPath" $.ctx | quote }}
+{{- end }}
+{{- else if eq $setting.kind "list" }}
+{{- if $value }}
+- name: {{ $setting.env }}
+  value: {{ join "," $value | quote }}
 {{- end }}
 {{- else }}
 - name: {{ $setting.env }}
@@ -325,6 +346,12 @@ proxy timeouts and upstream keep-alive from them.
   value: {{ toString $n.workerProcesses | quote }}
 - name: NGINX_WORKER_CONNECTIONS
   value: {{ int64 $n.workerConnections | quote }}
+- name: NGINX_CONN_LIMIT_PER_CLIENT
+  value: {{ int64 $n.connLimitPerClient | quote }}
+- name: NGINX_CLIENT_TIMEOUT_S
+  value: {{ int64 $n.clientTimeoutSeconds | quote }}
+- name: NGINX_KEEPALIVE_TIMEOUT_S
+  value: {{ int64 $n.keepaliveTimeoutSeconds | quote }}
 - name: NGINX_RATE_LIMIT_RPS
   value: {{ int64 $n.rateLimit.requestsPerSecond | quote }}
 - name: NGINX_RATE_LIMIT_BURST
