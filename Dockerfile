@@ -3,13 +3,21 @@
 #   make image HANDLER_DIR=handlers/NAME                      # the same, through make
 #   docker build -t serving-core .                            # handlers/minilm, CPU torch
 #   docker build -t serving-core:echo --build-arg HANDLER_DIR=handlers/echo .
+#   docker build -t serving-core:iris-setosa --build-arg HANDLER_DIR=handlers/iris-setosa \
+#     --build-arg SHARED_DIRS=handlers/iris .                  # imports handlers/iris
 #   docker build -t serving-core:cu128 --build-arg TORCH_VARIANT=cu128 .
 #
 # Build arguments
 #   PYTHON_IMAGE     base for both stages                (python:3.11-slim-bookworm)
 #   HANDLER_DIR      the handler folder to serve: its requirements.txt (optional)
 #                    is installed, its files copied to /app/HANDLER_DIR, and
-#                    SERVING_HANDLER points at its handler.py (handlers/minilm)
+#                    SERVING_HANDLER points at the folder, so a handler.py or a
+#                    pipeline.yaml in it is served (handlers/minilm)
+#   SHARED_DIRS      folders of code the handler imports from beside it,
+#                    space-separated, each copied to /app as it is in the
+#                    repository: handlers/iris for the iris classifiers,
+#                    handlers/minilm for minilm-prep and minilm-ids; their
+#                    requirements belong in the handler's requirements.txt ("")
 #   TORCH_VARIANT    which torch build a handler's torch resolves to: cpu, or a
 #                    CUDA build such as cu128 (cpu)
 #   TORCH_INDEX_URL  the index of that build, an extra index beside PyPI
@@ -17,7 +25,7 @@
 #   VERSION, REVISION, SOURCE   OCI labels: version, git commit, repository URL
 #
 # Environment (the full table is in the README; these are the image's values)
-#   SERVING_HANDLER  ${HANDLER_DIR}/handler.py, relative to /app
+#   SERVING_HANDLER  ${HANDLER_DIR}, relative to /app
 #   SERVING_BIND     0.0.0.0:8000, so nginx in another container can reach it;
 #                    the HEALTHCHECK follows it (TCP or unix:)
 #   SERVING_*        workers, threads, batching, limits and timeouts: unset
@@ -26,8 +34,9 @@
 #                    start-up never reaches the network
 #
 # Layers, least to most often changed: the framework's requirements, the
-# handler's requirements, serving_core, the handler's code. Editing handler.py
-# rebuilds only the last; editing serving_core reinstalls no model stack.
+# handler's requirements, serving_core, the handler's code (and SHARED_DIRS).
+# Editing handler.py rebuilds only the last; editing serving_core reinstalls no
+# model stack.
 #
 # The handler is loaded and its sample.json run at build time
 # (`serving-core check`), so a broken handler or a missing model fails the
@@ -38,6 +47,7 @@ ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
 ARG HANDLER_DIR=handlers/minilm
+ARG SHARED_DIRS=""
 ARG TORCH_VARIANT=cpu
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/${TORCH_VARIANT}
 ENV PIP_NO_CACHE_DIR=1 \
@@ -68,7 +78,21 @@ COPY pyproject.toml README.md ./
 COPY serving_core/ serving_core/
 RUN pip install --no-deps .
 
-# Last: the layer an edit to the handler rebuilds.
+# Last: the layers an edit to the handler rebuilds. A handler may import code
+# from a sibling folder (the iris classifiers put handlers/ on sys.path and
+# import handlers/iris/onevsrest.py): SHARED_DIRS names those folders, copied
+# from the handlers here to where the handler finds them. Only /app reaches the
+# image, so it holds just the handler and what it imports.
+COPY handlers/ /src/handlers/
+RUN for dir in ${SHARED_DIRS}; do \
+        dir="${dir%/}"; \
+        case "$dir" in \
+            handlers/*/*|handlers/.*) false ;; \
+            handlers/?*) test -d "$dir" ;; \
+            *) false ;; \
+        esac || { echo "SHARED_DIRS: $dir is not a folder handlers/NAME of this repository" >&2; exit 1; }; \
+        mkdir -p /app/handlers && cp -R "$dir" "/app/$dir"; \
+    done
 COPY ${HANDLER_DIR}/ /app/${HANDLER_DIR}/
 
 
@@ -94,7 +118,7 @@ ENV PATH=/opt/venv/bin:$PATH \
     HF_HUB_OFFLINE=1 \
     TRANSFORMERS_OFFLINE=1 \
     HF_HOME=/tmp/huggingface \
-    SERVING_HANDLER=${HANDLER_DIR}/handler.py \
+    SERVING_HANDLER=${HANDLER_DIR} \
     SERVING_BIND=0.0.0.0:8000
 
 # The Rust tokenizer's thread pool is not fork-safe and competes with the model

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import ast
 import fnmatch
+import os
 import re
+import shutil
 import subprocess
 import sys
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -13,11 +17,13 @@ import pytest
 import yaml
 from docker.utils.build import exclude_paths
 
-from serving_core.settings import Settings
+from serving_core.pipelineconfig import read as read_pipeline
+from serving_core.settings import PREFIX, Settings
 from tests.container.dockerfile import Instruction, Stage, expand, parse
 from tests.servers import ROOT
 
 HADOLINT = Path(sys.executable).parent / "hadolint"
+SERVING_CORE = Path(sys.executable).parent / "serving-core"
 DOCKERFILES = ["Dockerfile", "nginx/Dockerfile"]
 
 
@@ -27,7 +33,9 @@ def app_stages() -> tuple[Stage, Stage]:
 
 
 def handler_dirs() -> list[str]:
-    return sorted(str(p.parent.relative_to(ROOT)) for p in ROOT.glob("handlers/*/handler.py"))
+    """Every folder an image can serve: a handler.py or a pipeline.yaml in it."""
+    served = [*ROOT.glob("handlers/*/handler.py"), *ROOT.glob("handlers/*/pipeline.yaml")]
+    return sorted(str(p.parent.relative_to(ROOT)) for p in served)
 
 
 def compose() -> dict[str, Any]:
@@ -118,7 +126,8 @@ def test_handler_dir_is_a_build_argument_that_decides_what_is_copied_and_served(
     (code,) = [c for c in build.of("COPY") if c.copy_sources() == ["${HANDLER_DIR}/"]]
     assert code.copy_destination() == "/app/${HANDLER_DIR}/"
     env = " ".join(i.text for i in final.of("ENV"))
-    assert "SERVING_HANDLER=${HANDLER_DIR}/handler.py" in env.split()
+    # The folder: its handler.py, or its pipeline.yaml (a pipeline has no handler.py).
+    assert "SERVING_HANDLER=${HANDLER_DIR}" in env.split()
     # The build-time check runs what is served, so a broken handler fails the build.
     assert any('serving-core check "${SERVING_HANDLER}"' in r.text for r in final.of("RUN"))
     assert final.of("WORKDIR")[-1].text == "/app"
@@ -219,7 +228,7 @@ def test_nginx_and_the_app_read_the_same_limits() -> None:
 # --- the job queue: Redis and `serving-core worker` beside the app ---------------
 
 
-@pytest.mark.parametrize("service", ["app", "worker", "redis", "nginx"])
+@pytest.mark.parametrize("service", sorted(compose()["services"]))
 def test_every_service_runs_read_only_without_capabilities(service: str) -> None:
     spec = compose()["services"][service]
     assert spec["read_only"] is True
@@ -268,3 +277,227 @@ def test_the_app_and_worker_start_after_redis_is_healthy() -> None:
     (volume,) = redis["volumes"]
     assert volume.split(":")[1] == "/data"
     assert volume.split(":")[0] in compose()["volumes"]
+
+
+# --- SHARED_DIRS: code a handler imports from a sibling folder -------------------
+
+
+def sibling_imports(handler_dir: str) -> set[str]:
+    """The handlers/NAME folders the handler's code imports (with handlers/ on its
+    sys.path, as the iris classifiers put it), and those they import in turn."""
+    siblings = {p.name for p in (ROOT / "handlers").iterdir() if p.is_dir()}
+    found: set[str] = set()
+    todo = [handler_dir]
+    while todo:
+        folder = ROOT / todo.pop()
+        own = {p.stem for p in folder.glob("*.py")}
+        for path in folder.glob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Import):
+                    names = [alias.name for alias in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    names = [node.module]
+                else:
+                    continue
+                for top in {name.split(".")[0] for name in names} & (siblings - own):
+                    if f"handlers/{top}" not in found | {handler_dir}:
+                        found.add(f"handlers/{top}")
+                        todo.append(f"handlers/{top}")
+    return found
+
+
+def shared_dirs_step() -> Instruction:
+    build, _ = app_stages()
+    (step,) = [r for r in build.of("RUN") if "SHARED_DIRS" in r.text]
+    return step
+
+
+def lay_out_app(tmp: Path, handler_dir: str, shared_dirs: str) -> subprocess.CompletedProcess[str]:
+    """/app as the build stage leaves it: the Dockerfile's own SHARED_DIRS step run
+    in the repository (the build context's handlers/ under WORKDIR /src) with /app
+    at ``tmp``/app, then the handler's COPY."""
+    script = shared_dirs_step().text.replace("/app", str(tmp / "app"))
+    result = subprocess.run(
+        ["sh", "-c", script],
+        cwd=ROOT,
+        env={"PATH": os.environ["PATH"], "SHARED_DIRS": shared_dirs},
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    if result.returncode == 0:
+        shutil.copytree(
+            ROOT / handler_dir,
+            tmp / "app" / handler_dir,
+            ignore=shutil.ignore_patterns("__pycache__"),
+        )
+    return result
+
+
+def check_in(app: Path, handler_dir: str) -> subprocess.CompletedProcess[str]:
+    """The build's last step: `serving-core check "${SERVING_HANDLER}"` in WORKDIR /app."""
+    return subprocess.run(
+        [str(SERVING_CORE), "check", handler_dir],
+        cwd=app,
+        env={"PATH": os.environ["PATH"], "HOME": str(app), "TOKENIZERS_PARALLELISM": "false"},
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+
+
+def test_shared_dirs_are_copied_before_the_handlers_code_and_after_its_requirements() -> None:
+    build, final = app_stages()
+    assert build.args()["SHARED_DIRS"] == '""'
+    step = shared_dirs_step()
+    (handlers_copy,) = [c for c in build.of("COPY") if c.copy_sources() == ["handlers/"]]
+    (code_copy,) = [c for c in build.of("COPY") if c.copy_sources() == ["${HANDLER_DIR}/"]]
+    _, handler_install, serving_core_install = pip_installs(build)
+    order = [handler_install, serving_core_install, handlers_copy, step, code_copy]
+    assert [build.index(i) for i in order] == sorted(build.index(i) for i in order)
+    # Only /app reaches the image: not the other handlers the build stage copied.
+    assert [c.copy_sources() for c in final.of("COPY")] == [["/opt/venv"], ["/app"]]
+
+
+@pytest.mark.parametrize(
+    "shared_dirs", ["handlers/nothing-here", "serving_core", "handlers/iris/sub", "handlers/.."]
+)
+def test_shared_dirs_refuses_what_is_not_a_handlers_folder(
+    tmp_path: Path, shared_dirs: str
+) -> None:
+    result = lay_out_app(tmp_path, "handlers/echo", f"handlers/iris {shared_dirs}")
+    assert result.returncode == 1
+    assert f"SHARED_DIRS: {shared_dirs} is not a folder handlers/NAME" in result.stderr
+
+
+def test_every_handler_imports_only_handlers_folders_shared_dirs_can_copy() -> None:
+    for handler_dir in handler_dirs():
+        for shared in sibling_imports(handler_dir):
+            assert re.fullmatch(r"handlers/[^/.][^/]*", shared), (handler_dir, shared)
+    assert sibling_imports("handlers/iris-setosa") == {"handlers/iris"}
+    assert sibling_imports("handlers/minilm-prep") == {"handlers/minilm"}
+    assert sibling_imports("handlers/minilm") == set()
+
+
+def built_services() -> dict[str, dict[str, str]]:
+    """Each compose service built from the Dockerfile: its build args, ${VAR:-default}
+    read as the default (what `docker compose up` passes with nothing set)."""
+    found = {}
+    for name, spec in compose()["services"].items():
+        build = spec.get("build", {})
+        if build.get("context") == ".":
+            found[name] = {
+                key: re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", str(value))
+                for key, value in build.get("args", {}).items()
+            }
+    return found
+
+
+@pytest.mark.parametrize("service", sorted(built_services()))
+def test_each_compose_image_copies_the_folders_its_handler_imports(service: str) -> None:
+    args = built_services()[service]
+    assert set(args.get("SHARED_DIRS", "").split()) == sibling_imports(args["HANDLER_DIR"])
+
+
+IRIS_IMAGES = [s for s in sorted(built_services()) if s.startswith("iris-")]
+
+
+@pytest.mark.parametrize("service", IRIS_IMAGES)
+def test_each_iris_image_as_the_dockerfile_lays_it_out_passes_its_build_check(
+    tmp_path: Path, service: str
+) -> None:
+    args = built_services()[service]
+    handler_dir, shared_dirs = args["HANDLER_DIR"], args.get("SHARED_DIRS", "")
+    laid_out = lay_out_app(tmp_path, handler_dir, shared_dirs)
+    assert laid_out.returncode == 0, laid_out.stderr
+    assert sorted(
+        str(p.relative_to(tmp_path / "app")) for p in (tmp_path / "app" / "handlers").iterdir()
+    ) == sorted([handler_dir, *shared_dirs.split()])
+    result = check_in(tmp_path / "app", handler_dir)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_without_shared_dirs_a_classifiers_image_fails_its_build_check(tmp_path: Path) -> None:
+    # What SHARED_DIRS is for: the build stops at `serving-core check`, not the deployment.
+    assert lay_out_app(tmp_path, "handlers/iris-setosa", "").returncode == 0
+    result = check_in(tmp_path / "app", "handlers/iris-setosa")
+    assert result.returncode != 0
+    assert "No module named 'iris'" in result.stdout + result.stderr
+
+
+# --- the iris pipeline in compose (profile iris) ----------------------------------
+
+
+def test_the_iris_example_leaves_the_default_stack_as_it_was() -> None:
+    services = compose()["services"]
+    default = {name for name, spec in services.items() if "profiles" not in spec}
+    assert default == {"app", "worker", "redis", "nginx"}
+    iris = {name for name in services if name.startswith("iris-")}
+    assert iris == {
+        "iris-setosa",
+        "iris-versicolor",
+        "iris-virginica",
+        "iris-pipeline",
+        "iris-nginx",
+    }
+    for name in iris:
+        assert services[name]["profiles"] == ["iris"], name
+    # Nothing in the default stack waits on the profile's services.
+    for name in default:
+        assert not set(services[name].get("depends_on", {})) & iris, name
+
+
+def test_the_iris_pipeline_sets_exactly_the_stage_urls_its_pipeline_file_names() -> None:
+    pipeline = compose()["services"]["iris-pipeline"]
+    handler_dir = pipeline["build"]["args"]["HANDLER_DIR"]
+    environment = {k: str(v) for k, v in pipeline["environment"].items()}
+    spec = read_pipeline(ROOT / handler_dir / "pipeline.yaml", environment)
+    assert spec.unset() == []
+    assert {k for k in environment if not k.startswith(PREFIX)} == {s.url_env for s in spec.stages}
+    Settings.from_env({k: v for k, v in environment.items() if k.startswith(PREFIX)}, cores=2)
+
+
+def test_the_iris_pipelines_stages_are_the_classifier_services_on_their_bind() -> None:
+    services = compose()["services"]
+    pipeline = services["iris-pipeline"]
+    handler_dir = pipeline["build"]["args"]["HANDLER_DIR"]
+    environment = {k: str(v) for k, v in pipeline["environment"].items()}
+    spec = read_pipeline(ROOT / handler_dir / "pipeline.yaml", environment)
+    called = []
+    for stage in spec.stages:
+        url = urllib.parse.urlsplit(stage.endpoint)
+        host = url.hostname or ""
+        assert host in services, stage
+        target = services[host]
+        called.append(host)
+        # It listens where the URL points, on a network the pipeline shares.
+        bind = target["environment"]["SERVING_BIND"]
+        assert bind == f"0.0.0.0:{url.port}", (stage.name, bind)
+        assert str(url.port) in target["expose"]
+        assert set(target["networks"]) & set(pipeline["networks"])
+        # A classifier: a handler.py, not another pipeline; started (ready) first.
+        assert (ROOT / target["build"]["args"]["HANDLER_DIR"] / "handler.py").is_file()
+        assert pipeline["depends_on"][host]["condition"] == "service_healthy"
+        assert "/readyz" in " ".join(target["healthcheck"]["test"])
+        Settings.from_env({k: str(v) for k, v in target["environment"].items()}, cores=2)
+    assert sorted(called) == ["iris-setosa", "iris-versicolor", "iris-virginica"]
+
+
+def test_the_iris_pipeline_is_reached_only_through_its_own_nginx() -> None:
+    services, networks = compose()["services"], compose()["networks"]
+    nginx, pipeline = services["iris-nginx"], services["iris-pipeline"]
+    for name in ("iris-setosa", "iris-versicolor", "iris-virginica", "iris-pipeline"):
+        assert "ports" not in services[name], name
+        assert all(networks[n].get("internal") is True for n in services[name]["networks"])
+    assert nginx["ports"] == ["127.0.0.1:8081:8080"]
+    assert nginx["ports"][0].split(":")[1] not in {
+        p.split(":")[1] for p in services["nginx"]["ports"]
+    }
+    port = pipeline["environment"]["SERVING_BIND"].rpartition(":")[2]
+    assert nginx["environment"]["NGINX_UPSTREAM"] == f"iris-pipeline:{port}"
+    assert nginx["depends_on"]["iris-pipeline"]["condition"] == "service_healthy"
+    for name in ("SERVING_MAX_BODY_BYTES", "SERVING_REQUEST_TIMEOUT_S", "SERVING_KEEPALIVE_S"):
+        assert nginx["environment"][name] == pipeline["environment"][name], name
+    assert nginx["build"] == services["nginx"]["build"]

@@ -178,7 +178,8 @@ def stack() -> Iterator[Stack]:
 
 
 def test_the_image_serves_the_handler_it_was_built_with(stack: Stack) -> None:
-    assert _env(stack.app)["SERVING_HANDLER"] == f"{handler_dir()}/handler.py"
+    # The folder: a handler.py or a pipeline.yaml in it is what serves.
+    assert _env(stack.app)["SERVING_HANDLER"] == handler_dir()
 
 
 def test_the_stack_answers_the_handlers_sample_through_nginx(stack: Stack) -> None:
