@@ -44,6 +44,7 @@ import logging
 import os
 import pickle
 import queue
+import select
 import signal
 import socket
 import struct
@@ -281,18 +282,11 @@ class ModelProcess:
 
     def _watch(self) -> None:
         while not self._stopping:
-            # The child holds the write end: EOF here is its death, however it died
-            # (gunicorn's master reaps it with waitpid(-1), so waitpid is not ours).
-            alive_r, alive_w = os.pipe()
             pid = os.fork()
             if pid == 0:
-                os.close(alive_r)
                 self._child()  # never returns
             self.pid = pid
-            os.close(alive_w)
-            with contextlib.suppress(OSError):
-                os.read(alive_r, 1)
-            os.close(alive_r)
+            _wait_for_exit(pid)
             if self._stopping:
                 return
             log.warning("the shared model process %d exited; starting another", pid)
@@ -320,6 +314,25 @@ class ModelProcess:
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(code)
+
+
+def _wait_for_exit(pid: int) -> None:
+    """Until ``pid`` has exited. gunicorn's master reaps every child with waitpid(-1),
+    so waitpid is not ours to call: a pidfd becomes readable when the process ends,
+    whoever reaps it."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except (OSError, AttributeError):  # not Linux 5.3+: poll for it
+        while True:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.2)
+    try:
+        select.select([pidfd], [], [])
+    finally:
+        os.close(pidfd)
 
 
 def run_model_process(
