@@ -45,8 +45,10 @@ SERVE_DIR := $(call handler_dir,$(call without_class,$(SERVING_HANDLER)))
 HANDLERS ?= $(patsubst %/sample.json,%,$(wildcard handlers/*/sample.json))
 ALL_HANDLER_DIRS := $(patsubst %/,%,$(dir $(wildcard handlers/*/requirements.txt)))
 
-# `make image`: the handler the image serves, and its tag.
+# `make image`: the handler the image serves, the folders it imports from beside
+# it (SHARED_DIRS=handlers/iris for an iris classifier), and its tag.
 HANDLER_DIR ?= $(DEFAULT_HANDLER_DIR)
+SHARED_DIRS ?=
 IMAGE ?= serving-core:$(notdir $(patsubst %/,%,$(HANDLER_DIR)))$(if $(filter-out cpu,$(TORCH_VARIANT)),-$(TORCH_VARIANT))
 
 .PHONY: serve test fuzz lint typecheck check image install install-dev install-handlers \
@@ -83,7 +85,7 @@ check: $(BIN)/.runtime $(call stamps,$(HANDLERS))
 ## make image HANDLER_DIR=handlers/x [TORCH_VARIANT=cu128]: build the app image of one handler.
 image:
 	docker build --build-arg HANDLER_DIR=$(HANDLER_DIR) --build-arg TORCH_VARIANT=$(TORCH_VARIANT) \
-	  --tag $(IMAGE) .
+	  --build-arg SHARED_DIRS='$(SHARED_DIRS)' --tag $(IMAGE) .
 
 ## make install: the framework and the served handler's requirements.
 install: $(BIN)/.runtime $(call stamps,$(SERVE_DIR))

@@ -286,6 +286,7 @@ def test_one_workflow_variable_names_the_handler_every_app_build_and_test_uses()
     assert len(app_builds) == 3  # tested, pushed, CUDA
     for build in app_builds:
         assert build_args(build)["HANDLER_DIR"] == "${{ env.HANDLER_DIR }}", build["name"]
+        assert build_args(build)["SHARED_DIRS"] == "${{ env.SHARED_DIRS }}", build["name"]
     test_env = step_named("image", "Container tests")["env"]
     assert test_env["SERVING_TEST_HANDLER_DIR"] == "${{ env.HANDLER_DIR }}"
     # Nothing else in the workflow names a handler folder.

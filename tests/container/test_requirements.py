@@ -161,6 +161,16 @@ def test_make_image_passes_the_handler_and_torch_variant_as_build_arguments() ->
     assert "--tag serving-core:echo-cu128 ." in build
 
 
+def test_make_image_passes_the_shared_folders_a_handler_imports() -> None:
+    commands = make_dry_run(
+        "image", "HANDLER_DIR=handlers/iris-setosa", "SHARED_DIRS=handlers/iris"
+    )
+    build = " ".join(commands.split())
+    assert "--build-arg HANDLER_DIR=handlers/iris-setosa" in build
+    assert "--build-arg SHARED_DIRS='handlers/iris'" in build
+    assert "--build-arg SHARED_DIRS=''" in " ".join(make_dry_run("image").split())
+
+
 def test_make_bench_runs_a_script_that_exists() -> None:
     commands = make_dry_run("bench")
     (run,) = [c for c in commands.splitlines() if c.startswith(".venv/bin/python bench/")]
