@@ -27,7 +27,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from types import FrameType
 
@@ -58,6 +58,10 @@ class Consumer:
     observer: Callable[[int, int], None] = field(default=lambda done, failed: None)
     # Each taken job's wait in the queue (submitted to started): the queue's lag.
     on_taken: Callable[[list[float]], None] = field(default=lambda waits: None)
+    # SERVING_JOBS_LEASE_S: a batch running longer renews its jobs' leases every
+    # third of it, so a slow model is not mistaken for a dead consumer (its jobs
+    # handed out again, and failed once their attempts ran out). None: never.
+    lease_s: float | None = None
 
     def run(self) -> None:
         while not self.stopping():
@@ -68,14 +72,15 @@ class Consumer:
 
     def run_batch(self, jobs: list[Job]) -> None:
         contexts = [Context(job.id) for job in jobs]
-        try:
-            results = self.engine.predict_many([job.params for job in jobs], contexts)
-        except BaseException:
-            # Not the handler's error (those are per job): hand the batch back untouched.
-            self.queue.release(jobs)
-            raise
-        if len(jobs) > 1:
-            results = self._isolate(jobs, contexts, results)
+        with self._renewing(jobs):
+            try:
+                results = self.engine.predict_many([job.params for job in jobs], contexts)
+            except BaseException:
+                # Not the handler's error (those are per job): hand the batch back untouched.
+                self.queue.release(jobs)
+                raise
+            if len(jobs) > 1:
+                results = self._isolate(jobs, contexts, results)
         finished: list[tuple[Job, Result]] = []
         failed = 0
         for job, result in zip(jobs, results, strict=True):
@@ -88,6 +93,29 @@ class Consumer:
         # commit per job cost about 5% of MiniLM's jobs/s.
         self.queue.complete_many(finished)
         self.observer(len(finished), failed)
+
+    @contextlib.contextmanager
+    def _renewing(self, jobs: list[Job]) -> Iterator[None]:
+        if self.lease_s is None:
+            yield
+            return
+        done = threading.Event()
+        interval_s = self.lease_s / 3
+
+        def renew() -> None:
+            while not done.wait(interval_s):
+                try:
+                    self.queue.renew(self.name, jobs)
+                except Exception:  # the queue is down: the next renewal may get through
+                    log.warning("could not renew the leases of %d jobs", len(jobs), exc_info=True)
+
+        renewer = threading.Thread(target=renew, name="serving-lease-renewer", daemon=True)
+        renewer.start()
+        try:
+            yield
+        finally:
+            done.set()
+            renewer.join()
 
     def _isolate(
         self, jobs: list[Job], contexts: list[Context], results: list[Result]
@@ -215,6 +243,7 @@ class Master:
                 stopping=lambda: stop["asked"],
                 observer=metrics.jobs_finished,
                 on_taken=metrics.jobs_taken,
+                lease_s=self.settings.jobs_lease_s,
             ).run()
         finally:
             queue.close()

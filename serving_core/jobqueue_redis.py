@@ -40,7 +40,16 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from . import encoding
-from .jobqueue_redis_scripts import CANCEL, COMPLETE, FAIL, MARK, RECLAIM, RELEASE, SUBMIT
+from .jobqueue_redis_scripts import (
+    CANCEL,
+    COMPLETE,
+    FAIL,
+    MARK,
+    RECLAIM,
+    RELEASE,
+    RENEW,
+    SUBMIT,
+)
 from .jobs import Job, JobStatus, QueueFull, QueueUnavailable, lease_expired_error, new_job_id
 from .settings import Settings
 
@@ -85,6 +94,7 @@ class RedisJobQueue:
         )
         self._complete, self._fail = register(COMPLETE), register(FAIL)
         self._release, self._cancel = register(RELEASE), register(CANCEL)
+        self._renew = register(RENEW)
         self._group_ready = False  # created on first use, so opening needs no Redis
 
     def submit(self, params: dict[str, Any], *, idempotency_key: str | None = None) -> Job:
@@ -182,6 +192,14 @@ class RedisJobQueue:
         for job in jobs:
             argv += [job.id, job.lease]
         self._run(self._release, [self.stream], argv)
+
+    def renew(self, consumer: str, jobs: Sequence[Job]) -> int:
+        if not jobs:
+            return 0
+        argv: list[Arg] = [GROUP, self.prefix, consumer]
+        for job in jobs:
+            argv += [job.id, job.lease]
+        return int(self._run(self._renew, [self.stream], argv))
 
     def dead_letters(self, limit: int = 100) -> list[Job]:
         def read() -> list[Any]:

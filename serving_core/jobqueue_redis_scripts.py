@@ -134,6 +134,21 @@ end
 return 0
 """
 
+# KEYS: stream. ARGV: group, prefix, consumer, then job id, lease, ... XCLAIM with
+# min-idle 0 by the same consumer resets the entry's idle time: the lease starts
+# over. Only jobs still running under that lease. Returns how many were renewed.
+RENEW = """
+local renewed = 0
+for i = 4, #ARGV, 2 do
+  local state = redis.call('HMGET', ARGV[2] .. 'job:' .. ARGV[i], 'status', 'lease', 'entry')
+  if state[1] == 'running' and state[2] == ARGV[i + 1] then
+    redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[3], 0, state[3], 'JUSTID')
+    renewed = renewed + 1
+  end
+end
+return renewed
+"""
+
 # KEYS: stream, job hash. ARGV: group, now, ttl_ms. Returns the job's fields after.
 CANCEL = """
 local state = redis.call('HMGET', KEYS[2], 'status', 'entry')

@@ -279,6 +279,19 @@ class SqliteJobQueue:
                 [(now, job.id, self.queue, job.lease) for job in jobs],
             )
 
+    def renew(self, consumer: str, jobs: Sequence[Job]) -> int:
+        if not jobs:
+            return 0
+        due = time.time() + self.lease_s
+        with self._transaction() as db:
+            before = db.total_changes
+            db.executemany(
+                "UPDATE jobs SET due = ? WHERE id = ? AND queue = ? AND status = 'running'"
+                " AND lease = ?",
+                [(due, job.id, self.queue, job.lease) for job in jobs],
+            )
+            return db.total_changes - before
+
     def dead_letters(self, limit: int = 100) -> list[Job]:
         with self._reading() as db:
             rows = db.execute(

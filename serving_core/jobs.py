@@ -166,6 +166,12 @@ class JobQueue(Protocol):
         """
         ...
 
+    def renew(self, consumer: str, jobs: Sequence[Job]) -> int:
+        """Start the lease of ``consumer``'s jobs over (a long batch still running them),
+        so that they are not handed out again meanwhile. Jobs no longer held under
+        their lease are left alone; returns how many were renewed."""
+        ...
+
     def release(self, jobs: Sequence[Job]) -> None:
         """Hand leased jobs back at once (shutdown), giving back the attempt they counted."""
         ...

@@ -224,6 +224,25 @@ def test_a_batch_completed_at_once_stores_each_result_and_skips_finished_ones(
     assert queue.depth() == 0
 
 
+def test_a_renewed_lease_keeps_a_long_running_job_from_being_handed_out_again(
+    make_queue: MakeQueue,
+) -> None:
+    queue = make_queue(jobs_lease_s=1.0)
+    other = make_queue(jobs_lease_s=1.0)
+    job = queue.submit({"n": 1})
+    [taken] = queue.take("slow", 1, 0)
+    renewed_until = time.monotonic() + 2.5  # past two leases
+    while time.monotonic() < renewed_until:
+        assert queue.renew("slow", [taken]) == 1
+        assert other.take("thief", 1, 0) == []
+        time.sleep(0.1)
+    # Renewals stop: the lease runs out, and the job is handed out again.
+    [again] = take_all(other, {job.id}, "thief")
+    assert again.attempts == 2
+    assert queue.renew("slow", [taken]) == 0  # no longer its lease
+    assert queue.renew("slow", []) == 0
+
+
 def test_a_job_completed_twice_keeps_the_first_result(make_queue: MakeQueue) -> None:
     queue = make_queue(jobs_lease_s=0.2)
     job = queue.submit({"n": 1})

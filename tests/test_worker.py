@@ -165,3 +165,31 @@ def test_idempotency_cancel_and_expiry_through_the_server(queue_env, tmp_path):
         gone = session.get(f"{server.url}/jobs/{cancelled}", timeout=10)
     assert gone.status_code == 404
     assert gone.json()["error"]["type"] == "not_found"
+
+
+def test_a_batch_running_longer_than_the_lease_renews_it_and_runs_once(queue_env, tmp_path):
+    seen = tmp_path / "seen.txt"
+    env = {
+        "SERVING_WORKERS": "2",
+        "SERVING_JOBS_LEASE_S": "0.6",
+        "SERVING_JOBS_MAX_ATTEMPTS": "1",
+        "PROBE_SEEN_FILE": str(seen),
+        **queue_env,
+    }
+    with gunicorn_server({"SERVING_HANDLER": PROBE, **env}) as server, job_worker(env, tmp_path):
+        session = requests.Session()
+        # Three leases long: without renewal the other consumer would take it again,
+        # and with one attempt allowed it would end failed.
+        job_id = submit(session, server.url, {"id": "long", "sleep_s": 1.8})
+        wait_for(
+            lambda: (
+                session.get(f"{server.url}/jobs/{job_id}", timeout=10).json()["status"]
+                in ("done", "failed")
+            ),
+            60,
+            "the long job",
+        )
+        job = session.get(f"{server.url}/jobs/{job_id}", timeout=10).json()
+    assert job["status"] == "done", job
+    assert job["attempts"] == 1
+    assert seen.read_text().split() == ["long"]
