@@ -10,12 +10,13 @@ contract are the product. Imports no Flask.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -93,6 +94,13 @@ class Batcher:
         self._cond = threading.Condition()
         self._stopping = False
         self._busy_until = 0.0  # predicted end of the batch in flight (0: idle)
+        self._running: list[Pending] = []  # the batch the handler has now
+        self._running_since = 0.0
+        # Why this worker must be replaced now (its model thread hung or died:
+        # nothing queued will run), or once it has finished its queue (the
+        # handler raised SystemExit, say). Read by the watchdog.
+        self.fault: str | None = None
+        self.recycle: str | None = None
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         # What a request waits on; the gevent worker swaps in futures its
         # greenlets can wait on (``greenworker.GreenFuture``).
@@ -104,6 +112,10 @@ class Batcher:
         """Queue ``item``; raises ``Overloaded`` at once when it cannot be served in time."""
         deadline = context.deadline if context.deadline is not None else float("inf")
         with self._cond:
+            if self.fault is not None:
+                raise NotReady(
+                    "this worker's model stopped answering and the worker is being replaced; retry"
+                )
             if self._stopping or not self._thread.is_alive():
                 raise NotReady("this worker is shutting down; retry on another instance")
             now = self._clock()
@@ -133,19 +145,72 @@ class Batcher:
             self._cond.notify()
         return pending
 
+    def withdraw(self, pending: Pending) -> None:
+        """The request gave up (its deadline passed): its item leaves the queue at once,
+        so a batch that never ends does not leave the queue full of the dead."""
+        with self._cond:
+            if pending.future.cancel():
+                with contextlib.suppress(ValueError):  # already taken for a batch
+                    self._queue.remove(pending)
+                self._observer.depth(len(self._queue))
+
     # -- lifecycle ----------------------------------------------------------
 
     def start(self) -> None:
         self._thread.start()
 
     def stop(self, timeout_s: float | None = None) -> bool:
-        """Refuse new items, finish the queued ones, stop the thread; True if it stopped."""
+        """Refuse new items, finish the queued ones, stop the thread; True if it stopped.
+
+        After ``abandon`` it does not wait: the model thread may never come back.
+        """
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
+        joinable = self.fault is None and self._thread is not threading.current_thread()
+        if joinable and self._thread.is_alive():
             self._thread.join(timeout_s)
         return not self._thread.is_alive()
+
+    def stalled(self, now: float, margin_s: float) -> str | None:
+        """Why the model thread can no longer serve this worker, or None: it died, or
+        its batch has run ``margin_s`` past the last deadline of its items."""
+        with self._cond:
+            if self.fault is not None:
+                return self.fault
+            if not self._thread.is_alive():
+                if self._stopping or not self._thread.ident:
+                    return None  # stopped on purpose, or never started
+                return "the model thread has died"
+            if not self._running:
+                return None
+            deadline = max(p.deadline for p in self._running)
+            if now <= deadline + margin_s:
+                return None
+            return (
+                f"a batch of {len(self._running)} has run {now - self._running_since:.1f} s, "
+                f"{now - deadline:.1f} s past its deadline (request ids: "
+                f"{', '.join(p.request_id for p in self._running)})"
+            )
+
+    def abandon(self, reason: str) -> None:
+        """Give up on the model thread: refuse new items and fail every queued and
+        running one now (503: another worker can serve them)."""
+        with self._cond:
+            self.fault = reason
+            self._stopping = True
+            dropped = [*self._queue, *self._running]
+            self._queue.clear()
+            self._observer.depth(0)
+            self._cond.notify_all()
+        for pending in dropped:
+            _resolve(
+                pending.future,
+                NotReady(
+                    f"request {pending.request_id}: this worker's model stopped answering and "
+                    "the worker is being replaced; retry"
+                ),
+            )
 
     def rejected(self, reason: str) -> None:
         """Count a request refused before it reached the queue."""
@@ -153,7 +218,13 @@ class Batcher:
 
     @property
     def alive(self) -> bool:
-        return self._thread.is_alive() and not self._stopping
+        """Serving: the model thread runs, and nothing has asked for this worker's end."""
+        return (
+            self._thread.is_alive()
+            and not self._stopping
+            and self.fault is None
+            and self.recycle is None
+        )
 
     @property
     def depth(self) -> int:
@@ -165,24 +236,50 @@ class Batcher:
     # -- the model thread ---------------------------------------------------
 
     def _loop(self) -> None:
-        while True:
-            batch = self._next_batch()
-            if batch is None:
-                return
-            try:
-                self._run(batch)
-            except Exception:
-                # A bug outside the handler (an observer, say) must not kill the
-                # model thread: every later request would wait for its deadline.
-                log.exception("the batcher failed around a batch of %d", len(batch))
-                for pending in batch:
-                    if not pending.future.done():
-                        pending.future.set_exception(
-                            ModelError(f"internal error; request id {pending.request_id}")
-                        )
-            finally:
-                with self._cond:
-                    self._busy_until = 0.0
+        try:
+            while True:
+                batch = self._next_batch()
+                if batch is None:
+                    return
+                self._run_guarded(batch)
+        except BaseException as exc:
+            # Forming batches failed (a dispatch policy's bug, say): the thread cannot
+            # go on safely. Say so, fail what is queued now, and let the watchdog
+            # replace the worker instead of answering 503 forever.
+            log.critical("the model thread failed and stops: %r", exc, exc_info=exc)
+            self.abandon(f"the model thread failed: {exc!r}")
+
+    def _run_guarded(self, batch: list[Pending]) -> None:
+        try:
+            self._run(batch)
+        except Exception:
+            # A bug outside the handler (an observer, say) must not kill the
+            # model thread: every later request would wait for its deadline.
+            log.exception("the batcher failed around a batch of %d", len(batch))
+            self._fail(batch, "internal error")
+        except BaseException as exc:
+            # SystemExit (or KeyboardInterrupt) out of the handler: this batch fails,
+            # the thread serves what is queued, and the worker is replaced after,
+            # since the handler asked to stop or is in a state nobody knows.
+            ids = ", ".join(p.request_id for p in batch)
+            log.error(
+                "the handler raised %r on a batch of %d (request ids: %s); "
+                "this worker will be replaced",
+                exc,
+                len(batch),
+                ids,
+                exc_info=exc,
+            )
+            self._fail(batch, "the model failed on this request")
+            self.recycle = f"the handler raised {type(exc).__name__}"
+        finally:
+            with self._cond:
+                self._busy_until = 0.0
+                self._running = []
+
+    def _fail(self, batch: list[Pending], what: str) -> None:
+        for pending in batch:
+            _resolve(pending.future, ModelError(f"{what}; request id {pending.request_id}"))
 
     def _next_batch(self) -> list[Pending] | None:
         with self._cond:
@@ -202,6 +299,8 @@ class Batcher:
             size = min(len(self._queue), self.max_batch_size)
             batch = [self._queue.popleft() for _ in range(size)]
             self._busy_until = now + self.policy.batch_cost_s(size)
+            self._running = batch
+            self._running_since = now
             self._observer.depth(len(self._queue))
             return batch
 
@@ -212,7 +311,7 @@ class Batcher:
             if not pending.future.set_running_or_notify_cancel():
                 continue  # its request thread gave up at the deadline
             if pending.deadline <= now:
-                pending.future.set_exception(DeadlineExceeded(_deadline_message(pending)))
+                _resolve(pending.future, DeadlineExceeded(_deadline_message(pending)))
                 self._observer.rejected("deadline_passed")
                 continue
             live.append(pending)
@@ -221,16 +320,25 @@ class Batcher:
             ran = self._run_batch([p.item for p in live], [p.context for p in live])
             duration = self._clock() - started
             for pending, result in zip(live, ran.results, strict=True):
-                if isinstance(result, BaseException):
-                    pending.future.set_exception(result)
-                else:
-                    pending.future.set_result(result)
+                _resolve(pending.future, result)
             # Re-runs in halves (an InvalidInput to isolate) are not one batch of
             # this size: their total time would skew the cost model, so only a
             # batch that ran in one call teaches it.
             if ran.calls == 1:
                 self.policy.observe(len(live), duration)
             self._observer.batch(len(live), duration, [started - p.arrival for p in live])
+
+
+def _resolve(future: Future[Any], result: Any) -> None:
+    """Set a result or an exception, unless the future is done already (failed by
+    ``abandon`` while the model thread was away)."""
+    if future.done():
+        return
+    with contextlib.suppress(InvalidStateError):
+        if isinstance(result, BaseException):
+            future.set_exception(result)
+        else:
+            future.set_result(result)
 
 
 def _deadline_message(pending: Pending) -> str:

@@ -7,7 +7,8 @@ import pytest
 
 from serving_core.batching import Batcher
 from serving_core.context import Context
-from serving_core.dispatch import make_policy
+from serving_core.costmodel import CostModel
+from serving_core.dispatch import FixedWindow, make_policy
 from serving_core.engine import Engine
 from serving_core.errors import DeadlineExceeded, InvalidParams, ModelError, NotReady, Overloaded
 from serving_core.handler import Handler, InvalidInput
@@ -252,3 +253,97 @@ def test_a_failing_observer_fails_its_batch_but_not_the_model_thread(model):
         assert submit(batcher, "b").future.result(5) == {"out": "b"}
     finally:
         batcher.stop(5)
+
+
+def test_a_request_that_gives_up_leaves_the_queue_at_once(model):
+    model.gate.clear()
+    batcher = make(model, max_batch_size=1, max_queue=2)
+    try:
+        submit(batcher, "running")
+        assert model.entered.wait(5)
+        gone = submit(batcher, "gone")
+        submit(batcher, "kept")
+        assert batcher.depth == 2
+        batcher.withdraw(gone)
+        # Room for a new request while the batch in flight still runs.
+        assert batcher.depth == 1
+        assert gone.future.cancelled()
+        submit(batcher, "new")
+    finally:
+        model.gate.set()
+        batcher.stop(5)
+    assert all("gone" not in batch for batch in model.batches)
+
+
+@pytest.mark.parametrize("exit_", [SystemExit(3), KeyboardInterrupt()])
+def test_a_base_exception_from_the_handler_fails_its_batch_not_the_model_thread(exit_):
+    class Exiting:
+        def __call__(self, items):
+            if "exit" in items:
+                raise exit_
+            return [{"out": item} for item in items]
+
+    batcher = make(Exiting(), max_batch_size=1, max_wait_ms=0)
+    try:
+        with pytest.raises(ModelError, match="request id r-exit"):
+            submit(batcher, "exit").future.result(5)
+        assert submit(batcher, "after").future.result(5) == {"out": "after"}
+        # Served, but asking for the worker to be replaced.
+        assert batcher.recycle == f"the handler raised {type(exit_).__name__}"
+        assert not batcher.alive
+        assert batcher.stalled(time.monotonic(), 0.0) is None
+    finally:
+        batcher.stop(5)
+
+
+def test_an_error_in_forming_batches_fails_the_queue_loudly_and_names_the_fault(caplog):
+    class BrokenPolicy(FixedWindow):
+        def dispatch_at(self, queue, now):
+            raise ZeroDivisionError("policy bug")
+
+    batcher = Batcher(
+        run_with(Model()),
+        policy=BrokenPolicy(max_batch_size=4, max_wait_s=0.0, cost=CostModel()),
+        max_batch_size=4,
+        max_queue=8,
+    )
+    batcher.start()
+    pending = submit(batcher, "a")
+    with pytest.raises(NotReady, match="being replaced"):
+        pending.future.result(5)
+    with pytest.raises(NotReady):
+        submit(batcher, "b")
+    assert "policy bug" in batcher.stalled(time.monotonic(), margin_s=0.0)
+    assert not batcher.alive
+    assert any(r.levelname == "CRITICAL" and "policy bug" in r.getMessage() for r in caplog.records)
+
+
+def test_a_batch_past_its_deadline_and_the_margin_is_stalled_and_abandon_fails_the_queue():
+    model = Model()
+    model.gate.clear()
+    batcher = make(model, max_batch_size=1)
+    try:
+        now = time.monotonic()
+        running = batcher.submit("running", Context("hung", now + 1.0), arrival=now)
+        assert model.entered.wait(5)
+        queued = submit(batcher, "queued")
+        assert batcher.stalled(now + 1.5, margin_s=1.0) is None
+        reason = batcher.stalled(now + 2.5, margin_s=1.0)
+        assert "past its deadline" in reason
+        assert "request ids: hung" in reason
+        batcher.abandon(reason)
+        for pending in (running, queued):
+            with pytest.raises(NotReady, match="being replaced"):
+                pending.future.result(0)
+        assert batcher.depth == 0
+        with pytest.raises(NotReady):
+            submit(batcher, "new")
+        # stop() does not wait for a model thread that may never return.
+        assert batcher.stop(30) is False
+    finally:
+        model.gate.set()
+    # If the handler does come back, its late result is dropped quietly.
+    deadline = time.monotonic() + 5
+    while batcher._thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert model.batches == [["running"]]
