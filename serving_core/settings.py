@@ -48,6 +48,17 @@ class Settings:
     max_body_bytes: int = 1024 * 1024
     graceful_timeout_s: float = 30.0
     keepalive_s: float = 5.0
+    # Recycling: a worker finishes its requests and exits after max_requests (plus
+    # a random 0..jitter, so workers started together do not leave together; 0:
+    # a tenth of max_requests), or once its resident memory passes max_rss_bytes
+    # (pages shared with the master included); gunicorn forks a new one from the
+    # preloaded master. 0 turns either off.
+    max_requests: int = 0
+    max_requests_jitter: int = 0
+    max_rss_bytes: int = 0
+    # A batch still running this long after the last deadline of its requests
+    # means the model is hung: the worker fails its queue and is replaced.
+    hang_margin_s: float = 2.0
     log_level: LogLevel = "info"
     log_format: LogFormat = "text"  # json: one object per line (app and access log)
     docs_enabled: bool = True  # GET /docs, the API page (off for a private API)
@@ -126,7 +137,10 @@ class Settings:
         # (gthread: every queued request holds a thread, so threads = four
         # batches leaves a batch's worth free to refuse newcomers at once.)
         max_queue = self.max_queue or 2 * self.max_batch_size
-        settings = dataclasses.replace(self, workers=workers, threads=threads, max_queue=max_queue)
+        jitter = self.max_requests_jitter or self.max_requests // 10
+        settings = dataclasses.replace(
+            self, workers=workers, threads=threads, max_queue=max_queue, max_requests_jitter=jitter
+        )
         gevent = settings.worker_class == "gevent"
         if gevent and settings.worker_connections < settings.max_batch_size:
             raise SettingsError(
@@ -279,6 +293,10 @@ _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "max_body_bytes": _int(1, 1 << 34),
     "graceful_timeout_s": _float(0.0, 3600.0),
     "keepalive_s": _float(0.0, 3600.0),
+    "max_requests": _int(0, 1 << 40),
+    "max_requests_jitter": _int(0, 1 << 40),
+    "max_rss_bytes": _int(0, 1 << 50),
+    "hang_margin_s": _float(0.0, 3600.0),
     "log_level": _choice("debug", "info", "warning", "error", "critical"),
     "log_format": _choice("text", "json"),
     "docs_enabled": _bool,

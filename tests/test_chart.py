@@ -452,6 +452,10 @@ SETTINGS_TABLE = [
     ("maxBodyBytes", 4194304, "SERVING_MAX_BODY_BYTES", "4194304"),
     ("gracefulTimeoutSeconds", 45, "SERVING_GRACEFUL_TIMEOUT_S", "45"),
     ("keepaliveSeconds", 2, "SERVING_KEEPALIVE_S", "2"),
+    ("maxRequests", 5000, "SERVING_MAX_REQUESTS", "5000"),
+    ("maxRequestsJitter", 250, "SERVING_MAX_REQUESTS_JITTER", "250"),
+    ("maxRssBytes", 2147483648, "SERVING_MAX_RSS_BYTES", "2147483648"),
+    ("hangMarginSeconds", 4.5, "SERVING_HANG_MARGIN_S", "4.5"),
     ("logLevel", "debug", "SERVING_LOG_LEVEL", "debug"),
     ("logFormat", "json", "SERVING_LOG_FORMAT", "json"),
     ("docsEnabled", False, "SERVING_DOCS_ENABLED", "false"),
@@ -536,6 +540,8 @@ def test_rendered_env_is_what_serving_core_accepts(chart: helm.Chart) -> None:
     assert (settings.jobs_max_attempts, settings.jobs_lease_s) == (5, 30.5)
     assert settings.bind == "unix:/run/serving/gunicorn.sock"
     assert settings.metrics_dir == "/run/metrics"
+    assert (settings.max_requests, settings.max_requests_jitter) == (5000, 250)
+    assert (settings.max_rss_bytes, settings.hang_margin_s) == (2147483648, 4.5)
 
 
 # What a Secret holds where a setting comes from one: a secretKeyRef cannot be

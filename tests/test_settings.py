@@ -198,3 +198,28 @@ def test_gevent_workers_need_room_for_a_full_batch():
 
 def test_empty_values_mean_the_default():
     assert Settings.from_env({"SERVING_WORKERS": ""}, cores=3).workers == 3
+
+
+def test_recycling_is_off_by_default_and_jitter_defaults_to_a_tenth():
+    settings = Settings.from_env({}, cores=1)
+    assert (settings.max_requests, settings.max_requests_jitter) == (0, 0)
+    assert (settings.max_rss_bytes, settings.hang_margin_s) == (0, 2.0)
+    env = {"SERVING_MAX_REQUESTS": "5000", "SERVING_MAX_RSS_BYTES": "2147483648"}
+    settings = Settings.from_env(env, cores=1)
+    assert (settings.max_requests_jitter, settings.max_rss_bytes) == (500, 2**31)
+    env |= {"SERVING_MAX_REQUESTS_JITTER": "7", "SERVING_HANG_MARGIN_S": "0.5"}
+    settings = Settings.from_env(env, cores=1)
+    assert (settings.max_requests_jitter, settings.hang_margin_s) == (7, 0.5)
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "expected"),
+    [
+        ("SERVING_MAX_REQUESTS", "-1", "is out of range"),
+        ("SERVING_MAX_RSS_BYTES", "2G", "is not an integer"),
+        ("SERVING_HANG_MARGIN_S", "-1", "is out of range"),
+    ],
+)
+def test_a_bad_recycling_setting_names_itself(name, value, expected):
+    with pytest.raises(SettingsError, match=f"{name}='{value}' {expected}"):
+        Settings.from_env({name: value}, cores=1)

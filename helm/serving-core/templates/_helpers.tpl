@@ -131,6 +131,10 @@ requestTimeoutSeconds: {env: SERVING_REQUEST_TIMEOUT_S, kind: number}
 maxBodyBytes: {env: SERVING_MAX_BODY_BYTES, kind: int}
 gracefulTimeoutSeconds: {env: SERVING_GRACEFUL_TIMEOUT_S, kind: number}
 keepaliveSeconds: {env: SERVING_KEEPALIVE_S, kind: number}
+maxRequests: {env: SERVING_MAX_REQUESTS, kind: int}
+maxRequestsJitter: {env: SERVING_MAX_REQUESTS_JITTER, kind: auto}
+maxRssBytes: {env: SERVING_MAX_RSS_BYTES, kind: int}
+hangMarginSeconds: {env: SERVING_HANG_MARGIN_S, kind: number}
 logLevel: {env: SERVING_LOG_LEVEL, kind: string}
 logFormat: {env: SERVING_LOG_FORMAT, kind: string}
 docsEnabled: {env: SERVING_DOCS_ENABLED, kind: string}
