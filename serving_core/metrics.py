@@ -10,6 +10,7 @@ before anything imports it, and this module imports it lazily. Without it
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import sys
@@ -18,6 +19,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .settings import SettingsError
+
+log = logging.getLogger("serving_core.metrics")
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -63,11 +66,57 @@ def remove_metrics_dir() -> None:
 
 
 def worker_exited(pid: int) -> None:
-    """gunicorn ``child_exit``: drop a dead worker's live gauges (its counters stay counted)."""
-    if MULTIPROC_ENV in os.environ:
+    """gunicorn ``child_exit``: drop a dead worker's live gauges and fold its counters
+    and histograms into the directory's archive (its counts stay counted)."""
+    path = os.environ.get(MULTIPROC_ENV)
+    if path:
         from prometheus_client import multiprocess
 
-        multiprocess.mark_process_dead(pid)  # type: ignore[no-untyped-call]
+        multiprocess.mark_process_dead(pid, path)  # type: ignore[no-untyped-call]
+        archive_dead_worker(Path(path), pid)
+
+
+# The files a dead worker leaves whose values add up across processes. (Gauges:
+# ours are all live*, removed above.)
+SUMMED_KINDS = ("counter", "histogram", "summary")
+
+
+def archive_dead_worker(directory: Path, pid: int) -> None:
+    """Add a dead worker's counters and histograms into ``KIND_archive.db`` and remove
+    its files: a worker recycled every N requests would otherwise leave two files
+    per generation, which every scrape reads, without end.
+
+    The new archive is written aside and renamed into place, then the dead file is
+    removed: a scrape between the two (two system calls) counts it twice.
+    """
+    from prometheus_client.mmap_dict import MmapedDict
+
+    for kind in SUMMED_KINDS:
+        dead = directory / f"{kind}_{pid}.db"
+        if not dead.exists():
+            continue
+        archive = directory / f"{kind}_archive.db"
+        fresh = directory / f"{kind}_archive.db.new"  # not *.db: no scrape reads it
+        try:
+            totals: dict[str, float] = {}
+            for source in (archive, dead):
+                if source.exists():
+                    read = MmapedDict.read_all_values_from_file
+                    for key, value, _ts, _pos in read(str(source)):  # type: ignore[no-untyped-call]
+                        totals[key] = totals.get(key, 0.0) + value
+            fresh.unlink(missing_ok=True)
+            merged = MmapedDict(str(fresh))  # type: ignore[no-untyped-call]
+            try:
+                for key, value in totals.items():
+                    merged.write_value(key, value, 0.0)  # type: ignore[no-untyped-call]
+            finally:
+                merged.close()  # type: ignore[no-untyped-call]
+            os.replace(fresh, archive)
+            dead.unlink()
+        except OSError as exc:
+            log.warning(
+                "could not fold worker %d's %s metrics into %s: %s", pid, kind, archive, exc
+            )
 
 
 class Metrics:
@@ -217,4 +266,9 @@ def exposition() -> bytes:
 
     registry = CollectorRegistry()
     multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
-    return bytes(generate_latest(registry))
+    try:
+        return bytes(generate_latest(registry))
+    except FileNotFoundError:
+        # A dead worker's file was folded into the archive between the collector's
+        # listing and its reading: the next listing has the archive instead.
+        return bytes(generate_latest(registry))

@@ -10,8 +10,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.mmap_dict import MmapedDict, mmap_key
+from prometheus_client.multiprocess import MultiProcessCollector
 
-from serving_core.metrics import Metrics
+from serving_core.metrics import Metrics, archive_dead_worker
 from tests.conftest import PROBE
 from tests.servers import ROOT, SERVING_CORE, base_env, gunicorn_server, wait_for_worker_pids
 
@@ -107,7 +110,44 @@ def test_metrics_add_up_across_two_workers_and_survive_a_dead_worker(tmp_path):
         # The dead worker's counts stay counted; its live gauge is gone.
         assert sample(text, "serving_requests_total", route="/predict", status="200") == 80 + before
         assert sample(text, "serving_queue_depth") == 0
+        assert sample(text, "serving_batch_size_sum") == 80 + before + 3
         assert not (tmp_path / f"gauge_livesum_{pids[0]}.db").exists()
+        # Its counters and histograms were folded into the archive, not left behind.
+        assert not list(tmp_path.glob(f"*_{pids[0]}.db"))
+        assert (tmp_path / "counter_archive.db").exists()
+        assert (tmp_path / "histogram_archive.db").exists()
+
+
+def test_a_dead_workers_counters_and_histograms_fold_into_the_archive(tmp_path):
+    def write(path, values):
+        mmap = MmapedDict(str(path))
+        for key, value in values.items():
+            mmap.write_value(key, value, 0.0)
+        mmap.close()
+
+    def collect():
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry, path=str(tmp_path))
+        return generate_latest(registry).decode()
+
+    requests_ok = mmap_key("serving_requests", "serving_requests_total", ["s"], ["200"], "h")
+    bucket = mmap_key("serving_batch_size", "serving_batch_size_bucket", ["le"], ["1.0"], "h")
+    write(tmp_path / "counter_11.db", {requests_ok: 5})
+    write(tmp_path / "counter_22.db", {requests_ok: 7})
+    write(tmp_path / "histogram_11.db", {bucket: 2})
+    write(tmp_path / "counter_archive.db", {requests_ok: 100})
+    before = collect()
+
+    archive_dead_worker(tmp_path, 11)
+    archive_dead_worker(tmp_path, 99)  # left no files: nothing to do
+
+    assert collect() == before
+    assert sample(before, "serving_requests_total", s="200") == 112
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "counter_22.db",
+        "counter_archive.db",
+        "histogram_archive.db",
+    ]
 
 
 def test_an_unusable_metrics_dir_names_the_variable(tmp_path):
