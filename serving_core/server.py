@@ -7,8 +7,13 @@ Order of events (``serving-core serve``):
    ``gc.freeze()`` so the workers' reference counting does not copy the
    loaded objects' pages, then fork.
 2. ``post_fork`` in each worker: torch intra-op threads = usable cores //
-   workers, ``setup_worker()``, start the model thread, run the sample.
+   workers, ``setup_worker()``, start the model thread, run the sample, start
+   the watchdog (``watchdog``, ``recycle``: a hung model, a leak).
 3. ``worker_exit``: finish the queued items, stop the model thread.
+4. ``child_exit`` (master): fold the dead worker's metric files into one.
+
+A worker also leaves after ``max_requests`` (plus jitter); gunicorn forks
+its replacement from the master, so the model is never loaded again.
 
 Fork safety: one multi-threaded torch operation before fork leaves GNU
 OpenMP's thread pool unusable in the forked children, and a worker then hangs
@@ -21,6 +26,7 @@ computes in ``setup()`` safe (the MiniLM handler traces its model there).
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import math
@@ -29,7 +35,7 @@ from typing import Any
 from flask import Flask
 from gunicorn.app.base import BaseApplication
 
-from . import metrics, wire
+from . import metrics, recycle, wire
 from .app import create_app
 from .engine import Engine
 from .loading import LoadedHandler
@@ -46,14 +52,27 @@ WORKER_CLASSES = {
 
 
 def gunicorn_options(settings: Settings, service: Service) -> dict[str, Any]:
+    failures = recycle.WarmUpFailures()  # made in the master, shared with every worker
+
     def post_fork(server: Any, worker: Any) -> None:
         threads = set_worker_threads(settings.workers)
-        # What only the worker knows: its connections, and how its requests wait.
-        service.start(open_connections=worker.open_connections, new_future=worker.new_future)
+        try:
+            # What only the worker knows: its connections, how its requests wait,
+            # and how it leaves.
+            service.start(
+                open_connections=worker.open_connections,
+                new_future=worker.new_future,
+                on_verdict=functools.partial(recycle.leave, worker),
+            )
+        except Exception as exc:
+            if worker.age <= settings.workers:
+                raise  # one of the first workers: gunicorn stops serve
+            recycle.warm_up_failed(worker, failures, exc)
+        failures.succeeded()
         log.info("worker %s ready: %d torch thread(s)", worker.pid, threads)
 
     def worker_exit(server: Any, worker: Any) -> None:
-        if not service.stop():
+        if not service.stop() and service.fault is None:
             log.warning("worker %s: the model thread did not finish in time", worker.pid)
 
     def child_exit(server: Any, worker: Any) -> None:
@@ -73,6 +92,8 @@ def gunicorn_options(settings: Settings, service: Service) -> dict[str, Any]:
         "threads": settings.threads,
         "worker_connections": settings.worker_connections,
         "preload_app": True,
+        "max_requests": settings.max_requests,
+        "max_requests_jitter": settings.max_requests_jitter,
         # gunicorn takes whole seconds here.
         "keepalive": math.ceil(settings.keepalive_s),
         "graceful_timeout": math.ceil(settings.graceful_timeout_s),

@@ -29,6 +29,7 @@ from .handler import Output, Params
 from .jobs import Job, JobQueue, QueueFull, QueueUnavailable, open_queue
 from .loading import LoadedHandler
 from .settings import Settings
+from .watchdog import Verdict, Watchdog
 
 log = logging.getLogger("serving_core.service")
 
@@ -63,6 +64,7 @@ class Service:
         self._in_flight = 0
         self._in_flight_lock = threading.Lock()
         self._serving = False
+        self.watchdog: Watchdog | None = None
 
     # -- lifecycle ----------------------------------------------------------
 
@@ -72,12 +74,15 @@ class Service:
         warm_up: bool = True,
         open_connections: Callable[[], int | None] = lambda: None,
         new_future: Callable[[], Future[Any]] = Future,
+        on_verdict: Callable[[Verdict], None] | None = None,
     ) -> None:
         """Per-worker start: ``setup_worker``, the model thread, then the sample as warm-up.
 
         ``open_connections``: the worker's open client connections (each may still
         send a request), for the adaptive policy; ``new_future``: what a waiting
-        request waits on (the gevent worker's greenlet-friendly future).
+        request waits on (the gevent worker's greenlet-friendly future);
+        ``on_verdict``: how the worker leaves when its watchdog says it should
+        (None: no watchdog).
         """
         self.handler.setup_worker()
         self.cache = from_settings(self.settings, self.handler, self._cache_observer, new_future)
@@ -89,6 +94,7 @@ class Service:
             # No model thread to start or warm: predict runs in the requests. (Nor
             # is the sample run: a pipeline's stages may start after it does.)
             self._serving = True
+            self._watch(on_verdict)
             return
         policy = make_policy(
             self.settings.batch_policy,
@@ -109,20 +115,46 @@ class Service:
             # Runs in the worker after fork: the first real request does not pay
             # for lazy initialisation, and a handler that breaks the contract
             # stops the worker at boot instead of failing requests.
-            self.predict(dict(self.loaded.sample), request_id="warm-up")
+            try:
+                self.predict(dict(self.loaded.sample), request_id="warm-up")
+            except BaseException:
+                # The model thread may still be in the sample: exit without waiting.
+                self.batcher.abandon("the warm-up failed")
+                raise
             policy.cost.reset()
+        self._watch(on_verdict)
+
+    def _watch(self, on_verdict: Callable[[Verdict], None] | None) -> None:
+        if on_verdict is None:
+            return
+        self.watchdog = Watchdog(
+            self.batcher,
+            hang_margin_s=self.settings.hang_margin_s,
+            max_rss_bytes=self.settings.max_rss_bytes,
+            on_verdict=on_verdict,
+        )
+        self.watchdog.start()
 
     def stop(self) -> bool:
         for queue in (self.jobs, self.followup):
             if queue is not None:
                 queue.close()
         self._serving = False
+        if self.watchdog is not None:
+            self.watchdog.stop()
         if self.batcher is None:
             return True
         return self.batcher.stop(self.settings.graceful_timeout_s)
 
     @property
+    def fault(self) -> str | None:
+        """Why the model thread was given up (hung or dead), or None."""
+        return self.batcher.fault if self.batcher is not None else None
+
+    @property
     def ready(self) -> bool:
+        if self.watchdog is not None and self.watchdog.verdict is not None:
+            return False  # on its way out
         if self.concurrent:
             return self._serving and self.handler.ready()
         return self.batcher is not None and self.batcher.alive and self.handler.ready()
@@ -157,7 +189,7 @@ class Service:
         try:
             output = pending.future.result(timeout=max(0.0, deadline - time.monotonic()))
         except (FutureTimeout, CancelledError):
-            pending.future.cancel()  # frees its slot if the model thread has not taken it
+            self.batcher.withdraw(pending)  # frees its slot if the model thread has not taken it
             raise DeadlineExceeded(
                 f"no answer within the deadline of {deadline - arrival:.3f} s; "
                 "retry later or ask for a longer timeout"
