@@ -20,6 +20,7 @@ access line's fields are the same few values, plus the route the app matched
 
 from __future__ import annotations
 
+import logging
 import traceback
 from datetime import timedelta
 from typing import Any
@@ -42,19 +43,33 @@ class AccessLogger(Logger):  # type: ignore[misc]
             status = status.split(None, 1)[0]
         sent = resp.sent if getattr(resp, "sent", None) is not None else "-"
         try:
-            self.access_log.info(
+            _log(
+                self.access_log,
                 _FORMAT,
-                environ.get("REMOTE_ADDR", "-"),
-                environ["REQUEST_METHOD"],
-                environ["RAW_URI"],
-                environ["SERVER_PROTOCOL"],
-                status,
-                sent,
-                request_time.seconds * 1000 + request_time.microseconds // 1000,
-                request_id,
+                (
+                    environ.get("REMOTE_ADDR", "-"),
+                    environ["REQUEST_METHOD"],
+                    environ["RAW_URI"],
+                    environ["SERVER_PROTOCOL"],
+                    status,
+                    sent,
+                    request_time.seconds * 1000 + request_time.microseconds // 1000,
+                    request_id,
+                ),
             )
         except Exception:
             self.error(traceback.format_exc())
+
+
+def _log(logger: logging.Logger, message: str, args: tuple[Any, ...], **extra: Any) -> None:
+    """``logger.info(message, *args)`` without looking up the caller's file and line,
+    which ``Logger.info`` does on every call (a walk up the stack) and no format here
+    uses; levels, filters and handlers apply as usual."""
+    if logger.isEnabledFor(logging.INFO):
+        record = logger.makeRecord(
+            logger.name, logging.INFO, "(unknown file)", 0, message, args, None, extra=extra
+        )
+        logger.handle(record)
 
 
 def _request_id(resp: Any) -> str:
@@ -93,6 +108,6 @@ class JsonAccessLogger(Logger):  # type: ignore[misc]
                 "bytes": getattr(resp, "sent", None),
                 "remote_addr": environ.get("REMOTE_ADDR"),
             }
-            self.access_log.info(_JSON_MESSAGE, method, path, status, extra={"fields": fields})
+            _log(self.access_log, _JSON_MESSAGE, (method, path, status), fields=fields)
         except Exception:
             self.error(traceback.format_exc())

@@ -75,7 +75,7 @@ class Cache:
         self._new_future = new_future
         # Held only to read or change the table, never while waiting.
         self._lock = threading.Lock()
-        self._in_flight: dict[str, Future[Any]] = {}
+        self._in_flight: dict[str, Future[Any] | None] = {}
 
     def key_for(self, params: Mapping[str, Any]) -> str | None:
         """The key of ``params``, or None when they cannot be cached (not JSON values)."""
@@ -130,26 +130,31 @@ class Cache:
         so a miss, a hit and a coalesced request have the same JSON body. Treat
         the output as read-only: it may be shared.
         """
+        waited: Future[Any] | None = None
         with self._lock:
-            future = self._in_flight.get(key)
-            leader = future is None
-            if future is None:
-                future = self._in_flight[key] = self._new_future()
-        if not leader:
+            if key not in self._in_flight:
+                # The future is made by the first request to wait on it: most keys
+                # are never asked for twice at once, and a future costs its wake-up.
+                self._in_flight[key] = None
+            else:
+                waited = self._in_flight[key] or self._new_future()
+                self._in_flight[key] = waited
+        if waited is not None:
             self._count("coalesced")
-            output: Output = future.result(timeout_s)
+            output: Output = waited.result(timeout_s)
             return output, "coalesced"
         try:
             output, result = self._lead(key, compute)
         except BaseException as exc:
-            self._done(key)
-            if isinstance(exc, Exception):
-                future.set_exception(exc)
-            else:  # the leader was cancelled (GreenletExit, KeyboardInterrupt)
-                future.set_exception(RuntimeError("the request computing this output stopped"))
+            future = self._done(key)
+            if future is not None:
+                # A BaseException: the leader was cancelled (GreenletExit, KeyboardInterrupt).
+                stopped = RuntimeError("the request computing this output stopped")
+                future.set_exception(exc if isinstance(exc, Exception) else stopped)
             raise
-        self._done(key)
-        future.set_result(output)
+        future = self._done(key)
+        if future is not None:
+            future.set_result(output)
         self._count(result)
         return output, result
 
@@ -216,9 +221,10 @@ class Cache:
                 return self._decode(key, value)
         return None
 
-    def _done(self, key: str) -> None:
+    def _done(self, key: str) -> Future[Any] | None:
+        """Ends ``key``'s flight: its future, if anyone waits on it."""
         with self._lock:
-            del self._in_flight[key]
+            return self._in_flight.pop(key)
 
     def _count(self, result: CacheResult) -> None:
         if self.observer is not None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 from dataclasses import dataclass
 
 
@@ -46,11 +46,21 @@ def batch() -> Sequence[Context]:
 
 @contextmanager
 def serving(context: Context) -> Iterator[None]:
-    token = _current.set(context)
+    token = enter(context)
     try:
         yield
     finally:
-        _current.reset(token)
+        leave(token)
+
+
+def enter(context: Context) -> Token[Context | None]:
+    """``serving(context)`` without a context manager, for the per-request path:
+    ``leave`` the token in a ``finally``."""
+    return _current.set(context)
+
+
+def leave(token: Token[Context | None]) -> None:
+    _current.reset(token)
 
 
 @contextmanager

@@ -17,6 +17,7 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from .settings import SettingsError
 
@@ -208,8 +209,12 @@ class Metrics:
             self.rejections.labels(reason)
         for outcome in ("done", "failed"):
             self.jobs.labels(outcome)
-        for result in ("hit", "miss", "coalesced"):
-            self.cache_requests.labels(result)
+        # Labelled children, kept: ``labels()`` takes a lock and checks its
+        # arguments on every call, and these count every request.
+        self._cache_results = {
+            result: self.cache_requests.labels(result) for result in ("hit", "miss", "coalesced")
+        }
+        self._by_route: dict[tuple[str, int], tuple[Any, Any]] = {}
 
     # -- batcher Observer -----------------------------------------------------
 
@@ -231,7 +236,8 @@ class Metrics:
     # -- cache CacheObserver -----------------------------------------------------
 
     def cache_request(self, result: str) -> None:
-        self.cache_requests.labels(result).inc()
+        counter = self._cache_results.get(result)
+        (counter or self.cache_requests.labels(result)).inc()
 
     def cache_error(self, store: str) -> None:
         self.cache_errors.labels(store).inc()
@@ -239,8 +245,14 @@ class Metrics:
     # -- HTTP -------------------------------------------------------------------
 
     def request(self, route: str, status: int, duration_s: float) -> None:
-        self.requests.labels(route, str(status)).inc()
-        self.latency.labels(route).observe(duration_s)
+        # Few keys: the app's routes (unmatched paths share one) times the statuses.
+        children = self._by_route.get((route, status))
+        if children is None:
+            children = self.requests.labels(route, str(status)), self.latency.labels(route)
+            self._by_route[(route, status)] = children
+        counter, latency = children
+        counter.inc()
+        latency.observe(duration_s)
 
     # -- the job consumer -------------------------------------------------------
 

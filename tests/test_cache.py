@@ -250,7 +250,7 @@ def test_a_failing_compute_raises_the_same_error_in_every_waiter_and_is_not_cach
     assert cache.single_flight(key_, lambda: {"y": 2}) == ({"y": 2}, "miss")
 
 
-def test_waiters_use_the_injected_future():
+def test_waiters_use_the_injected_future_and_a_lone_request_makes_none():
     made = []
 
     class Recorded(Future):
@@ -258,9 +258,18 @@ def test_waiters_use_the_injected_future():
             super().__init__()
             made.append(self)
 
-    cache = memory_cache(new_future=Recorded)
+    observer = Recorder()
+    cache = memory_cache(observer, new_future=Recorded)
     cache.single_flight(cache.key_for({}), dict)
-    assert len(made) == 1
+    assert made == []  # nobody waited for it
+
+    def compute():
+        observer.wait_coalesced(3)
+        return {"y": 1}
+
+    results = concurrent_calls(cache, observer, cache.key_for({"x": 1}), compute, n=4)
+    assert [output for output, _ in results] == [{"y": 1}] * 4
+    assert len(made) == 1  # one future, shared by the three waiters
 
 
 def test_unserialisable_outputs_are_returned_but_not_cached():
