@@ -11,13 +11,13 @@ from typing import Any
 
 from flask import Flask, Response, current_app, g, request, send_from_directory
 from flask_restful import Api, Resource
-from werkzeug.exceptions import HTTPException, NotFound
+from werkzeug.exceptions import HTTPException, NotFound, RequestEntityTooLarge
 
 from . import access, arrival, docs, encoding, openapi
 from .errors import QUOTE_CHARS, BadRequest, ServingError, quote, shorten
 from .logs import ROUTE_KEY
 from .metrics import CONTENT_TYPE, Metrics
-from .params import request_params
+from .params import JsonLimits, request_params
 from .service import Service, status_url
 from .settings import Settings
 
@@ -56,9 +56,10 @@ def create_app(settings: Settings, service: Service, metrics: Metrics) -> Flask:
 
     api = ErrorFunnelApi(app, catch_all_404s=True)
     api.representations = {"application/json": _json_response}
-    api.add_resource(Predict, "/predict", resource_class_args=(service,))
+    limits = JsonLimits(settings.max_json_depth, settings.max_string_chars)
+    api.add_resource(Predict, "/predict", resource_class_args=(service, limits))
     if settings.jobs_enabled:
-        api.add_resource(Jobs, "/jobs", resource_class_args=(service,))
+        api.add_resource(Jobs, "/jobs", resource_class_args=(service, limits))
     if settings.jobs_enabled or settings.followup_queue:
         api.add_resource(JobStatus, "/jobs/<job_id>", resource_class_args=(service,))
     api.add_resource(Healthz, "/healthz")
@@ -79,7 +80,8 @@ def create_app(settings: Settings, service: Service, metrics: Metrics) -> Flask:
         # serving-core has API keys, these go behind them like every route.
         _add_docs(app, docs.page(service.name))
 
-    app.before_request(_start_request)
+    proxies = arrival.TrustedProxies(settings.trusted_proxies)
+    app.before_request(lambda: _start_request(proxies))
     # After the request id is set: a 401 carries it too.
     app.before_request(guard.check)
     access.enable_cors(app, settings.cors_origins)
@@ -121,23 +123,30 @@ class ErrorFunnelApi(Api):  # type: ignore[misc]
 
 
 class Predict(Resource):  # type: ignore[misc]
-    def __init__(self, service: Service) -> None:
+    def __init__(self, service: Service, limits: JsonLimits) -> None:
         self.service = service
+        self.limits = limits
 
     def post(self) -> tuple[dict[str, Any], int, dict[str, str]]:
-        params = request_params(request)
+        timeout_s = _client_timeout()
+        # From the headers alone, before the body is read: a full worker spends
+        # nothing on a body it would refuse anyway.
+        _refuse_oversized()
+        self.service.admit(arrival=g.arrival, timeout_s=timeout_s)
+        params = request_params(request, self.limits)
         output, served = self.service.answer(
-            params, request_id=g.request_id, arrival=g.arrival, timeout_s=_client_timeout()
+            params, request_id=g.request_id, arrival=g.arrival, timeout_s=timeout_s
         )
         return output, 200, {"X-Cache": served} if served else {}
 
 
 class Jobs(Resource):  # type: ignore[misc]
-    def __init__(self, service: Service) -> None:
+    def __init__(self, service: Service, limits: JsonLimits) -> None:
         self.service = service
+        self.limits = limits
 
     def post(self) -> tuple[dict[str, Any], int, dict[str, str]]:
-        params = request_params(request)
+        params = request_params(request, self.limits)
         key = request.headers.get("Idempotency-Key")
         if key is not None and not _REQUEST_ID_OK.fullmatch(key):
             raise BadRequest(
@@ -198,10 +207,10 @@ class MetricsEndpoint(Resource):  # type: ignore[misc]
         return Response(self.metrics.exposition(), content_type=CONTENT_TYPE)
 
 
-def _start_request() -> None:
-    g.arrival = arrival.arrival(
-        request.headers.get("X-Request-Start"), now=time.monotonic(), wall_now=time.time()
-    )
+def _start_request(proxies: arrival.TrustedProxies) -> None:
+    # A stamp from anyone else is ignored: the deadline counts from now.
+    stamp = request.headers.get("X-Request-Start") if proxies.trusts(request.remote_addr) else None
+    g.arrival = arrival.arrival(stamp, now=time.monotonic(), wall_now=time.time())
     sent = request.headers.get(REQUEST_ID, "")
     g.request_id = sent if _REQUEST_ID_OK.fullmatch(sent) else uuid.uuid4().hex
 
@@ -211,6 +220,14 @@ def _tag_response(response: Response) -> Response:
     if request_id:
         response.headers[REQUEST_ID] = request_id
     return response
+
+
+def _refuse_oversized() -> None:
+    # werkzeug would refuse it too, once the body is asked for: the client's fault
+    # comes before the server's (a 413 before a 503).
+    length, limit = request.content_length, request.max_content_length
+    if length is not None and limit is not None and length > limit:
+        raise RequestEntityTooLarge()
 
 
 def _client_timeout() -> float | None:

@@ -6,7 +6,8 @@ request sits in the worker's thread-pool queue). Two stamps make that wait
 visible; the earliest of them and the app's own clock is the arrival:
 
 - ``X-Request-Start: t=<unix seconds>``, set by nginx (``t=${msec}``) or any
-  proxy in the same convention (seconds, milliseconds or microseconds);
+  proxy in the same convention (seconds, milliseconds or microseconds), and
+  believed only from a trusted proxy (``TrustedProxies``);
 - the moment the gthread worker queued the connection (``worker.py``),
   passed to the request's thread in a context variable. (The gevent worker
   needs no stamp: each connection has its greenlet, which reads a request as
@@ -16,6 +17,8 @@ visible; the earliest of them and the app's own clock is the arrival:
 
 from __future__ import annotations
 
+import ipaddress
+from collections.abc import Iterable
 from contextvars import ContextVar
 
 # A context variable, not a thread-local: one value per thread, and per greenlet.
@@ -61,3 +64,32 @@ def arrival(header: str | None, *, now: float, wall_now: float) -> float:
     if queued is not None and queued <= now:
         candidates.append(queued)
     return min(candidates)
+
+
+class TrustedProxies:
+    """Who may stamp ``X-Request-Start``: a client could otherwise shorten its own
+    deadline's start (or, stamping the past, have every request refused as late).
+
+    ``entries``: addresses or CIDRs (``SERVING_TRUSTED_PROXIES``), or ``*``. A peer
+    with no address is a unix socket's, reachable only from the machine (the
+    chart's nginx sidecar): trusted, as gunicorn's ``forwarded_allow_ips`` does.
+    """
+
+    def __init__(self, entries: Iterable[str]) -> None:
+        entries = tuple(entries)
+        self.anyone = "*" in entries
+        networks = [ipaddress.ip_network(entry, strict=False) for entry in entries if entry != "*"]
+        # One address each, the usual case: a string lookup per request.
+        self._exact = {str(n.network_address) for n in networks if n.num_addresses == 1}
+        self._networks = [n for n in networks if n.num_addresses > 1]
+
+    def trusts(self, peer: str | None) -> bool:
+        if self.anyone or not peer or peer in self._exact:
+            return True
+        if not self._networks:
+            return False
+        try:
+            address = ipaddress.ip_address(peer)
+        except ValueError:
+            return False
+        return any(address in network for network in self._networks)

@@ -108,42 +108,50 @@ class Batcher:
 
     # -- request threads ---------------------------------------------------
 
+    def admit(self, deadline: float) -> None:
+        """Raise now what ``submit`` would raise for an item due by ``deadline``, and
+        queue nothing: the app asks before it reads a request's body."""
+        with self._cond:
+            self._refuse(deadline, self._clock())
+
     def submit(self, item: Any, context: Context, *, arrival: float) -> Pending:
         """Queue ``item``; raises ``Overloaded`` at once when it cannot be served in time."""
         deadline = context.deadline if context.deadline is not None else float("inf")
         with self._cond:
-            if self.fault is not None:
-                raise NotReady(
-                    "this worker's model stopped answering and the worker is being replaced; retry"
-                )
-            if self._stopping or not self._thread.is_alive():
-                raise NotReady("this worker is shutting down; retry on another instance")
             now = self._clock()
-            depth = len(self._queue)
-            if depth >= self.max_queue:
-                self._observer.rejected("queue_full")
-                raise Overloaded(
-                    f"the queue is full ({depth} requests); retry after the Retry-After delay",
-                    reason="queue_full",
-                    retry_after_s=self.policy.drain_time_s(depth, self._busy_left(now)),
-                )
-            late = self.policy.predicted_late(
-                depth, self._busy_left(now), deadline=deadline, now=now
-            )
-            if late is not None:
-                self._observer.rejected("predicted_late")
-                raise Overloaded(
-                    "the server cannot answer before this request's deadline "
-                    f"({depth} requests queued); retry after the Retry-After delay",
-                    reason="predicted_late",
-                    retry_after_s=late,
-                )
+            self._refuse(deadline, now)
             pending = Pending(item, context, arrival, enqueued=now, future=self.new_future())
             self._queue.append(pending)
             self.policy.arrived(now)
             self._observer.depth(len(self._queue))
             self._cond.notify()
         return pending
+
+    def _refuse(self, deadline: float, now: float) -> None:
+        """Raise if an item due by ``deadline`` cannot be queued now (holding the lock)."""
+        if self.fault is not None:
+            raise NotReady(
+                "this worker's model stopped answering and the worker is being replaced; retry"
+            )
+        if self._stopping or not self._thread.is_alive():
+            raise NotReady("this worker is shutting down; retry on another instance")
+        depth = len(self._queue)
+        if depth >= self.max_queue:
+            self._observer.rejected("queue_full")
+            raise Overloaded(
+                f"the queue is full ({depth} requests); retry after the Retry-After delay",
+                reason="queue_full",
+                retry_after_s=self.policy.drain_time_s(depth, self._busy_left(now)),
+            )
+        late = self.policy.predicted_late(depth, self._busy_left(now), deadline=deadline, now=now)
+        if late is not None:
+            self._observer.rejected("predicted_late")
+            raise Overloaded(
+                "the server cannot answer before this request's deadline "
+                f"({depth} requests queued); retry after the Retry-After delay",
+                reason="predicted_late",
+                retry_after_s=late,
+            )
 
     def withdraw(self, pending: Pending) -> None:
         """The request gave up (its deadline passed): its item leaves the queue at once,

@@ -6,16 +6,46 @@ numpy arrays (a handler may return ``tensor.numpy()`` rows; float32 prints
 its shortest round-tripping form, half the bytes of a Python float list).
 NaN and infinity have no JSON form: orjson writes them as ``null``, as
 JavaScript's ``JSON.stringify`` does.
+
+A request body is also held to a nesting depth and a string length
+(``loads_limited``), checked without a second pass over the parsed objects,
+which would cost twice the parse (a 1 MiB body of small objects: ~22 ms to
+parse, ~48 ms more to walk):
+
+- depth: orjson refuses input nested deeper than 1,024. The body is parsed
+  inside ``1024 - max_depth`` one-element arrays, so that orjson's own limit
+  is ``max_depth`` for the body; unwrapping checks that each wrapper holds
+  exactly one element (a body such as ``1],[2`` cannot close them).
+- strings: only a body longer than ``max_string_chars`` bytes can hold a
+  longer string. Then escaped backslashes and quotes are blanked out (same
+  length), every run between quotes longer than the limit is found with one
+  regular-expression search, an even number of quotes before it tells a
+  string from the text between two strings, and only such a string is
+  decoded to count its characters.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import orjson
 
 JSONDecodeError = orjson.JSONDecodeError
 _OPTIONS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
+ORJSON_MAX_DEPTH = 1024  # orjson refuses deeper input
+
+
+class TooDeep(ValueError):
+    """The JSON nests deeper than allowed."""
+
+
+class StringTooLong(ValueError):
+    """A JSON string (a value or a key) is longer than allowed."""
+
+    def __init__(self, chars: int) -> None:
+        super().__init__(f"a string of {chars} characters")
+        self.chars = chars
 
 
 def dumps(value: Any) -> bytes:
@@ -25,3 +55,58 @@ def dumps(value: Any) -> bytes:
 
 def loads(data: bytes | str) -> Any:
     return orjson.loads(data)
+
+
+def loads_limited(data: bytes, *, max_depth: int, max_string_chars: int) -> Any:
+    """``loads``, refusing JSON nested deeper than ``max_depth`` (``TooDeep``) or with a
+    string longer than ``max_string_chars`` characters (``StringTooLong``).
+
+    Malformed JSON raises ``JSONDecodeError`` with its position in ``data``.
+    """
+    value = _loads_to_depth(data, max_depth)
+    if len(data) > max_string_chars:
+        _check_strings(data, max_string_chars)
+    return value
+
+
+def _loads_to_depth(data: bytes, max_depth: int) -> Any:
+    wrappers = ORJSON_MAX_DEPTH - max_depth
+    if wrappers <= 0:
+        return orjson.loads(data)
+    try:
+        value = orjson.loads(b"[" * wrappers + data + b"]" * wrappers)
+    except JSONDecodeError as exc:
+        if exc.msg.startswith("depth limit"):
+            raise TooDeep(f"nested deeper than {max_depth}") from None
+        return orjson.loads(data)  # raises again, at the right position
+    for _ in range(wrappers):
+        if type(value) is not list or len(value) != 1:
+            # Not one value inside the wrappers: the body closed them itself.
+            return orjson.loads(data)  # raises: data alone is not JSON
+        value = value[0]
+    return value
+
+
+_BLANK_ESCAPES = ((b"\\\\", b"__"), (b'\\"', b"__"))
+
+
+def _check_strings(data: bytes, max_chars: int) -> None:
+    text = data
+    if b"\\" in text:
+        for escape, blank in _BLANK_ESCAPES:
+            text = text.replace(escape, blank)
+    # A quote, then more than max_chars bytes without one: a string's bytes are at
+    # least its characters. The pattern starts with a literal, so the search jumps
+    # from quote to quote: linear in the body.
+    long_run = re.compile(b'"[^"]{%d}' % (max_chars + 1))
+    at = quotes = 0  # quotes: how many are in text[:at]
+    while (found := long_run.search(text, at)) is not None:
+        start = found.start()
+        quotes += text.count(b'"', at, start)
+        end = text.find(b'"', found.end())  # orjson parsed it: the string ends
+        if quotes % 2 == 0:  # an opening quote: this run is a string
+            chars = len(orjson.loads(data[start : end + 1]))
+            if chars > max_chars:
+                raise StringTooLong(chars)
+        quotes += 1
+        at = end

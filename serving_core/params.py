@@ -8,13 +8,15 @@
 
 Malformed JSON, a JSON body that is not an object, and invalid UTF-8 are 400s;
 any other body type is a 415. The size limit (413) is enforced by Flask's
-``MAX_CONTENT_LENGTH`` before the body is read.
+``MAX_CONTENT_LENGTH`` before the body is read; a JSON body nested deeper than
+``JsonLimits.max_depth`` or with a string longer than ``max_string_chars`` is a
+400, found while it is parsed (``encoding.loads_limited``).
 """
 
 from __future__ import annotations
 
 import urllib.parse
-from typing import Any
+from typing import Any, NamedTuple
 
 from werkzeug.datastructures import MultiDict
 from werkzeug.wrappers import Request
@@ -26,16 +28,27 @@ MAX_FIELDS = 1000  # werkzeug's own default for multipart parts
 ACCEPTED = "application/json, application/x-www-form-urlencoded or multipart/form-data"
 
 
-def request_params(request: Request) -> dict[str, Any]:
+class JsonLimits(NamedTuple):
+    """What a JSON body may hold (``SERVING_MAX_JSON_DEPTH``, ``SERVING_MAX_STRING_CHARS``);
+    the defaults are orjson's own depth limit and no string limit."""
+
+    max_depth: int = encoding.ORJSON_MAX_DEPTH
+    max_string_chars: int = 1 << 62
+
+
+NO_LIMITS = JsonLimits()
+
+
+def request_params(request: Request, limits: JsonLimits = NO_LIMITS) -> dict[str, Any]:
     params = _flatten(request.args)
-    params.update(body_params(request))
+    params.update(body_params(request, limits))
     return params
 
 
-def body_params(request: Request) -> dict[str, Any]:
+def body_params(request: Request, limits: JsonLimits = NO_LIMITS) -> dict[str, Any]:
     mimetype = request.mimetype
     if mimetype == "application/json" or mimetype.endswith("+json"):
-        return _json_object(request.get_data(cache=False))
+        return _json_object(request.get_data(cache=False), limits)
     if mimetype == "application/x-www-form-urlencoded":
         return _urlencoded(request.get_data(cache=False))
     if mimetype == "multipart/form-data":
@@ -51,11 +64,23 @@ def _has_body(request: Request) -> bool:
     return bool(request.content_length) or "chunked" in request.headers.get("Transfer-Encoding", "")
 
 
-def _json_object(data: bytes) -> dict[str, Any]:
+def _json_object(data: bytes, limits: JsonLimits) -> dict[str, Any]:
     if not data.strip():
         raise BadRequest('the JSON body is empty; send an object such as {"text": "..."}')
     try:
-        value = encoding.loads(data)
+        value = encoding.loads_limited(
+            data, max_depth=limits.max_depth, max_string_chars=limits.max_string_chars
+        )
+    except encoding.TooDeep:
+        raise BadRequest(
+            f"the JSON body nests deeper than {limits.max_depth} levels "
+            "(SERVING_MAX_JSON_DEPTH); send a flatter body"
+        ) from None
+    except encoding.StringTooLong as exc:
+        raise BadRequest(
+            f"the JSON body holds a string of {exc.chars} characters, more than "
+            f"SERVING_MAX_STRING_CHARS={limits.max_string_chars} allows; send shorter text"
+        ) from None
     except encoding.JSONDecodeError as exc:
         try:
             data.decode("utf-8")

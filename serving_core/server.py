@@ -56,6 +56,7 @@ def gunicorn_options(settings: Settings, service: Service) -> dict[str, Any]:
 
     def post_fork(server: Any, worker: Any) -> None:
         threads = set_worker_threads(settings.workers)
+        worker.body_timeout_s = settings.body_timeout_s  # gevent (uploads); gthread ignores it
         try:
             # What only the worker knows: its connections, how its requests wait,
             # and how it leaves.

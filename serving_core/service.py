@@ -170,17 +170,8 @@ class Service:
         timeout_s: float | None = None,
     ) -> Output:
         """Prepare, batch, finish; raises ``ServingError`` subclasses."""
-        if self.batcher is None and not (self.concurrent and self._serving):
-            raise NotReady("the model is not loaded yet; retry after /readyz answers 200")
-        now = time.monotonic()
-        arrival = now if arrival is None else arrival
-        deadline = self._deadline(arrival, timeout_s)
-        if deadline <= now:
-            self._rejected("deadline_passed")
-            raise DeadlineExceeded(
-                f"the request waited {now - arrival:.3f} s before reaching the app (in a proxy "
-                "or the server's connection queue), past its deadline; retry later"
-            )
+        deadline = self._live_deadline(arrival, timeout_s)
+        arrival = time.monotonic() if arrival is None else arrival
         ctx = Context(request_id, deadline)
         if self.batcher is None:
             return self._predict_here(params, ctx)
@@ -196,18 +187,47 @@ class Service:
             ) from None
         return self.engine.finish(output, params, ctx)
 
+    def admit(self, *, arrival: float | None = None, timeout_s: float | None = None) -> None:
+        """Raise now what ``predict`` would raise at once for a request that arrived at
+        ``arrival`` (not ready, past its deadline, a full queue, predicted late), from
+        what is known before its body is read; queues nothing. ``predict`` asks again."""
+        deadline = self._live_deadline(arrival, timeout_s)
+        if self.batcher is not None:
+            self.batcher.admit(deadline)
+        elif self._in_flight >= self.settings.max_queue:
+            self._rejected("queue_full")
+            raise self._full()
+
+    def _live_deadline(self, arrival: float | None, timeout_s: float | None) -> float:
+        """The request's deadline; raises if it cannot be served at all or is late already."""
+        if self.batcher is None and not (self.concurrent and self._serving):
+            raise NotReady("the model is not loaded yet; retry after /readyz answers 200")
+        now = time.monotonic()
+        arrival = now if arrival is None else arrival
+        deadline = self._deadline(arrival, timeout_s)
+        if deadline <= now:
+            self._rejected("deadline_passed")
+            raise DeadlineExceeded(
+                f"the request waited {now - arrival:.3f} s before reaching the app (in a proxy "
+                "or the server's connection queue), past its deadline; retry later"
+            )
+        return deadline
+
+    def _full(self) -> Overloaded:
+        return Overloaded(
+            f"{self._in_flight} requests are in flight in this worker "
+            f"(SERVING_MAX_QUEUE={self.settings.max_queue}); retry after the "
+            "Retry-After delay",
+            reason="queue_full",
+            retry_after_s=1.0,
+        )
+
     def _predict_here(self, params: Params, ctx: Context) -> Output:
         """A concurrent handler: every step in this request, at most max_queue at once."""
         with self._in_flight_lock:
             if self._in_flight >= self.settings.max_queue:
                 self._rejected("queue_full")
-                raise Overloaded(
-                    f"{self._in_flight} requests are in flight in this worker "
-                    f"(SERVING_MAX_QUEUE={self.settings.max_queue}); retry after the "
-                    "Retry-After delay",
-                    reason="queue_full",
-                    retry_after_s=1.0,
-                )
+                raise self._full()
             self._in_flight += 1
         try:
             item = self.engine.prepare(params, ctx)

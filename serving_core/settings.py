@@ -9,6 +9,7 @@ environment.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import math
 import re
 from collections.abc import Callable, Mapping
@@ -46,6 +47,15 @@ class Settings:
     max_queue: int = 0  # 0: twice the batch size, resolved by from_env
     request_timeout_s: float = 10.0
     max_body_bytes: int = 1024 * 1024
+    # A JSON body nested deeper, or with a longer string (a value or a key), is a 400.
+    max_json_depth: int = 64
+    max_string_chars: int = 256 * 1024
+    # (gevent) The whole body must arrive within this long of its headers, or the
+    # request is a 408 and the connection is closed.
+    body_timeout_s: float = 10.0
+    # Peers whose X-Request-Start is believed (the proxy in front); addresses or
+    # CIDRs, or *. A unix-socket peer (the chart's nginx) is always trusted.
+    trusted_proxies: tuple[str, ...] = ("127.0.0.1", "::1")
     graceful_timeout_s: float = 30.0
     keepalive_s: float = 5.0
     # Recycling: a worker finishes its requests and exits after max_requests (plus
@@ -278,6 +288,23 @@ def _origins(name: str, raw: str) -> tuple[str, ...]:
     return origins
 
 
+def _proxies(name: str, raw: str) -> tuple[str, ...]:
+    entries = tuple(entry.strip() for entry in raw.split(",") if entry.strip())
+    if "*" in entries:
+        if len(entries) > 1:
+            raise SettingsError(f"{name}={raw!r} mixes * with addresses; use * alone")
+        return entries
+    for entry in entries:
+        try:
+            ipaddress.ip_network(entry, strict=False)
+        except ValueError:
+            raise SettingsError(
+                f"{name} holds {entry!r}, which is not an IP address or CIDR; use e.g. "
+                "127.0.0.1,10.0.0.0/8 (the addresses your proxy connects from), or *"
+            ) from None
+    return entries
+
+
 _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "handler": _text,
     "bind": _bind,
@@ -291,6 +318,10 @@ _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "max_queue": _int(1, 1_000_000),
     "request_timeout_s": _float(0.001, 3600.0),
     "max_body_bytes": _int(1, 1 << 34),
+    "max_json_depth": _int(1, 1024),
+    "max_string_chars": _int(1, 1 << 34),
+    "body_timeout_s": _float(0.001, 3600.0),
+    "trusted_proxies": _proxies,
     "graceful_timeout_s": _float(0.0, 3600.0),
     "keepalive_s": _float(0.0, 3600.0),
     "max_requests": _int(0, 1 << 40),

@@ -3,11 +3,37 @@ from __future__ import annotations
 import io
 import logging
 import re
+import time
+from collections.abc import Callable, Iterator
 
 import pytest
 
 from serving_core.app import _REQUEST_ID_OK as REQUEST_ID_OK
+from serving_core.context import Context
 from tests.conftest import make_app
+
+
+@pytest.fixture
+def started_app() -> Iterator[Callable[..., object]]:
+    """Builds and starts apps with the given settings; stops them all at the end."""
+    apps = []
+
+    def start(**env):
+        app = make_app(**env)
+        app.extensions["serving_core"].start()
+        apps.append(app)
+        return app
+
+    yield start
+    for app in apps:
+        app.extensions["serving_core"].stop()
+
+
+def wait_until(condition, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
 
 
 def assert_error(response, status, type_):
@@ -82,6 +108,73 @@ def test_a_body_over_the_limit_is_413():
     app = make_app(max_body_bytes=64)
     response = app.test_client().post("/predict", json={"text": "x" * 100})
     assert_error(response, 413, "payload_too_large")
+
+
+def test_a_body_over_the_limit_is_413_before_anything_else():
+    app = make_app(max_body_bytes=64)  # not started: a 503 were it asked first
+    response = app.test_client().post(
+        "/predict",
+        input_stream=Unread(),
+        content_type="application/json",
+        environ_overrides={"CONTENT_LENGTH": "65"},
+    )
+    assert_error(response, 413, "payload_too_large")
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b'{"a": ' * 5 + b"1" + b"}" * 5, "nests deeper than 4 levels (SERVING_MAX_JSON_DEPTH)"),
+        (b'{"text": "' + b"x" * 33 + b'"}', "a string of 33 characters, more than SERVING_MAX_"),
+        (b'{"' + b"k" * 40 + b'": 1}', "a string of 40 characters"),
+    ],
+)
+def test_a_json_body_too_deep_or_with_too_long_a_string_is_a_400(started_app, body, message):
+    app = started_app(max_json_depth=4, max_string_chars=32)
+    response = app.test_client().post("/predict", data=body, content_type="application/json")
+    assert message in assert_error(response, 400, "bad_request")["message"]
+    response = app.test_client().post("/jobs", data=body, content_type="application/json")
+    assert message in assert_error(response, 400, "bad_request")["message"]
+    ok = app.test_client().post("/predict", json={"text": "x" * 32, "n": 1})
+    assert ok.status_code == 200
+
+
+class Unread(io.RawIOBase):
+    """A request body that fails the test if anything reads it."""
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True  # the test client asks where it starts
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return 0
+
+    def readinto(self, buffer) -> int:
+        raise AssertionError("the body was read")
+
+
+def test_a_full_queue_refuses_a_request_before_reading_its_body(started_app):
+    app = started_app(max_batch_size=1, max_queue=1, max_wait_ms=0)
+    service = app.extensions["serving_core"]
+    batcher = service.batcher
+    deadline = time.monotonic() + 30
+    running = batcher.submit({"sleep_s": 2}, Context("running", deadline), arrival=time.monotonic())
+    wait_until(lambda: batcher.depth == 0)  # the model thread has it
+    queued = batcher.submit({}, Context("queued", deadline), arrival=time.monotonic())
+    response = app.test_client().post(
+        "/predict",
+        input_stream=Unread(),
+        content_type="application/json",
+        environ_overrides={"CONTENT_LENGTH": str(1024 * 1024 - 1)},
+    )
+    error = assert_error(response, 503, "overloaded")
+    assert "queue is full" in error["message"]
+    assert response.headers["Retry-After"]
+    assert batcher.depth == 1  # nothing was queued for it
+    for pending in (running, queued):
+        pending.future.result(timeout=30)
 
 
 def test_unknown_routes_and_wrong_methods_are_json(client):

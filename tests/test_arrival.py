@@ -7,7 +7,7 @@ import pytest
 import requests
 
 from serving_core import arrival
-from tests.conftest import PROBE
+from tests.conftest import PROBE, make_app
 from tests.servers import gunicorn_server
 
 NOW, WALL = 1000.0, 1_700_000_000.0
@@ -48,6 +48,51 @@ def test_a_request_that_waited_past_its_deadline_upstream_is_a_504_without_runni
     assert "before reaching the app" in response.get_json()["error"]["message"]
     seen = client.post("/predict", json={"report": True}).get_json()["seen"]
     assert "stale" not in seen
+
+
+@pytest.mark.parametrize(
+    ("entries", "peer", "trusted"),
+    [
+        (["127.0.0.1", "::1"], "127.0.0.1", True),
+        (["127.0.0.1", "::1"], "::1", True),
+        (["127.0.0.1", "::1"], "203.0.113.7", False),
+        (["127.0.0.1", "::1"], "", True),  # a unix socket's peer
+        (["10.0.0.0/8"], "10.1.2.3", True),
+        (["10.0.0.0/8"], "11.1.2.3", False),
+        (["fd00::/8"], "fd12::1", True),
+        (["*"], "198.51.100.1", True),
+        ([], "127.0.0.1", False),
+        (["127.0.0.1"], "not an address", False),
+    ],
+)
+def test_trusted_proxies(entries, peer, trusted):
+    assert arrival.TrustedProxies(entries).trusts(peer) is trusted
+
+
+def stale_request(app, peer: str):
+    stamp = f"t={time.time() - 20:.3f}"  # past the 10 s deadline, were it believed
+    return app.test_client().post(
+        "/predict",
+        json={"text": "hi"},
+        headers={"X-Request-Start": stamp},
+        environ_base={"REMOTE_ADDR": peer},
+    )
+
+
+def test_x_request_start_from_an_untrusted_peer_is_ignored(app):
+    assert stale_request(app, "203.0.113.7").status_code == 200
+    assert stale_request(app, "127.0.0.1").status_code == 504
+
+
+def test_x_request_start_is_believed_from_a_configured_proxy():
+    app = make_app(max_wait_ms=1, trusted_proxies="203.0.113.0/24")
+    app.extensions["serving_core"].start()
+    try:
+        assert stale_request(app, "203.0.113.7").status_code == 504
+        assert stale_request(app, "127.0.0.1").status_code == 200  # no longer the default
+        assert stale_request(app, "").status_code == 504  # a unix socket
+    finally:
+        app.extensions["serving_core"].stop()
 
 
 def test_the_deadline_counts_from_the_proxy_stamp(client):

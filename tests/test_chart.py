@@ -450,6 +450,10 @@ SETTINGS_TABLE = [
     ("maxQueue", 1000000, "SERVING_MAX_QUEUE", "1000000"),
     ("requestTimeoutSeconds", 0.5, "SERVING_REQUEST_TIMEOUT_S", "0.5"),
     ("maxBodyBytes", 4194304, "SERVING_MAX_BODY_BYTES", "4194304"),
+    ("maxJsonDepth", 16, "SERVING_MAX_JSON_DEPTH", "16"),
+    ("maxStringChars", 1048576, "SERVING_MAX_STRING_CHARS", "1048576"),
+    ("bodyTimeoutSeconds", 2.5, "SERVING_BODY_TIMEOUT_S", "2.5"),
+    ("trustedProxies", ["10.0.0.0/8", "::1"], "SERVING_TRUSTED_PROXIES", "10.0.0.0/8,::1"),
     ("gracefulTimeoutSeconds", 45, "SERVING_GRACEFUL_TIMEOUT_S", "45"),
     ("keepaliveSeconds", 2, "SERVING_KEEPALIVE_S", "2"),
     ("maxRequests", 5000, "SERVING_MAX_REQUESTS", "5000"),
@@ -542,6 +546,9 @@ def test_rendered_env_is_what_serving_core_accepts(chart: helm.Chart) -> None:
     assert settings.metrics_dir == "/run/metrics"
     assert (settings.max_requests, settings.max_requests_jitter) == (5000, 250)
     assert (settings.max_rss_bytes, settings.hang_margin_s) == (2147483648, 4.5)
+    assert (settings.max_json_depth, settings.max_string_chars) == (16, 1048576)
+    assert settings.body_timeout_s == 2.5
+    assert settings.trusted_proxies == ("10.0.0.0/8", "::1")
 
 
 # What a Secret holds where a setting comes from one: a secretKeyRef cannot be

@@ -223,3 +223,39 @@ def test_recycling_is_off_by_default_and_jitter_defaults_to_a_tenth():
 def test_a_bad_recycling_setting_names_itself(name, value, expected):
     with pytest.raises(SettingsError, match=f"{name}='{value}' {expected}"):
         Settings.from_env({name: value}, cores=1)
+
+
+def test_body_limits_and_trusted_proxies_are_read():
+    settings = Settings.from_env({}, cores=1)
+    assert (settings.max_json_depth, settings.max_string_chars) == (64, 262144)
+    assert settings.body_timeout_s == 10.0
+    assert settings.trusted_proxies == ("127.0.0.1", "::1")
+    env = {
+        "SERVING_MAX_JSON_DEPTH": "8",
+        "SERVING_MAX_STRING_CHARS": "1000",
+        "SERVING_BODY_TIMEOUT_S": "2.5",
+        "SERVING_TRUSTED_PROXIES": "10.0.0.0/8, fd00::/8,127.0.0.1",
+    }
+    settings = Settings.from_env(env, cores=1)
+    assert (settings.max_json_depth, settings.max_string_chars) == (8, 1000)
+    assert settings.body_timeout_s == 2.5
+    assert settings.trusted_proxies == ("10.0.0.0/8", "fd00::/8", "127.0.0.1")
+    assert Settings.from_env({"SERVING_TRUSTED_PROXIES": "*"}, cores=1).trusted_proxies == ("*",)
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "expected"),
+    [
+        ("SERVING_MAX_JSON_DEPTH", "0", "is out of range"),
+        ("SERVING_MAX_JSON_DEPTH", "1025", "is out of range"),
+        ("SERVING_MAX_STRING_CHARS", "many", "is not an integer"),
+        ("SERVING_BODY_TIMEOUT_S", "0", "is out of range"),
+        ("SERVING_TRUSTED_PROXIES", "nginx", "not an IP address or CIDR"),
+        ("SERVING_TRUSTED_PROXIES", "10.0.0.0/33", "not an IP address or CIDR"),
+        ("SERVING_TRUSTED_PROXIES", "*,127.0.0.1", "mixes *"),
+    ],
+)
+def test_a_bad_body_limit_or_proxy_names_itself(name, value, expected):
+    with pytest.raises(SettingsError, match=expected) as caught:
+        Settings.from_env({name: value}, cores=1)
+    assert name in str(caught.value)

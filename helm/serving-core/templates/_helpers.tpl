@@ -129,6 +129,10 @@ batchPolicy: {env: SERVING_BATCH_POLICY, kind: string}
 maxQueue: {env: SERVING_MAX_QUEUE, kind: auto}
 requestTimeoutSeconds: {env: SERVING_REQUEST_TIMEOUT_S, kind: number}
 maxBodyBytes: {env: SERVING_MAX_BODY_BYTES, kind: int}
+maxJsonDepth: {env: SERVING_MAX_JSON_DEPTH, kind: int}
+maxStringChars: {env: SERVING_MAX_STRING_CHARS, kind: int}
+bodyTimeoutSeconds: {env: SERVING_BODY_TIMEOUT_S, kind: number}
+trustedProxies: {env: SERVING_TRUSTED_PROXIES, kind: list}
 gracefulTimeoutSeconds: {env: SERVING_GRACEFUL_TIMEOUT_S, kind: number}
 keepaliveSeconds: {env: SERVING_KEEPALIVE_S, kind: number}
 maxRequests: {env: SERVING_MAX_REQUESTS, kind: int}
