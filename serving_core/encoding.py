@@ -12,7 +12,9 @@ A request body is also held to a nesting depth and a string length
 which would cost twice the parse (a 1 MiB body of small objects: ~22 ms to
 parse, ~48 ms more to walk):
 
-- depth: orjson refuses input nested deeper than 1,024. The body is parsed
+- depth: a body with no more ``[`` and ``{`` than ``max_depth`` cannot nest
+  deeper, and is parsed as it is (most bodies). orjson refuses input nested
+  deeper than 1,024; any other body is parsed
   inside ``1024 - max_depth`` one-element arrays, so that orjson's own limit
   is ``max_depth`` for the body; unwrapping checks that each wrapper holds
   exactly one element (a body such as ``1],[2`` cannot close them).
@@ -71,7 +73,10 @@ def loads_limited(data: bytes, *, max_depth: int, max_string_chars: int) -> Any:
 
 def _loads_to_depth(data: bytes, max_depth: int) -> Any:
     wrappers = ORJSON_MAX_DEPTH - max_depth
-    if wrappers <= 0:
+    # A body cannot nest deeper than it has brackets (those in strings count too,
+    # which only errs on the safe side): most bodies skip the wrappers, which
+    # cost ~100 us at the default depth of 64, against 0.3 us for the parse.
+    if wrappers <= 0 or data.count(b"[") + data.count(b"{") <= max_depth:
         return orjson.loads(data)
     try:
         value = orjson.loads(b"[" * wrappers + data + b"]" * wrappers)
@@ -104,6 +109,8 @@ def _check_strings(data: bytes, max_chars: int) -> None:
         start = found.start()
         quotes += text.count(b'"', at, start)
         end = text.find(b'"', found.end())  # orjson parsed it: the string ends
+        if end < 0:
+            break  # the run after the last string's closing quote: no string
         if quotes % 2 == 0:  # an opening quote: this run is a string
             chars = len(orjson.loads(data[start : end + 1]))
             if chars > max_chars:

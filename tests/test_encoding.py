@@ -26,6 +26,12 @@ def test_json_deeper_than_the_limit_is_refused(depth):
         limited(nested(depth))
 
 
+def test_a_shallow_body_with_more_brackets_than_the_limit_parses_through_the_wrappers():
+    # Fewer brackets than the limit skip the wrappers; these 21 (depth 2) go through them.
+    data = b'[{"a": "[[["}, ' + b", ".join([b"[]"] * 19) + b"]"
+    assert limited(data) == orjson.loads(data)
+
+
 def test_the_depth_limit_can_be_orjsons_own():
     assert limited(b"[" * 1024 + b"]" * 1024, max_depth=1024) is not None
     with pytest.raises(encoding.JSONDecodeError):
@@ -78,6 +84,11 @@ def test_a_string_longer_than_the_limit_is_refused(value):
     with pytest.raises(encoding.StringTooLong) as caught:
         limited(orjson.dumps(value))
     assert caught.value.chars > 16
+
+
+def test_a_long_run_after_the_last_string_is_no_string():
+    data = b'{"a": "x", "b": [' + b",".join([b"1"] * 20) + b"]}"
+    assert limited(data) == orjson.loads(data)
 
 
 def test_a_short_body_is_not_scanned_for_strings(monkeypatch):
