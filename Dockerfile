@@ -26,8 +26,11 @@
 #
 # Environment (the full table is in the README; these are the image's values)
 #   SERVING_HANDLER  ${HANDLER_DIR}, relative to /app
-#   SERVING_BIND     0.0.0.0:8000, so nginx in another container can reach it;
-#                    the HEALTHCHECK follows it (TCP or unix:)
+#   SERVING_BIND     127.0.0.1:8000: alone, the image serves no one outside its
+#                    container, and says so at start. Behind nginx in another
+#                    container, set 0.0.0.0:8000 (docker-compose.yml does; the
+#                    chart uses a unix socket). The HEALTHCHECK follows it (TCP
+#                    or unix:)
 #   SERVING_*        workers, threads, batching, limits and timeouts: unset
 #                    here, so serving-core's defaults apply (README: Settings)
 #   HF_HUB_OFFLINE, TRANSFORMERS_OFFLINE = 1: the model is in the image and
@@ -119,7 +122,7 @@ ENV PATH=/opt/venv/bin:$PATH \
     TRANSFORMERS_OFFLINE=1 \
     HF_HOME=/tmp/huggingface \
     SERVING_HANDLER=${HANDLER_DIR} \
-    SERVING_BIND=0.0.0.0:8000
+    SERVING_BIND=127.0.0.1:8000
 
 # The Rust tokenizer's thread pool is not fork-safe and competes with the model
 # for the cores. DL3064 reads "TOKEN" in the name as a secret; it is not one.

@@ -12,11 +12,19 @@ no network. Mount this one file into the CUDA image and run it:
 1. **Bare limit**, in a child process (so its CUDA context is gone before the
    server starts): the handler's own ``predict_batch`` at each batch size, its
    tokenizer alone where it has one, sentences/s.
-2. **Served**, for each worker count: ``serving-core serve`` on 127.0.0.1 with
-   ``SERVING_DEVICE``/``SERVING_DTYPE``, driven closed-loop at each concurrency
-   by load processes of keep-alive ``http.client`` connections: req/s, p50 /
-   p99, the mean batch the workers ran (from ``/metrics``), and GPU busy %
-   where ``nvidia-smi`` exists. Every figure is printed as one JSON line too.
+2. **Served**, for each model-process mode (``SERVING_MODEL_PROCESS``:
+   per-worker, a model copy and CUDA context in every worker; shared, one
+   model process fed by every worker) and worker count: ``serving-core
+   serve`` on 127.0.0.1 with ``SERVING_DEVICE``/``SERVING_DTYPE``, driven
+   closed-loop at each concurrency by load processes of keep-alive
+   ``http.client`` connections: req/s, p50 / p99, the mean batch the model
+   ran (from ``/metrics``), and GPU busy % where ``nvidia-smi`` exists.
+3. **The no-op ceiling** (``--noop``, on by default): the echo handler in the
+   same server, at each worker count: what the HTTP layer alone can serve on
+   these cores. Every figure is printed as one JSON line too.
+
+The issue's run on an H200 with 16 cores (the defaults): workers 8 and 16,
+c=256, both modes and the ceiling. Goal: shared ≥ 12,000 req/s at p99 ≤ 50 ms.
 """
 
 from __future__ import annotations
@@ -118,11 +126,16 @@ def get(url: str, timeout_s: float = 2.0) -> tuple[int, str]:
 
 
 @contextlib.contextmanager
-def server(args: argparse.Namespace, workers: int) -> Any:
+def server(
+    args: argparse.Namespace, workers: int, mode: str = "per-worker", handler: str = ""
+) -> Any:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("SERVING_")}
     env.update(
-        SERVING_HANDLER=args.handler,
+        SERVING_HANDLER=handler or args.handler,
+        SERVING_MODEL_PROCESS=mode,
+        # The answers repeat sentences: the inference cache would answer them.
+        SERVING_CACHE_SIZE="0",
         SERVING_BIND=f"127.0.0.1:{port}",
         SERVING_WORKERS=str(workers),
         SERVING_DEVICE=args.device,
@@ -286,22 +299,28 @@ def load(url: str, port: int, concurrency: int, args: argparse.Namespace) -> dic
 
 
 def served(args: argparse.Namespace) -> list[dict[str, Any]]:
+    runs = [(mode, args.handler) for mode in args.modes]
+    if args.noop:
+        runs.append(("noop", args.noop_handler))
     rows = []
-    for workers in args.workers:
-        with server(args, workers) as (url, port):
-            load(url, port, min(args.concurrency), args)  # warm every worker
-            for concurrency in args.concurrency:
-                row = {
-                    "measure": "served",
-                    "device": args.device,
-                    "dtype": args.dtype,
-                    "workers": workers,
-                    "concurrency": concurrency,
-                    "max_batch": args.max_batch,
-                    **load(url, port, concurrency, args),
-                }
-                print(json.dumps(row), flush=True)
-                rows.append(row)
+    for mode, handler in runs:
+        for workers in args.workers:
+            server_mode = "per-worker" if mode == "noop" else mode
+            with server(args, workers, server_mode, handler) as (url, port):
+                load(url, port, min(args.concurrency), args)  # warm every worker
+                for concurrency in args.concurrency:
+                    row = {
+                        "measure": "served",
+                        "mode": mode,
+                        "device": args.device,
+                        "dtype": args.dtype,
+                        "workers": workers,
+                        "concurrency": concurrency,
+                        "max_batch": args.max_batch,
+                        **load(url, port, concurrency, args),
+                    }
+                    print(json.dumps(row), flush=True)
+                    rows.append(row)
     return rows
 
 
@@ -320,8 +339,13 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--dtype", default="float16")
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 16, 64, 256])
-    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4])
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[64, 256])
+    parser.add_argument("--workers", type=int, nargs="+", default=[8, 16])
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[256])
+    parser.add_argument(
+        "--modes", nargs="+", choices=["per-worker", "shared"], default=["per-worker", "shared"]
+    )
+    parser.add_argument("--noop", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--noop-handler", default="handlers/echo/handler.py")
     parser.add_argument("--max-batch", type=int, default=64)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--load-processes", type=int, default=max(1, (os.cpu_count() or 4) // 4))
@@ -351,7 +375,8 @@ def main() -> None:
     served_rows = served(args)
     if bare_rows:
         print("\nBare model\n" + table(bare_rows, list(bare_rows[0])))
-    keys = ["workers", "concurrency", "req_per_s", "p50_ms", "p99_ms", "mean_batch", "gpu_busy_pct"]
+    keys = ["mode", "workers", "concurrency", "req_per_s", "p50_ms", "p99_ms", "mean_batch"]
+    keys.append("gpu_busy_pct")
     print("\nServed\n" + table(served_rows, keys))
 
 

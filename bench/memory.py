@@ -43,7 +43,7 @@ class EachWorkerLoads(ServingApplication):
         set_worker_threads(settings.workers)
         loaded = load_handler(settings.handler)
         loaded.handler.setup()
-        app, service = build(settings, loaded)
+        app, service, _ = build(settings, loaded)
         service.start()
         return app
 

@@ -71,6 +71,13 @@ class Unauthorized(ServingError):
     headers: ClassVar[Mapping[str, str]] = {"WWW-Authenticate": 'Bearer realm="serving-core"'}
 
 
+class RequestTimeout(ServingError):
+    """The request's body did not arrive in time (``SERVING_BODY_TIMEOUT_S``)."""
+
+    status = 408
+    type = "request_timeout"
+
+
 class UnsupportedMediaType(ServingError):
     status = 415
     type = "unsupported_media_type"

@@ -32,6 +32,9 @@ What differs from ``gunicorn -k gevent``:
   batcher hands out ``GreenFuture`` instead, which the model thread resolves
   as usual and which wakes its greenlet through the hub's async watcher, the
   one thread-safe way into a gevent loop.
+- Slow clients (``uploads``): each request body must arrive within
+  ``SERVING_BODY_TIMEOUT_S``, and near ``SERVING_WORKER_CONNECTIONS`` each new
+  connection cuts the one that has waited longest on its client.
 
 Selected by ``SERVING_WORKER_CLASS=gevent`` (the default). What still runs on
 the hub, and so blocks every request of the worker while it runs, is CPU work
@@ -54,6 +57,8 @@ from gevent.event import Event
 from gevent.server import StreamServer
 from gunicorn.workers import ggevent
 from gunicorn.workers.ggevent import GeventWorker
+
+from .uploads import Connections, TimedBody
 
 ACCEPT_PAUSE_S = 0.005  # how often a paused worker looks again
 ACCEPT_PAUSE_MAX_S = 0.05  # the longest it leaves new connections to its siblings
@@ -162,11 +167,14 @@ class _FairServer(StreamServer):  # type: ignore[misc]
     # This worker's open client connections, over all its listeners; also the
     # adaptive batcher's bound on who may still send.
     open_connections = 0
+    connections: Connections | None = None  # set in the worker, after fork
 
     def do_handle(self, *args: Any) -> None:
         # Counted here, at accept, not when the connection's greenlet first runs:
         # several accepts can come before any of those greenlets does.
         self._count(+1)
+        if _FairServer.connections is not None:
+            _FairServer.connections.make_room(_FairServer.open_connections)
         super().do_handle(*args)
         if self._over_share():
             self.stop_accepting()
@@ -204,6 +212,8 @@ class _FairServer(StreamServer):  # type: ignore[misc]
 class GreenWorker(GeventWorker):  # type: ignore[misc]
     # What a request greenlet waits on (see GreenFuture); handed to the service in post_fork.
     new_future = GreenFuture
+    # SERVING_BODY_TIMEOUT_S; post_fork sets the configured value.
+    body_timeout_s = 10.0
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -222,6 +232,7 @@ class GreenWorker(GeventWorker):  # type: ignore[misc]
 
     def init_process(self) -> None:
         _FairServer.slot = self.slot
+        self.connections = _FairServer.connections = Connections(self.worker_connections)
         ggevent.StreamServer = _FairServer  # what GeventWorker.run builds, in this process
         super().init_process()
 
@@ -229,3 +240,38 @@ class GreenWorker(GeventWorker):  # type: ignore[misc]
         """This worker's open client connections, each of which may still send a
         request: the adaptive batcher stops waiting once all of theirs are queued."""
         return _FairServer.open_connections
+
+    # -- slow clients (``uploads``); each runs in the connection's greenlet ------
+
+    def handle(self, listener: Any, client: Any, addr: Any) -> None:
+        self.connections.opened(client)
+        try:
+            super().handle(listener, client, addr)
+        finally:
+            self.connections.closed()
+
+    def handle_request(self, listener_name: Any, req: Any, sock: Any, addr: Any) -> Any:
+        conn = self.connections.current()
+        if conn is not None:
+            self.connections.working(conn)
+        body = req.body
+        if body is not None:
+
+            def must_close() -> None:
+                req.must_close = True  # no keep-alive: the body's rest is not read
+
+            req.body = TimedBody(
+                body,
+                deadline=time.monotonic() + self.body_timeout_s,
+                timeout_s=self.body_timeout_s,
+                conn=conn,
+                on_fail=must_close,
+            )
+        try:
+            return super().handle_request(listener_name, req, sock, addr)
+        finally:
+            # gunicorn drains what the app left of the body before the next request,
+            # under its keep-alive timeout: from the real body, not on our clock.
+            req.body = body
+            if conn is not None:
+                self.connections.idle(conn)

@@ -344,11 +344,13 @@ def run_model_process(
     observer: Observer | None = None,
 ) -> None:
     """The model process's life: set up, warm up, listen, serve until SIGTERM."""
-    from .threads import set_worker_threads
+    from .resources import usable_cores
+    from .threads import set_model_threads
 
-    # Every usable core for torch's intra-op pool: the one process that runs the
-    # model (the workers' tokenising runs between its batches' operators).
-    set_worker_threads(1)
+    # The cores the workers leave, at least one, for torch's intra-op pool: a
+    # torch thread that has to share its core with a worker's hub collapses
+    # (OpenMP threads spin and wait on each other; a 15 ms call took 500 ms).
+    set_model_threads(max(1, usable_cores() - settings.workers))
     engine.handler.setup_worker()
     server = ModelServer(engine, settings, observer)
     server.batcher.start()
@@ -395,11 +397,14 @@ class RemoteBatcher:
         self,
         path: str,
         *,
+        max_queue: int = 1 << 30,
         observer: Observer | None = None,
         open_connections: Callable[[], int | None] = lambda: None,
     ) -> None:
         self.path = path
+        self.max_queue = max_queue
         self.policy = SharedPolicy(path)
+        self.fault: str | None = None  # a worker-side model thread's; never set here
         self.new_future: Callable[[], Future[Any]] = Future
         self._observer = observer
         self._open_connections = open_connections
@@ -418,13 +423,36 @@ class RemoteBatcher:
     def wait_connected(self, timeout_s: float) -> bool:
         return self._connected.wait(timeout_s)
 
-    def submit(self, item: Any, context: Context, *, arrival: float) -> Pending:
+    def admit(self, deadline: float) -> None:
+        """What this worker can refuse before a request's body is read: no model
+        process, or its own share of the queue (SERVING_MAX_QUEUE) in flight. The
+        model process applies the rest of admission when the item arrives."""
+        self._refuse()
+
+    def _refuse(self) -> socket.socket:
         sock = self._sock
         if sock is None or self._stopping:
             raise NotReady(
                 "the shared model process is not up (starting, or restarting after a "
                 "failure); retry after /readyz answers 200"
             )
+        if len(self._pending) >= self.max_queue:
+            self.rejected("queue_full")
+            raise errors.Overloaded(
+                f"{len(self._pending)} requests of this worker are in the shared model "
+                "process; retry after the Retry-After delay",
+                reason="queue_full",
+                retry_after_s=1.0,
+            )
+        return sock
+
+    def withdraw(self, pending: Pending) -> None:
+        """The request gave up at its deadline. Its item stays in the model process,
+        which drops it unrun once the deadline has passed, and answers it anyway."""
+        pending.future.cancel()
+
+    def submit(self, item: Any, context: Context, *, arrival: float) -> Pending:
+        sock = self._refuse()
         seq = next(self._seq)
         pending = Pending(
             item, context, arrival, enqueued=time.monotonic(), future=self.new_future()

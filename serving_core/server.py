@@ -30,6 +30,7 @@ import functools
 import gc
 import logging
 import math
+import tempfile
 from typing import Any
 
 from flask import Flask
@@ -39,6 +40,7 @@ from . import metrics, recycle, wire
 from .app import create_app
 from .engine import Engine
 from .loading import LoadedHandler
+from .modelprocess import ModelProcess, socket_path
 from .service import Service
 from .settings import Settings
 from .threads import limit_master_threads, set_worker_threads
@@ -51,8 +53,22 @@ WORKER_CLASSES = {
 }
 
 
-def gunicorn_options(settings: Settings, service: Service) -> dict[str, Any]:
+def gunicorn_options(
+    settings: Settings, service: Service, model: ModelProcess | None = None
+) -> dict[str, Any]:
     failures = recycle.WarmUpFailures()  # made in the master, shared with every worker
+
+    def when_ready(server: Any) -> None:
+        if model is None:
+            return
+
+        def close_listeners() -> None:
+            for listener in server.LISTENERS:
+                listener.close()
+
+        # Forked from a thread of the master, which forks it again whenever it
+        # dies; it must not hold gunicorn's listening sockets open.
+        model.start(close_in_child=close_listeners)
 
     def post_fork(server: Any, worker: Any) -> None:
         threads = set_worker_threads(settings.workers)
@@ -84,6 +100,8 @@ def gunicorn_options(settings: Settings, service: Service) -> dict[str, Any]:
             greenworker.worker_exited(worker)
 
     def on_exit(server: Any) -> None:
+        if model is not None:
+            model.stop()
         metrics.remove_metrics_dir()
 
     return {
@@ -108,6 +126,7 @@ def gunicorn_options(settings: Settings, service: Service) -> dict[str, Any]:
         # The same line as before, without gunicorn's per-request atoms dict.
         "logger_class": "serving_core.accesslog."
         + ("JsonAccessLogger" if settings.log_format == "json" else "AccessLogger"),
+        "when_ready": when_ready,
         "post_fork": post_fork,
         "worker_exit": worker_exit,
         "child_exit": child_exit,
@@ -153,15 +172,43 @@ def warn_about(settings: Settings, service: Service) -> None:
         )
 
 
-def build(settings: Settings, loaded: LoadedHandler) -> tuple[Flask, Service]:
+LOOPBACK = ("127.0.0.1", "localhost", "[::1]", "::1")
+
+
+def say_where(bind: str) -> None:
+    """A server on the loopback serves no one outside its machine (or container): say
+    so, since that is the image's default and a first ``docker run -p`` meets it."""
+    host, _, port = bind.rpartition(":")
+    if host in LOOPBACK or host.startswith("127."):
+        log.info(
+            "bound to %s only: set SERVING_BIND=0.0.0.0:%s to expose it (and put nginx in "
+            "front: alone, no proxy's limits protect it)",
+            host,
+            port,
+        )
+
+
+def build(settings: Settings, loaded: LoadedHandler) -> tuple[Flask, Service, ModelProcess | None]:
     """The objects of one server, built here and passed down: metrics, the engine
-    over the handler, the online service around it, and the app over that."""
+    over the handler, the online service around it, the app over that, and the
+    shared model process when there is one (forked later, by the master)."""
     observer = metrics.Metrics()
     engine = Engine(
         loaded.handler, max_batch_size=settings.max_batch_size, on_failure=observer.failed
     )
-    service = Service(settings, loaded, engine, observer=observer, cache_observer=observer)
-    return create_app(settings, service, observer), service
+    model = None
+    if settings.shared_model and not loaded.handler.concurrent:
+        path = socket_path(tempfile.mkdtemp(prefix="serving-core-model-"))
+        model = ModelProcess(settings, engine, path=path, sample=loaded.sample, observer=observer)
+    service = Service(
+        settings,
+        loaded,
+        engine,
+        observer=observer,
+        cache_observer=observer,
+        model_socket=None if model is None else model.path,
+    )
+    return create_app(settings, service, observer), service, model
 
 
 def serve(settings: Settings, loaded: LoadedHandler) -> None:
@@ -169,8 +216,9 @@ def serve(settings: Settings, loaded: LoadedHandler) -> None:
     limit_master_threads()
     loaded.handler.setup()
     limit_master_threads()  # a handler may import torch only in setup()
-    app, service = build(settings, loaded)
+    app, service, model = build(settings, loaded)
     warn_about(settings, service)
+    say_where(settings.bind)
     wire.install()  # gunicorn's response and error paths, in this process and its workers
     if settings.worker_class == "gevent":
         from . import greenworker
@@ -178,4 +226,4 @@ def serve(settings: Settings, loaded: LoadedHandler) -> None:
         greenworker.share_connections(settings.workers)
     gc.collect()
     gc.freeze()
-    ServingApplication(app, gunicorn_options(settings, service)).run()
+    ServingApplication(app, gunicorn_options(settings, service, model)).run()

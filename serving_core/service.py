@@ -28,6 +28,7 @@ from .errors import Conflict, DeadlineExceeded, NotFound, NotReady, Overloaded, 
 from .handler import Output, Params
 from .jobs import Job, JobQueue, QueueFull, QueueUnavailable, open_queue
 from .loading import LoadedHandler
+from .modelprocess import RemoteBatcher
 from .settings import Settings
 from .watchdog import Verdict, Watchdog
 
@@ -43,7 +44,10 @@ class Service:
         *,
         observer: Observer | None = None,
         cache_observer: CacheObserver | None = None,
+        model_socket: str | None = None,
     ) -> None:
+        """``model_socket``: the shared model process's socket (SERVING_MODEL_PROCESS=
+        shared); the model runs there, not on a model thread of this worker."""
         self.settings = settings
         self.loaded = loaded
         self.engine = engine
@@ -53,7 +57,8 @@ class Service:
         self.max_batch_size = engine.max_batch_size
         self._observer = observer
         self._cache_observer = cache_observer
-        self.batcher: Batcher | None = None
+        self.batcher: Batcher | RemoteBatcher | None = None
+        self.model_socket = model_socket
         self.cache: Cache | None = None  # opened in start(): a Redis pool per process
         # Opened in start(), after fork: neither a SQLite connection nor a Redis
         # pool may be shared by forked processes.
@@ -96,6 +101,19 @@ class Service:
             self._serving = True
             self._watch(on_verdict)
             return
+        if self.model_socket is not None:
+            # The model process batches, warms up and applies admission; this
+            # worker validates, preprocesses and postprocesses as always.
+            self.batcher = RemoteBatcher(
+                self.model_socket,
+                max_queue=self.settings.max_queue,
+                observer=self._observer,
+                open_connections=open_connections,
+            )
+            self.batcher.new_future = new_future
+            self.batcher.start()
+            self._watch(on_verdict)
+            return
         policy = make_policy(
             self.settings.batch_policy,
             max_batch_size=self.max_batch_size,
@@ -128,7 +146,9 @@ class Service:
         if on_verdict is None:
             return
         self.watchdog = Watchdog(
-            self.batcher,
+            # The shared model process has no model thread here to watch: only
+            # this worker's memory is.
+            self.batcher if isinstance(self.batcher, Batcher) else None,
             hang_margin_s=self.settings.hang_margin_s,
             max_rss_bytes=self.settings.max_rss_bytes,
             on_verdict=on_verdict,

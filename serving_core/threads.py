@@ -24,7 +24,11 @@ def limit_master_threads() -> None:
 
 def set_worker_threads(workers: int) -> int:
     """Give each forked process its share of the usable cores for torch's intra-op pool."""
-    threads = max(1, usable_cores() // workers)
+    return set_model_threads(max(1, usable_cores() // workers))
+
+
+def set_model_threads(threads: int) -> int:
+    """Set torch's intra-op threads in this (forked) process, if the handler uses torch."""
     torch = sys.modules.get("torch")
     if torch is not None:
         torch.set_num_threads(threads)

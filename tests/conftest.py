@@ -21,7 +21,7 @@ def make_app(handler=PROBE, **env):
     settings = Settings.from_env(environ, cores=1)
     loaded = load_handler(settings.handler)
     loaded.handler.setup()
-    app, _ = build(settings, loaded)
+    app, _, _ = build(settings, loaded)
     return app
 
 

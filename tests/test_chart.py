@@ -465,6 +465,7 @@ SETTINGS_TABLE = [
     ("docsEnabled", False, "SERVING_DOCS_ENABLED", "false"),
     ("device", "cuda:1", "SERVING_DEVICE", "cuda:1"),
     ("dtype", "bfloat16", "SERVING_DTYPE", "bfloat16"),
+    ("modelProcess", "shared", "SERVING_MODEL_PROCESS", "shared"),
     (
         "cacheUrl",
         "rediss://cache.example.com:6380/2",
@@ -697,12 +698,16 @@ def test_gpu_example_puts_one_model_on_one_gpu(chart: helm.Chart) -> None:
     assert pod["runtimeClassName"] == "nvidia"
     assert any(t["key"] == "nvidia.com/gpu" for t in pod["tolerations"])
     env = env_of(app)
-    # One worker: every worker would hold its own copy of the model on the card.
-    assert (env["SERVING_DEVICE"], env["SERVING_DTYPE"], env["SERVING_WORKERS"]) == (
+    # One model copy on the card: the shared model process (auto on cuda) runs it
+    # for every worker, however many there are.
+    assert (env["SERVING_DEVICE"], env["SERVING_DTYPE"], env["SERVING_MODEL_PROCESS"]) == (
         "cuda",
         "float16",
-        "1",
+        "auto",
     )
+    assert int(env["SERVING_WORKERS"]) > 1
+    settings = Settings(device=env["SERVING_DEVICE"], model_process="auto")
+    assert settings.shared_model
     assert app["image"].endswith("-cu128")
     assert not by_name["nginx"]["image"].endswith("-cu128")
 

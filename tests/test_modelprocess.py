@@ -12,7 +12,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
+import requests
 
 from serving_core.context import Context
 from serving_core.engine import Engine
@@ -20,6 +22,7 @@ from serving_core.errors import DeadlineExceeded, NotReady, Overloaded
 from serving_core.loading import load_handler
 from serving_core.modelprocess import ModelProcess, RemoteBatcher, socket_path
 from serving_core.settings import Settings
+from tests.servers import gunicorn_server
 
 SHARED = str(Path(__file__).parent / "handlers/shared/handler.py")
 WAIT_S = 30.0  # a bound on waiting for an event, never an expected time
@@ -165,3 +168,92 @@ def test_many_threads_through_one_connection_each_get_their_own_answer(model):
         list(pool.map(one, range(400)))
     assert not wrong
     remote.stop(5)
+
+
+# -- through gunicorn -----------------------------------------------------------------
+
+MINILM = str(Path(__file__).parent.parent / "handlers/minilm")
+
+
+def shared_env(**extra: str) -> dict[str, str]:
+    return {
+        "SERVING_HANDLER": SHARED,
+        "SERVING_MODEL_PROCESS": "shared",
+        "SERVING_WORKERS": "2",
+        "SERVING_CACHE_SIZE": "0",
+        **extra,
+    }
+
+
+def post_many(url: str, bodies: list[dict[str, Any]]) -> list[requests.Response]:
+    """Each on its own connection, all at once, so that both workers take some."""
+
+    def one(body: dict[str, Any]) -> requests.Response:
+        return requests.post(url + "/predict", json=body, timeout=WAIT_S)
+
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        return list(pool.map(one, bodies))
+
+
+@pytest.mark.e2e
+def test_two_gunicorn_workers_feed_one_model_process_whose_batches_mix_them():
+    with gunicorn_server(shared_env()) as server:
+        mixed: dict[int, set[int]] = {}
+        for attempt in range(5):  # which worker takes a connection is the kernel's choice
+            bodies = [{"text": "hold", "sleep_s": 0.3}] + [
+                {"text": f"r{attempt}-{i}"} for i in range(24)
+            ]
+            with ThreadPoolExecutor(1) as first:
+                blocker = first.submit(post_many, server.url, bodies[:1])
+                time.sleep(0.1)
+                answers = [r.json() for r in post_many(server.url, bodies[1:])]
+                blocker.result()
+            assert all(a["text"] == f"r{attempt}-{i}" for i, a in enumerate(answers))
+            model_pids = {a["model_pid"] for a in answers}
+            workers = {a["worker_pid"] for a in answers}
+            assert len(model_pids) == 1
+            assert not model_pids & workers  # the model ran in neither worker
+            for answer in answers:
+                mixed.setdefault(answer["batch"], set()).add(answer["worker_pid"])
+            if any(len(senders) == 2 for senders in mixed.values()):
+                break
+        assert any(len(senders) == 2 for senders in mixed.values()), mixed
+        metadata = requests.get(server.url + "/metadata", timeout=WAIT_S).json()
+        assert metadata["batching"]["model_process"] == "shared"
+
+
+@pytest.mark.e2e
+def test_a_sigkilled_model_process_is_replaced_and_the_service_recovers():
+    with gunicorn_server(shared_env()) as server:
+        before = requests.post(server.url + "/predict", json={"text": "a"}, timeout=WAIT_S)
+        killed = before.json()["model_pid"]
+        os.kill(killed, signal.SIGKILL)
+        statuses: list[int] = []
+        deadline = time.monotonic() + WAIT_S
+        while True:
+            response = requests.post(server.url + "/predict", json={"text": "b"}, timeout=WAIT_S)
+            statuses.append(response.status_code)
+            if response.status_code == 200:
+                break
+            assert response.status_code == 503, response.text
+            assert response.json()["error"]["type"] == "not_ready"
+            assert time.monotonic() < deadline, "the model process was not replaced"
+            time.sleep(0.05)
+        assert response.json()["model_pid"] != killed
+        assert requests.get(server.url + "/readyz", timeout=WAIT_S).status_code == 200
+        assert server.process.poll() is None  # the master lives on
+        assert "exited; starting another" in server.output()
+
+
+@pytest.mark.e2e
+@pytest.mark.model
+def test_minilm_answers_in_shared_mode_equal_the_per_worker_modes():
+    texts = [{"text": f"sentence number {i} about serving models"} for i in range(6)]
+    embeddings = {}
+    for mode in ("per-worker", "shared"):
+        env = {"SERVING_HANDLER": MINILM, "SERVING_MODEL_PROCESS": mode, "SERVING_WORKERS": "2"}
+        with gunicorn_server(env) as server:
+            answers = post_many(server.url, texts)
+            assert all(r.status_code == 200 for r in answers), [r.text for r in answers]
+            embeddings[mode] = np.array([r.json()["embedding"] for r in answers])
+    assert np.allclose(embeddings["per-worker"], embeddings["shared"], atol=1e-5)

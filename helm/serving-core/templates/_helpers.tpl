@@ -144,6 +144,7 @@ logFormat: {env: SERVING_LOG_FORMAT, kind: string}
 docsEnabled: {env: SERVING_DOCS_ENABLED, kind: string}
 device: {env: SERVING_DEVICE, kind: string}
 dtype: {env: SERVING_DTYPE, kind: string}
+modelProcess: {env: SERVING_MODEL_PROCESS, kind: string}
 cacheUrl: {env: SERVING_CACHE_URL, kind: optional, secret: cacheUrlSecret}
 cacheSize: {env: SERVING_CACHE_SIZE, kind: int}
 cacheTtlSeconds: {env: SERVING_CACHE_TTL_S, kind: number}
