@@ -15,7 +15,8 @@ Everything else (the error log, files, syslog, ``--log-config``, reopening on
 ``JsonAccessLogger`` (``SERVING_LOG_FORMAT=json``) writes gunicorn's error log
 and the access line as JSON objects (``serving_core.logs.JsonFormatter``); the
 access line's fields are the same few values, plus the route the app matched
-(the app leaves it in the WSGI environ under ``ROUTE_KEY``).
+and the size of the batch the model ran the request in (the app leaves them in
+the WSGI environ under ``ROUTE_KEY`` and ``BATCH_SIZE_KEY``).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import Any
 
 from gunicorn.glogging import Logger
 
-from .logs import ROUTE_KEY, JsonFormatter
+from .logs import BATCH_SIZE_KEY, ROUTE_KEY, JsonFormatter
 
 _FORMAT = '%s "%s %s %s" %s %s %dms request_id=%s'
 _JSON_MESSAGE = "%s %s %s"
@@ -103,6 +104,7 @@ class JsonAccessLogger(Logger):  # type: ignore[misc]
                 "method": method,
                 "path": path,
                 "route": environ.get(ROUTE_KEY),
+                "batch_size": environ.get(BATCH_SIZE_KEY),
                 "status": status,
                 "duration_ms": round(request_time.total_seconds() * 1000, 3),
                 "bytes": getattr(resp, "sent", None),

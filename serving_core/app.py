@@ -13,9 +13,9 @@ from flask import Flask, Response, current_app, g, request, send_from_directory
 from flask_restful import Api, Resource
 from werkzeug.exceptions import HTTPException, NotFound, RequestEntityTooLarge
 
-from . import access, arrival, docs, encoding, openapi
+from . import access, arrival, context, docs, encoding, openapi
 from .errors import QUOTE_CHARS, BadRequest, ServingError, quote, shorten
-from .logs import ROUTE_KEY
+from .logs import BATCH_SIZE_KEY, ROUTE_KEY
 from .metrics import CONTENT_TYPE, Metrics
 from .params import JsonLimits, request_params
 from .service import Service, status_url
@@ -138,9 +138,11 @@ class Predict(Resource):  # type: ignore[misc]
         _refuse_oversized()
         self.service.admit(arrival=g.arrival, timeout_s=timeout_s)
         params = request_params(request, self.limits)
+        context.take_batch_size()  # an earlier request on this greenlet may have left one
         output, served = self.service.answer(
             params, request_id=g.request_id, arrival=g.arrival, timeout_s=timeout_s
         )
+        request.environ[BATCH_SIZE_KEY] = context.take_batch_size()  # for the JSON access line
         return output, 200, {"X-Cache": served} if served else {}
 
     def view(self) -> Response:

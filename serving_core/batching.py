@@ -41,6 +41,7 @@ class Pending:
     arrival: float  # monotonic seconds, when the request reached the server
     enqueued: float = 0.0
     future: Future[Any] = field(default_factory=Future)
+    batch_size: int = 0  # the size of the batch that ran it, once it ran (for the log)
 
     @property
     def request_id(self) -> str:
@@ -328,6 +329,7 @@ class Batcher:
             ran = self._run_batch([p.item for p in live], [p.context for p in live])
             duration = self._clock() - started
             for pending, result in zip(live, ran.results, strict=True):
+                pending.batch_size = len(live)
                 _resolve(pending.future, result)
             # Re-runs in halves (an InvalidInput to isolate) are not one batch of
             # this size: their total time would skew the cost model, so only a

@@ -186,7 +186,7 @@ class ModelServer:
             ).start()
 
     def _connection(self, conn: socket.socket, number: int) -> None:
-        answers: queue.SimpleQueue[tuple[int, Future[Any]] | None] = queue.SimpleQueue()
+        answers: queue.SimpleQueue[tuple[int, Pending] | None] = queue.SimpleQueue()
         writer = threading.Thread(
             target=self._write, args=(conn, answers), name=f"model-write-{number}", daemon=True
         )
@@ -203,11 +203,11 @@ class ModelServer:
                 try:
                     pending = self.batcher.submit(item, ctx, arrival=arrival)
                 except ServingError as exc:
-                    refused: Future[Any] = Future()
-                    refused.set_exception(exc)
+                    refused = Pending(item, ctx, arrival)
+                    refused.future.set_exception(exc)
                     answers.put((seq, refused))
                     continue
-                pending.future.add_done_callback(functools.partial(_answer, answers, seq))
+                pending.future.add_done_callback(functools.partial(_answer, answers, seq, pending))
         finally:
             self._open.pop(number, None)
             answers.put(None)
@@ -215,15 +215,17 @@ class ModelServer:
             conn.close()
 
     def _write(
-        self, conn: socket.socket, answers: queue.SimpleQueue[tuple[int, Future[Any]] | None]
+        self, conn: socket.socket, answers: queue.SimpleQueue[tuple[int, Pending] | None]
     ) -> None:
         # Its own thread: pickling and sending never run on the model thread,
         # which resolves the futures and goes straight on to the next batch.
         while (answer := answers.get()) is not None:
-            seq, future = answer
-            exc = future.exception()
+            seq, pending = answer
+            exc = pending.future.exception()
             message = (
-                (seq, True, future.result()) if exc is None else (seq, False, _error_message(exc))
+                (seq, True, pending.future.result(), pending.batch_size)
+                if exc is None
+                else (seq, False, _error_message(exc), 0)
             )
             try:
                 send_frame(conn, message)
@@ -232,13 +234,16 @@ class ModelServer:
             except Exception as error:  # an output pickle cannot carry
                 log.exception("request %d: the output could not be sent to its worker", seq)
                 with contextlib.suppress(OSError):
-                    send_frame(conn, (seq, False, _error_message(error)))
+                    send_frame(conn, (seq, False, _error_message(error), 0))
 
 
 def _answer(
-    answers: queue.SimpleQueue[tuple[int, Future[Any]] | None], seq: int, future: Future[Any]
+    answers: queue.SimpleQueue[tuple[int, Pending] | None],
+    seq: int,
+    pending: Pending,
+    future: Future[Any],
 ) -> None:
-    answers.put((seq, future))
+    answers.put((seq, pending))
 
 
 class ModelProcess:
@@ -532,12 +537,13 @@ class RemoteBatcher:
     def _read(self, sock: socket.socket) -> None:
         while True:
             try:
-                seq, ok, value = recv_frame(sock)
+                seq, ok, value, batch_size = recv_frame(sock)
             except (EOFError, OSError):
                 return
             pending = self._pending.pop(seq, None)
             if pending is None or pending.future.done():
                 continue  # its request gave up at its deadline
+            pending.batch_size = batch_size
             with contextlib.suppress(Exception):  # cancelled meanwhile: nobody waits
                 if ok:
                     pending.future.set_result(value)

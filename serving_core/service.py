@@ -19,6 +19,7 @@ from concurrent.futures import CancelledError, Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
+from . import context
 from .batching import Batcher, Observer
 from .cache import Cache, CacheObserver, CacheResult, from_settings
 from .context import Context
@@ -205,6 +206,7 @@ class Service:
                 f"no answer within the deadline of {deadline - arrival:.3f} s; "
                 "retry later or ask for a longer timeout"
             ) from None
+        context.note_batch_size(pending.batch_size)
         return self.engine.finish(output, params, ctx)
 
     def admit(self, *, arrival: float | None = None, timeout_s: float | None = None) -> None:

@@ -69,7 +69,7 @@ def test_every_line_of_a_server_under_load_is_json_and_access_lines_carry_the_re
     env = {"SERVING_HANDLER": PROBE, "SERVING_WORKERS": "2", "SERVING_LOG_FORMAT": "json"}
     with gunicorn_server(env) as server:
 
-        def call(n: int) -> tuple[str, int, str]:
+        def call(n: int) -> tuple[str, int, str, int | None]:
             if n % 50 == 7:  # a few errors: a 400 and a 404 log too
                 response = requests.post(
                     server.url + "/predict",
@@ -83,12 +83,19 @@ def test_every_line_of_a_server_under_load_is_json_and_access_lines_carry_the_re
                 response = requests.post(
                     server.url + "/predict", json={"text": f"t{n}"}, timeout=30
                 )
-            return response.request.path_url, response.status_code, response.headers["X-Request-ID"]
+            # The probe says the size of the batch that ran it; errors ran in none.
+            batch = response.json().get("batch_size") if response.status_code == 200 else None
+            return (
+                response.request.path_url,
+                response.status_code,
+                response.headers["X-Request-ID"],
+                batch,
+            )
 
         with ThreadPoolExecutor(8) as pool:
             sent = list(pool.map(call, range(200)))
-        assert {status for _, status, _ in sent} == {200, 400, 404}
-        expected = {request_id: (path, status) for path, status, request_id in sent}
+        assert {status for _, status, _, _ in sent} == {200, 400, 404}
+        expected = {request_id: (path, status, batch) for path, status, request_id, batch in sent}
 
         # The access line is written after the response: wait until all are there.
         deadline = time.monotonic() + 30
@@ -102,7 +109,7 @@ def test_every_line_of_a_server_under_load_is_json_and_access_lines_carry_the_re
         assert entry["request_id"] not in (None, "", "-"), entry
         assert isinstance(entry["duration_ms"], float | int)
     logged = {e["request_id"]: e for e in access}
-    for request_id, (path, status) in expected.items():
+    for request_id, (path, status, batch) in expected.items():
         entry = logged[request_id]
         assert (entry["path"], entry["status"], entry["method"]) == (
             path,
@@ -110,6 +117,8 @@ def test_every_line_of_a_server_under_load_is_json_and_access_lines_carry_the_re
             "GET" if path == "/nowhere" else "POST",
         )
         assert entry["route"] == ("unmatched" if path == "/nowhere" else "/predict")
+        assert entry["batch_size"] == batch, entry
+    assert any(e["batch_size"] and e["batch_size"] > 1 for e in access)  # 8 clients batch
     loggers = {e["logger"] for e in entries}
     # gunicorn's own lines, serving-core's and the handler's are JSON alike.
     assert {"gunicorn.error", "serving_core.server", "probe"} <= loggers
