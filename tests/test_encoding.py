@@ -38,13 +38,23 @@ def test_the_depth_limit_can_be_orjsons_own():
         limited(b"[" * 1025 + b"]" * 1025, max_depth=1024)
 
 
+# Large, with more brackets than the limit: parsed inside the wrappers.
+BIG = (
+    b'{"p": "'
+    + b" " * encoding.SCAN_DEPTH_BELOW_BYTES
+    + b'", "b": [[1], [2], [3], [4], [5], [6], [7], [8], [9]]}'
+)
+
+
 @pytest.mark.parametrize(
     "data",
-    [b"1],[2", b'{"a": 1}],[{"b": 2}', b'{"a": 1}] , [ {"b": 2}', b"]", b"[", b'{"a": 1} x'],
+    [b"1],[" + BIG, BIG + b"],[" + BIG, BIG + b"] , [ " + BIG, BIG + b"]", b"[" + BIG, BIG + b" x"],
 )
 def test_a_body_cannot_close_the_wrappers_of_the_depth_check(data):
+    assert BIG.count(b"[") > 8
+    assert limited(BIG, max_string_chars=1 << 20) == orjson.loads(BIG)
     with pytest.raises(encoding.JSONDecodeError):
-        limited(data)
+        limited(data, max_string_chars=1 << 20)
 
 
 def test_malformed_json_is_reported_where_it_is_in_the_body():
@@ -94,3 +104,22 @@ def test_a_long_run_after_the_last_string_is_no_string():
 def test_a_short_body_is_not_scanned_for_strings(monkeypatch):
     monkeypatch.setattr(encoding, "_check_strings", lambda *a: pytest.fail("scanned"))
     assert limited(b'{"k": "abc"}', max_string_chars=12) == {"k": "abc"}
+
+
+def padded(data: bytes) -> bytes:
+    """The same JSON past the size below which brackets are counted out."""
+    return b'{"pad": "' + b" " * encoding.SCAN_DEPTH_BELOW_BYTES + b'", "v": ' + data + b"}"
+
+
+@pytest.mark.parametrize("size", ["small", "large"])
+@pytest.mark.parametrize("depth", [7, 8, 9, 30])
+def test_small_and_large_bodies_meet_the_same_depth_limit(size, depth):
+    # `depth` deep in all: brackets in strings, and escapes before them, are text.
+    inner = b'[{"s": "]]][[[\\\\", "t": "\\"[[["}, ' + nested(depth - 2) + b"]"
+    data = padded(inner) if size == "large" else b'{"v": ' + inner + b"}"
+    assert (len(data) > encoding.SCAN_DEPTH_BELOW_BYTES) is (size == "large")
+    if depth <= 8:
+        assert limited(data, max_string_chars=1 << 20) == orjson.loads(data)
+    else:
+        with pytest.raises(encoding.TooDeep):
+            limited(data, max_string_chars=1 << 20)
