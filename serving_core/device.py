@@ -16,9 +16,39 @@ CI and on a GPU node. Imports torch only when called.
 from __future__ import annotations
 
 import logging
+import os
+from collections.abc import Mapping
 from typing import Any
 
 log = logging.getLogger("serving_core.device")
+
+PROC_GPUS = "/proc/driver/nvidia/gpus"  # one folder per GPU the driver knows
+
+
+def visible_gpus(environ: Mapping[str, str] | None = None, proc: str = PROC_GPUS) -> int:
+    """How many NVIDIA GPUs this process may use, without touching CUDA (safe before
+    fork): CUDA_VISIBLE_DEVICES when set, else the driver's entries in /proc."""
+    environ = os.environ if environ is None else environ
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
+    try:
+        return len(os.listdir(proc))
+    except OSError:
+        return 0
+
+
+def model_devices(
+    device: str, processes: int, environ: Mapping[str, str] | None = None
+) -> list[str]:
+    """The device of each shared model process: with SERVING_DEVICE=cuda, one per
+    visible GPU (or ``processes`` of them, round robin); otherwise ``processes``
+    (at least one) on the requested device."""
+    if device == "cuda":
+        gpus = visible_gpus(environ)
+        if gpus:
+            return [f"cuda:{i % gpus}" for i in range(processes or gpus)]
+    return [device] * max(1, processes)
 
 
 def resolve(requested: str) -> str:

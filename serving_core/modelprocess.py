@@ -51,7 +51,7 @@ import struct
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
@@ -257,9 +257,16 @@ class ModelProcess:
         path: str,
         sample: dict[str, Any] | None,
         observer: Observer | None = None,
+        device: str | None = None,
+        processes: int = 1,
     ) -> None:
+        """``device``: this model process's, for the handler's ``self.device`` (one
+        GPU each when there are several); ``processes``: how many model processes
+        share the cores the workers leave."""
         self.settings = settings
         self.engine = engine
+        self.device = device
+        self.processes = processes
         self.path = path
         self.sample = sample
         self.observer = observer
@@ -305,12 +312,15 @@ class ModelProcess:
                 signal.signal(sig, signal.SIG_DFL)
             signal.signal(signal.SIGINT, signal.SIG_IGN)  # the master decides
             self._close_in_child()
+            if self.device is not None:
+                self.engine.handler.device = self.device
             run_model_process(
                 self.settings,
                 self.engine,
                 path=self.path,
                 sample=self.sample,
                 observer=self.observer,
+                processes=self.processes,
             )
             code = 0
         except BaseException:
@@ -347,6 +357,7 @@ def run_model_process(
     path: str,
     sample: dict[str, Any] | None,
     observer: Observer | None = None,
+    processes: int = 1,
 ) -> None:
     """The model process's life: set up, warm up, listen, serve until SIGTERM."""
     from .resources import usable_cores
@@ -355,7 +366,7 @@ def run_model_process(
     # The cores the workers leave, at least one, for torch's intra-op pool: a
     # torch thread that has to share its core with a worker's hub collapses
     # (OpenMP threads spin and wait on each other; a 15 ms call took 500 ms).
-    set_model_threads(max(1, usable_cores() - settings.workers))
+    set_model_threads(max(1, (usable_cores() - settings.workers) // processes))
     engine.handler.setup_worker()
     server = ModelServer(engine, settings, observer)
     server.batcher.start()
@@ -387,69 +398,72 @@ def run_model_process(
 class SharedPolicy:
     """What ``/metadata`` shows of the batching when the model process batches."""
 
-    def __init__(self, path: str) -> None:
-        self.path = path
+    def __init__(self, paths: Sequence[str]) -> None:
+        self.paths = list(paths)
 
     def describe(self) -> dict[str, Any]:
-        return {"model_process": "shared", "model_socket": self.path}
+        return {"model_process": "shared", "model_processes": len(self.paths)}
 
 
 class RemoteBatcher:
     """A worker's stand-in for its ``Batcher``: the same ``submit`` and futures, served
-    by the shared model process over one connection with many requests in flight."""
+    by the shared model process (or processes: one per GPU) over one connection each,
+    with many requests in flight on it. A request goes to the connected model process
+    with the fewest of this worker's requests in flight."""
 
     def __init__(
         self,
-        path: str,
+        paths: str | Sequence[str],
         *,
         max_queue: int = 1 << 30,
         observer: Observer | None = None,
         open_connections: Callable[[], int | None] = lambda: None,
     ) -> None:
-        self.path = path
+        paths = [paths] if isinstance(paths, str) else list(paths)
         self.max_queue = max_queue
-        self.policy = SharedPolicy(path)
+        self.policy = SharedPolicy(paths)
         self.fault: str | None = None  # a worker-side model thread's; never set here
         self.new_future: Callable[[], Future[Any]] = Future
         self._observer = observer
         self._open_connections = open_connections
-        self._pending: dict[int, Pending] = {}
         self._seq = itertools.count()
-        self._sock: socket.socket | None = None
-        self._send_lock = threading.Lock()
         self._stopping = False
-        self._connected = threading.Event()
+        self._links = [_Link(path, lambda: self._stopping) for path in paths]
 
     # -- the Batcher interface the service uses -------------------------------
 
     def start(self) -> None:
-        _spawn(self._run)
+        for link in self._links:
+            _spawn(link.run)
 
     def wait_connected(self, timeout_s: float) -> bool:
-        return self._connected.wait(timeout_s)
+        deadline = time.monotonic() + timeout_s
+        return all(
+            link.connected.wait(max(0.0, deadline - time.monotonic())) for link in self._links
+        )
 
     def admit(self, deadline: float) -> None:
         """What this worker can refuse before a request's body is read: no model
         process, or its own share of the queue (SERVING_MAX_QUEUE) in flight. The
         model process applies the rest of admission when the item arrives."""
-        self._refuse()
+        self._pick()
 
-    def _refuse(self) -> socket.socket:
-        sock = self._sock
-        if sock is None or self._stopping:
+    def _pick(self) -> _Link:
+        up = [link for link in self._links if link.sock is not None]
+        if not up or self._stopping:
             raise NotReady(
                 "the shared model process is not up (starting, or restarting after a "
                 "failure); retry after /readyz answers 200"
             )
-        if len(self._pending) >= self.max_queue:
+        if self.depth >= self.max_queue:
             self.rejected("queue_full")
             raise errors.Overloaded(
-                f"{len(self._pending)} requests of this worker are in the shared model "
+                f"{self.depth} requests of this worker are in the shared model "
                 "process; retry after the Retry-After delay",
                 reason="queue_full",
                 retry_after_s=1.0,
             )
-        return sock
+        return min(up, key=lambda link: len(link.pending))
 
     def withdraw(self, pending: Pending) -> None:
         """The request gave up at its deadline. Its item stays in the model process,
@@ -457,26 +471,19 @@ class RemoteBatcher:
         pending.future.cancel()
 
     def submit(self, item: Any, context: Context, *, arrival: float) -> Pending:
-        sock = self._refuse()
-        seq = next(self._seq)
+        link = self._pick()
         pending = Pending(
             item, context, arrival, enqueued=time.monotonic(), future=self.new_future()
         )
-        self._pending[seq] = pending
         message = (
-            seq,
+            next(self._seq),
             context.request_id,
             context.deadline,
             arrival,
             item,
             self._open_connections(),
         )
-        try:
-            with self._send_lock:
-                send_frame(sock, message)
-        except OSError:
-            self._pending.pop(seq, None)
-            raise NotReady("the shared model process went away; retry shortly") from None
+        link.send(message, pending)
         return pending
 
     def rejected(self, reason: str) -> None:
@@ -485,42 +492,72 @@ class RemoteBatcher:
 
     @property
     def alive(self) -> bool:
-        return self._sock is not None and not self._stopping
+        """Ready while every model process is connected: one that is down turns this
+        worker's /readyz red (the others still serve what reaches the worker)."""
+        return not self._stopping and all(link.sock is not None for link in self._links)
 
     @property
     def depth(self) -> int:
-        return len(self._pending)
+        return sum(len(link.pending) for link in self._links)
 
     def stop(self, timeout_s: float | None = None) -> bool:
-        """Refuse new requests, wait for the answers in flight, close the connection."""
+        """Refuse new requests, wait for the answers in flight, close the connections."""
         self._stopping = True
         deadline = time.monotonic() + (timeout_s if timeout_s is not None else 30.0)
-        while self._pending and time.monotonic() < deadline:
+        while self.depth and time.monotonic() < deadline:
             time.sleep(0.01)
-        drained = not self._pending
-        sock, self._sock = self._sock, None
+        drained = not self.depth
+        for link in self._links:
+            link.close()
+        return drained
+
+
+class _Link:
+    """One worker's connection to one model process, and its requests in flight."""
+
+    def __init__(self, path: str, stopping: Callable[[], bool]) -> None:
+        self.path = path
+        self.stopping = stopping
+        self.sock: socket.socket | None = None
+        self.pending: dict[int, Pending] = {}
+        self.connected = threading.Event()
+        self._send_lock = threading.Lock()
+
+    def send(self, message: tuple[Any, ...], pending: Pending) -> None:
+        sock = self.sock
+        seq = message[0]
+        self.pending[seq] = pending
+        try:
+            if sock is None:
+                raise OSError("not connected")
+            with self._send_lock:
+                send_frame(sock, message)
+        except OSError:
+            self.pending.pop(seq, None)
+            raise NotReady("the shared model process went away; retry shortly") from None
+
+    def close(self) -> None:
+        sock, self.sock = self.sock, None
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
             sock.close()
-        return drained
 
-    # -- the reader -------------------------------------------------------------
-
-    def _run(self) -> None:
-        while not self._stopping:
+    def run(self) -> None:
+        """Connect, read answers until the model process goes, fail what it held, again."""
+        while not self.stopping():
             sock = self._connect()
             if sock is None:
                 time.sleep(RECONNECT_PAUSE_S)
                 continue
-            self._sock = sock
-            self._connected.set()
+            self.sock = sock
+            self.connected.set()
             try:
                 self._read(sock)
             finally:
-                self._connected.clear()
-                if self._sock is sock:
-                    self._sock = None
+                self.connected.clear()
+                if self.sock is sock:
+                    self.sock = None
                 with contextlib.suppress(OSError):
                     sock.close()
                 self._fail_all()
@@ -540,7 +577,7 @@ class RemoteBatcher:
                 seq, ok, value, batch_size = recv_frame(sock)
             except (EOFError, OSError):
                 return
-            pending = self._pending.pop(seq, None)
+            pending = self.pending.pop(seq, None)
             if pending is None or pending.future.done():
                 continue  # its request gave up at its deadline
             pending.batch_size = batch_size
@@ -551,10 +588,12 @@ class RemoteBatcher:
                     pending.future.set_exception(_rebuild_error(value))
 
     def _fail_all(self) -> None:
-        pending, self._pending = self._pending, {}
-        if pending and not self._stopping:
+        pending, self.pending = self.pending, {}
+        if pending and not self.stopping():
             log.warning(
-                "the shared model process went away with %d requests in flight", len(pending)
+                "the shared model process at %s went away with %d requests in flight",
+                self.path,
+                len(pending),
             )
         for one in pending.values():
             if not one.future.done():
@@ -581,6 +620,7 @@ def _spawn(target: Callable[[], None]) -> None:
     threading.Thread(target=target, name="serving-model-reader", daemon=True).start()
 
 
-def socket_path(directory: str) -> str:
-    """The model socket's path: short (a Unix socket path has ~107 bytes), one per server."""
-    return os.path.join(directory, f"model-{os.getpid()}.sock")
+def socket_path(directory: str, index: int = 0) -> str:
+    """A model socket's path: short (a Unix socket path has ~107 bytes), one per model
+    process of a server."""
+    return os.path.join(directory, f"model-{os.getpid()}-{index}.sock")

@@ -31,6 +31,7 @@ import gc
 import logging
 import math
 import tempfile
+from collections.abc import Sequence
 from typing import Any
 
 from flask import Flask
@@ -38,6 +39,7 @@ from gunicorn.app.base import BaseApplication
 
 from . import metrics, recycle, wire
 from .app import create_app
+from .device import model_devices
 from .engine import Engine
 from .loading import LoadedHandler
 from .modelprocess import ModelProcess, socket_path
@@ -54,12 +56,12 @@ WORKER_CLASSES = {
 
 
 def gunicorn_options(
-    settings: Settings, service: Service, model: ModelProcess | None = None
+    settings: Settings, service: Service, models: Sequence[ModelProcess] = ()
 ) -> dict[str, Any]:
     failures = recycle.WarmUpFailures()  # made in the master, shared with every worker
 
     def when_ready(server: Any) -> None:
-        if model is None:
+        if not models:
             return
 
         def close_listeners() -> None:
@@ -68,7 +70,8 @@ def gunicorn_options(
 
         # Forked from a thread of the master, which forks it again whenever it
         # dies; it must not hold gunicorn's listening sockets open.
-        model.start(close_in_child=close_listeners)
+        for model in models:
+            model.start(close_in_child=close_listeners)
 
     def post_fork(server: Any, worker: Any) -> None:
         threads = set_worker_threads(settings.workers)
@@ -100,7 +103,7 @@ def gunicorn_options(
             greenworker.worker_exited(worker)
 
     def on_exit(server: Any) -> None:
-        if model is not None:
+        for model in models:
             model.stop()
         metrics.remove_metrics_dir()
 
@@ -188,27 +191,39 @@ def say_where(bind: str) -> None:
         )
 
 
-def build(settings: Settings, loaded: LoadedHandler) -> tuple[Flask, Service, ModelProcess | None]:
+def build(settings: Settings, loaded: LoadedHandler) -> tuple[Flask, Service, list[ModelProcess]]:
     """The objects of one server, built here and passed down: metrics, the engine
     over the handler, the online service around it, the app over that, and the
-    shared model process when there is one (forked later, by the master)."""
+    shared model processes when there are any (forked later, by the master)."""
     observer = metrics.Metrics()
     engine = Engine(
         loaded.handler, max_batch_size=settings.max_batch_size, on_failure=observer.failed
     )
-    model = None
+    models = []
     if settings.shared_model and not loaded.handler.concurrent:
-        path = socket_path(tempfile.mkdtemp(prefix="serving-core-model-"))
-        model = ModelProcess(settings, engine, path=path, sample=loaded.sample, observer=observer)
+        folder = tempfile.mkdtemp(prefix="serving-core-model-")
+        devices = model_devices(settings.device, settings.model_processes)
+        models = [
+            ModelProcess(
+                settings,
+                engine,
+                path=socket_path(folder, index),
+                sample=loaded.sample,
+                observer=observer,
+                device=device,
+                processes=len(devices),
+            )
+            for index, device in enumerate(devices)
+        ]
     service = Service(
         settings,
         loaded,
         engine,
         observer=observer,
         cache_observer=observer,
-        model_socket=None if model is None else model.path,
+        model_sockets=[model.path for model in models],
     )
-    return create_app(settings, service, observer), service, model
+    return create_app(settings, service, observer), service, models
 
 
 def serve(settings: Settings, loaded: LoadedHandler) -> None:
@@ -216,7 +231,7 @@ def serve(settings: Settings, loaded: LoadedHandler) -> None:
     limit_master_threads()
     loaded.handler.setup()
     limit_master_threads()  # a handler may import torch only in setup()
-    app, service, model = build(settings, loaded)
+    app, service, models = build(settings, loaded)
     warn_about(settings, service)
     say_where(settings.bind)
     wire.install()  # gunicorn's response and error paths, in this process and its workers
@@ -226,4 +241,4 @@ def serve(settings: Settings, loaded: LoadedHandler) -> None:
         greenworker.share_connections(settings.workers)
     gc.collect()
     gc.freeze()
-    ServingApplication(app, gunicorn_options(settings, service, model)).run()
+    ServingApplication(app, gunicorn_options(settings, service, models)).run()

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import CancelledError, Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
@@ -45,10 +45,10 @@ class Service:
         *,
         observer: Observer | None = None,
         cache_observer: CacheObserver | None = None,
-        model_socket: str | None = None,
+        model_sockets: Sequence[str] = (),
     ) -> None:
-        """``model_socket``: the shared model process's socket (SERVING_MODEL_PROCESS=
-        shared); the model runs there, not on a model thread of this worker."""
+        """``model_sockets``: the shared model processes' sockets (SERVING_MODEL_PROCESS=
+        shared; one per GPU); the model runs there, not on a model thread of this worker."""
         self.settings = settings
         self.loaded = loaded
         self.engine = engine
@@ -59,7 +59,7 @@ class Service:
         self._observer = observer
         self._cache_observer = cache_observer
         self.batcher: Batcher | RemoteBatcher | None = None
-        self.model_socket = model_socket
+        self.model_sockets = list(model_sockets)
         self.cache: Cache | None = None  # opened in start(): a Redis pool per process
         # Opened in start(), after fork: neither a SQLite connection nor a Redis
         # pool may be shared by forked processes.
@@ -102,11 +102,11 @@ class Service:
             self._serving = True
             self._watch(on_verdict)
             return
-        if self.model_socket is not None:
+        if self.model_sockets:
             # The model process batches, warms up and applies admission; this
             # worker validates, preprocesses and postprocesses as always.
             self.batcher = RemoteBatcher(
-                self.model_socket,
+                self.model_sockets,
                 max_queue=self.settings.max_queue,
                 observer=self._observer,
                 open_connections=open_connections,

@@ -85,6 +85,10 @@ class Settings:
     # req/s per-worker against 110 shared, whose model gets the core the two
     # workers leave; bench/gpu.py --device cpu).
     model_process: ModelProcessMode = "auto"
+    # Shared: how many model processes. 0: one per visible GPU with
+    # SERVING_DEVICE=cuda (each on its own), else one; requests go to the one
+    # with the fewest in flight.
+    model_processes: int = 0
     # The inference cache: empty URL keeps it in each worker's memory (an LRU of
     # cache_size entries; 0 turns the cache off); redis://… shares it between
     # every worker and replica. Entries expire after cache_ttl_s.
@@ -331,6 +335,7 @@ _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "max_wait_ms": _float(0.0, 60_000.0),
     "batch_policy": _choice("adaptive", "fixed"),
     "model_process": _choice("auto", "per-worker", "shared"),
+    "model_processes": _int(0, 64),
     "max_queue": _int(1, 1_000_000),
     "request_timeout_s": _float(0.001, 3600.0),
     "max_body_bytes": _int(1, 1 << 34),

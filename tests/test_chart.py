@@ -466,6 +466,7 @@ SETTINGS_TABLE = [
     ("device", "cuda:1", "SERVING_DEVICE", "cuda:1"),
     ("dtype", "bfloat16", "SERVING_DTYPE", "bfloat16"),
     ("modelProcess", "shared", "SERVING_MODEL_PROCESS", "shared"),
+    ("modelProcesses", 2, "SERVING_MODEL_PROCESSES", "2"),
     (
         "cacheUrl",
         "rediss://cache.example.com:6380/2",

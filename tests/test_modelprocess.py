@@ -17,6 +17,7 @@ import pytest
 import requests
 
 from serving_core.context import Context
+from serving_core.device import model_devices
 from serving_core.engine import Engine
 from serving_core.errors import DeadlineExceeded, NotReady, Overloaded
 from serving_core.loading import load_handler
@@ -152,6 +153,76 @@ def test_without_a_model_process_submit_is_not_ready_at_once():
     remote.stop(0)
 
 
+@pytest.fixture
+def two_models() -> Iterator[tuple[list[ModelProcess], Engine]]:
+    """Two model processes of one server, as with two GPUs (here both on the CPU)."""
+    settings = Settings.from_env(
+        {"SERVING_HANDLER": SHARED, "SERVING_WORKERS": "2", "SERVING_MODEL_PROCESSES": "2"}
+    )
+    loaded = load_handler(SHARED)
+    loaded.handler.setup()
+    engine = Engine(loaded.handler, max_batch_size=settings.max_batch_size)
+    with tempfile.TemporaryDirectory(prefix="serving-model-") as tmp:
+        processes = [
+            ModelProcess(
+                settings,
+                engine,
+                path=socket_path(tmp, i),
+                sample=loaded.sample,
+                device=f"cpu-{i}",
+                processes=2,
+            )
+            for i in range(2)
+        ]
+        for process in processes:
+            process.start()
+        try:
+            yield processes, engine
+        finally:
+            for process in processes:
+                process.stop()
+
+
+def test_requests_are_spread_over_every_model_process_and_survive_one_dying(two_models):
+    processes, engine = two_models
+    remote = RemoteBatcher([p.path for p in processes])
+    remote.start()
+    assert remote.wait_connected(WAIT_S)
+    assert remote.alive
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(
+            pool.map(lambda i: ask(remote, engine, {"text": f"s{i}", "sleep_s": 0.02}), range(64))
+        )
+    assert {a["model_pid"] for a in answers} == {p.pid for p in processes}
+    # Each ran on its own device: the handler's self.device, set in the child.
+    assert {a["device"] for a in answers} == {"cpu-0", "cpu-1"}
+    killed = processes[0].pid
+    os.kill(killed, signal.SIGKILL)
+    deadline = time.monotonic() + WAIT_S
+    while remote.alive:  # one model process down: this worker is not ready
+        assert time.monotonic() < deadline, "still ready with a model process down"
+        time.sleep(0.01)
+    # ... but what reaches it is served by the other one meanwhile.
+    assert ask(remote, engine, {"text": "meanwhile"})["model_pid"] == processes[1].pid
+    while not (remote.alive and processes[0].pid != killed):
+        assert time.monotonic() < deadline, "the killed model process was not replaced"
+        time.sleep(0.02)
+    remote.stop(5)
+
+
+def test_model_devices_give_each_gpu_its_process():
+    four = {"CUDA_VISIBLE_DEVICES": "0,1,2,3"}
+    assert model_devices("cuda", 0, four) == ["cuda:0", "cuda:1", "cuda:2", "cuda:3"]
+    assert model_devices("cuda", 2, four) == ["cuda:0", "cuda:1"]
+    assert model_devices("cuda", 6, {"CUDA_VISIBLE_DEVICES": "3,5"}) == [
+        "cuda:0", "cuda:1", "cuda:0", "cuda:1", "cuda:0", "cuda:1",
+    ]  # fmt: skip
+    assert model_devices("cuda:1", 0, four) == ["cuda:1"]  # one named GPU: one process
+    assert model_devices("cuda", 0, {"CUDA_VISIBLE_DEVICES": ""}) == ["cuda"]  # none visible
+    assert model_devices("cpu", 0, four) == ["cpu"]
+    assert model_devices("cpu", 3, four) == ["cpu", "cpu", "cpu"]
+
+
 def test_many_threads_through_one_connection_each_get_their_own_answer(model):
     process, engine = model
     remote = client(process)
@@ -220,6 +291,17 @@ def test_two_gunicorn_workers_feed_one_model_process_whose_batches_mix_them():
         assert any(len(senders) == 2 for senders in mixed.values()), mixed
         metadata = requests.get(server.url + "/metadata", timeout=WAIT_S).json()
         assert metadata["batching"]["model_process"] == "shared"
+
+
+@pytest.mark.e2e
+def test_two_model_processes_under_gunicorn_share_the_requests():
+    with gunicorn_server(shared_env(SERVING_MODEL_PROCESSES="2")) as server:
+        bodies = [{"text": f"m{i}", "sleep_s": 0.02} for i in range(40)]
+        answers = [r.json() for r in post_many(server.url, bodies)]
+        assert [a["text"] for a in answers] == [b["text"] for b in bodies]
+        assert len({a["model_pid"] for a in answers}) == 2
+        metadata = requests.get(server.url + "/metadata", timeout=WAIT_S).json()
+        assert metadata["batching"]["model_processes"] == 2
 
 
 @pytest.mark.e2e

@@ -145,6 +145,7 @@ docsEnabled: {env: SERVING_DOCS_ENABLED, kind: string}
 device: {env: SERVING_DEVICE, kind: string}
 dtype: {env: SERVING_DTYPE, kind: string}
 modelProcess: {env: SERVING_MODEL_PROCESS, kind: string}
+modelProcesses: {env: SERVING_MODEL_PROCESSES, kind: int}
 cacheUrl: {env: SERVING_CACHE_URL, kind: optional, secret: cacheUrlSecret}
 cacheSize: {env: SERVING_CACHE_SIZE, kind: int}
 cacheTtlSeconds: {env: SERVING_CACHE_TTL_S, kind: number}

@@ -27,7 +27,13 @@ class Shared(Handler):
         time.sleep(max((float(p.get("sleep_s", 0)) for p in batch), default=0))
         number = next(self.batches)
         return [
-            {"text": p.get("text"), "batch": number, "size": len(batch), "model_pid": os.getpid()}
+            {
+                "text": p.get("text"),
+                "batch": number,
+                "size": len(batch),
+                "model_pid": os.getpid(),
+                "device": self.device,
+            }
             for p in batch
         ]
 
