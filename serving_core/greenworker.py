@@ -130,9 +130,11 @@ class _Wakeups:
     def _wake(self) -> None:
         resolved = self.resolved
         while resolved:
-            waiter = resolved.popleft().waiter
-            if waiter is not None:
-                waiter.switch(None)
+            waiters = resolved.popleft().waiters
+            if waiters:
+                # A copy: each greenlet switched to removes its own waiter.
+                for waiter in tuple(waiters):
+                    waiter.switch(None)
 
 
 _wakeups: _Wakeups | None = None
@@ -147,7 +149,10 @@ class GreenFuture(Future[Any]):
     both threads hold only for a few instructions.
     """
 
-    waiter: Any = None  # a gevent Waiter while a greenlet waits in result()
+    # A gevent Waiter per greenlet waiting in result(): usually one, but the
+    # cache's single flight hands one future to every identical request, and
+    # one slot left all but the last of them waiting for their deadline.
+    waiters: list[Any] | None = None
 
     def __init__(self) -> None:
         global _wakeups  # noqa: PLW0603 - one hub per worker process, made on first use
@@ -162,7 +167,11 @@ class GreenFuture(Future[Any]):
             # gevent Event would add a callback round and a Timeout object per wait
             # (~15 -> ~10 us of CPU a wait and wake-up, measured). Nothing else runs
             # on the hub between the check above and the wait.
-            self.waiter = waiter = Waiter()
+            waiter = Waiter()
+            waiters = self.waiters
+            if waiters is None:
+                waiters = self.waiters = []
+            waiters.append(waiter)
             timer = None
             if timeout is not None:
                 timer = get_hub().loop.timer(timeout)
@@ -170,7 +179,7 @@ class GreenFuture(Future[Any]):
             try:
                 waiter.get()
             finally:
-                self.waiter = None
+                waiters.remove(waiter)
                 if timer is not None:
                     timer.close()
         # Done by now, or it timed out: Future raises its own TimeoutError then.

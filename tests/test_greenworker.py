@@ -65,6 +65,24 @@ def test_an_exception_set_on_the_model_thread_is_raised_in_the_greenlet():
     thread.join()
 
 
+def test_every_greenlet_waiting_on_one_future_wakes_when_it_is_set():
+    # The cache's single flight hands one future to every identical request; with
+    # one waiter slot, all but the last waiter slept until their timeout.
+    future = GreenFuture()
+    woken = []
+
+    def wait(n):
+        woken.append((n, future.result(timeout=30)))
+
+    waiting = [gevent.spawn(wait, n) for n in range(5)]
+    gevent.sleep(0.05)  # every greenlet is in result() before the value comes
+    thread = resolve_later(future, 0.05, value="shared")
+    gevent.joinall(waiting, timeout=10)
+    thread.join()
+    assert sorted(woken) == [(n, "shared") for n in range(5)]
+    assert future.waiters == []
+
+
 def test_a_timed_out_wait_raises_and_cancel_keeps_the_model_thread_from_running_it():
     future = GreenFuture()
     started = time.monotonic()
