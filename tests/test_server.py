@@ -245,9 +245,11 @@ def test_bursts_of_new_connections_are_shared_by_the_gevent_workers():
                 pids = [answer["pid"] for answer in pool.map(client, range(8))]
             splits.append(sorted(pids.count(pid) for pid in set(pids)))
     # Each worker gets at least 3 of 8 (one worker leads by at most 2 before it
-    # pauses); one burst may miss that if the other worker woke up late.
-    assert all(len(split) == 2 for split in splits), splits
-    assert sum(split[0] >= 3 for split in splits) >= 11, splits
+    # pauses), unless the other worker woke up late: on a loaded 2-core machine
+    # that happens in a burst or two, and then one leads 6 to 2. What never
+    # happens with fair accepting is what happened without it: 7 or 8 of 8.
+    assert all(len(split) == 2 and split[0] >= 2 for split in splits), splits
+    assert sum(split[0] >= 3 for split in splits) >= 9, splits
 
 
 def run_serve(env, timeout_s=60):
