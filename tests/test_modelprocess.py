@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import tempfile
@@ -29,8 +30,10 @@ SHARED = str(Path(__file__).parent / "handlers/shared/handler.py")
 WAIT_S = 30.0  # a bound on waiting for an event, never an expected time
 
 
-@pytest.fixture
-def model() -> Iterator[tuple[ModelProcess, Engine]]:
+@contextlib.contextmanager
+def running(count: int) -> Iterator[tuple[list[ModelProcess], Engine]]:
+    """``count`` model processes of one server over the shared handler, as with that
+    many GPUs (here all on the CPU: device cpu-0, cpu-1 ...)."""
     settings = Settings.from_env(
         {"SERVING_HANDLER": SHARED, "SERVING_WORKERS": "2", "SERVING_MAX_BATCH_SIZE": "8"}
     )
@@ -38,12 +41,30 @@ def model() -> Iterator[tuple[ModelProcess, Engine]]:
     loaded.handler.setup()
     engine = Engine(loaded.handler, max_batch_size=settings.max_batch_size)
     with tempfile.TemporaryDirectory(prefix="serving-model-") as tmp:
-        process = ModelProcess(settings, engine, path=socket_path(tmp), sample=loaded.sample)
-        process.start()
+        processes = [
+            ModelProcess(
+                settings,
+                engine,
+                path=socket_path(tmp, i),
+                sample=loaded.sample,
+                device=f"cpu-{i}" if count > 1 else None,
+                processes=count,
+            )
+            for i in range(count)
+        ]
+        for process in processes:
+            process.start()
         try:
-            yield process, engine
+            yield processes, engine
         finally:
-            process.stop()
+            for process in processes:
+                process.stop()
+
+
+@pytest.fixture
+def model() -> Iterator[tuple[ModelProcess, Engine]]:
+    with running(1) as ([process], engine):
+        yield process, engine
 
 
 def client(process: ModelProcess, open_connections: int | None = None) -> RemoteBatcher:
@@ -155,32 +176,8 @@ def test_without_a_model_process_submit_is_not_ready_at_once():
 
 @pytest.fixture
 def two_models() -> Iterator[tuple[list[ModelProcess], Engine]]:
-    """Two model processes of one server, as with two GPUs (here both on the CPU)."""
-    settings = Settings.from_env(
-        {"SERVING_HANDLER": SHARED, "SERVING_WORKERS": "2", "SERVING_MODEL_PROCESSES": "2"}
-    )
-    loaded = load_handler(SHARED)
-    loaded.handler.setup()
-    engine = Engine(loaded.handler, max_batch_size=settings.max_batch_size)
-    with tempfile.TemporaryDirectory(prefix="serving-model-") as tmp:
-        processes = [
-            ModelProcess(
-                settings,
-                engine,
-                path=socket_path(tmp, i),
-                sample=loaded.sample,
-                device=f"cpu-{i}",
-                processes=2,
-            )
-            for i in range(2)
-        ]
-        for process in processes:
-            process.start()
-        try:
-            yield processes, engine
-        finally:
-            for process in processes:
-                process.stop()
+    with running(2) as models:
+        yield models
 
 
 def test_requests_are_spread_over_every_model_process_and_survive_one_dying(two_models):
