@@ -58,6 +58,7 @@ from gevent.server import StreamServer
 from gunicorn.workers import ggevent
 from gunicorn.workers.ggevent import GeventWorker
 
+from .drain import DrainingWorker
 from .uploads import Connections, TimedBody
 
 ACCEPT_PAUSE_S = 0.005  # how often a paused worker looks again
@@ -235,7 +236,7 @@ class _FairServer(StreamServer):  # type: ignore[misc]
             self.start_accepting()
 
 
-class GreenWorker(GeventWorker):  # type: ignore[misc]
+class GreenWorker(DrainingWorker, GeventWorker):  # type: ignore[misc]
     # What a request greenlet waits on (see GreenFuture); handed to the service in post_fork.
     new_future = GreenFuture
     # SERVING_BODY_TIMEOUT_S; post_fork sets the configured value.
@@ -277,6 +278,8 @@ class GreenWorker(GeventWorker):  # type: ignore[misc]
             self.connections.closed()
 
     def handle_request(self, listener_name: Any, req: Any, sock: Any, addr: Any) -> Any:
+        if self.draining:
+            req.must_close = True  # a keep-alive client reconnects, elsewhere by now
         conn = self.connections.current()
         if conn is not None:
             self.connections.working(conn)

@@ -9,7 +9,9 @@ Order of events (``serving-core serve``):
 2. ``post_fork`` in each worker: torch intra-op threads = usable cores //
    workers, ``setup_worker()``, start the model thread, run the sample, start
    the watchdog (``watchdog``, ``recycle``: a hung model, a leak).
-3. ``worker_exit``: finish the queued items, stop the model thread.
+3. SIGTERM: ``/readyz`` turns 503 while every worker serves on for
+   ``SERVING_DRAIN_S``, then stops accepting and finishes its requests
+   (``drain``); ``worker_exit``: finish the queued items, stop the model thread.
 4. ``child_exit`` (master): fold the dead worker's metric files into one.
 
 A worker also leaves after ``max_requests`` (plus jitter); gunicorn forks
@@ -30,6 +32,7 @@ import functools
 import gc
 import logging
 import math
+import sys
 import tempfile
 from collections.abc import Sequence
 from typing import Any
@@ -40,6 +43,7 @@ from gunicorn.app.base import BaseApplication
 from . import metrics, recycle, wire
 from .app import create_app
 from .device import model_devices
+from .drain import DrainingArbiter
 from .engine import Engine
 from .loading import LoadedHandler
 from .modelprocess import ModelProcess, socket_path
@@ -74,6 +78,9 @@ def gunicorn_options(
             model.start(close_in_child=close_listeners)
 
     def post_fork(server: Any, worker: Any) -> None:
+        # SIGTERM stays blocked until the worker's handlers are in (``drain``).
+        worker.drain_s = settings.drain_s
+        worker.on_drain = service.drain
         threads = set_worker_threads(settings.workers)
         worker.body_timeout_s = settings.body_timeout_s  # gevent (uploads); gthread ignores it
         try:
@@ -142,10 +149,20 @@ def gunicorn_options(
 
 
 class ServingApplication(BaseApplication):  # type: ignore[misc]
-    def __init__(self, app: Flask, options: dict[str, Any]) -> None:
+    def __init__(self, app: Flask, options: dict[str, Any], *, drain_s: float = 0.0) -> None:
         self.application = app
         self.options = options
+        self.drain_s = drain_s
         super().__init__()
+
+    def run(self) -> None:
+        # BaseApplication.run, with the master that drains on SIGTERM.
+        try:
+            DrainingArbiter(self, self.drain_s).run()
+        except RuntimeError as exc:
+            print(f"\nError: {exc}\n", file=sys.stderr)
+            sys.stderr.flush()
+            sys.exit(1)
 
     def load_config(self) -> None:
         for key, value in self.options.items():
@@ -241,4 +258,6 @@ def serve(settings: Settings, loaded: LoadedHandler) -> None:
         greenworker.share_connections(settings.workers)
     gc.collect()
     gc.freeze()
-    ServingApplication(app, gunicorn_options(settings, service, models)).run()
+    ServingApplication(
+        app, gunicorn_options(settings, service, models), drain_s=settings.drain_s
+    ).run()

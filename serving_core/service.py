@@ -70,6 +70,7 @@ class Service:
         self._in_flight = 0
         self._in_flight_lock = threading.Lock()
         self._serving = False
+        self.draining = False  # SIGTERM: /readyz answers 503 while requests are still served
         self.watchdog: Watchdog | None = None
 
     # -- lifecycle ----------------------------------------------------------
@@ -172,8 +173,15 @@ class Service:
         """Why the model thread was given up (hung or dead), or None."""
         return self.batcher.fault if self.batcher is not None else None
 
+    def drain(self) -> None:
+        """The worker got SIGTERM: say not ready, so that balancers stop sending,
+        and serve on (``drain``, in the process layer, says for how long)."""
+        self.draining = True
+
     @property
     def ready(self) -> bool:
+        if self.draining:
+            return False
         if self.watchdog is not None and self.watchdog.verdict is not None:
             return False  # on its way out
         if self.concurrent:

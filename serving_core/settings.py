@@ -57,6 +57,11 @@ class Settings:
     # Peers whose X-Request-Start is believed (the proxy in front); addresses or
     # CIDRs, or *. A unix-socket peer (the chart's nginx) is always trusted.
     trusted_proxies: tuple[str, ...] = ("127.0.0.1", "::1")
+    # On SIGTERM: /readyz answers 503 at once while every worker keeps accepting
+    # for drain_s (a load balancer's time to stop sending: the chart's nginx
+    # preStop sleeps as long); then they stop accepting and finish what they
+    # hold within graceful_timeout_s.
+    drain_s: float = 0.0
     graceful_timeout_s: float = 30.0
     keepalive_s: float = 5.0
     # Recycling: a worker finishes its requests and exits after max_requests (plus
@@ -343,6 +348,7 @@ _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "max_string_chars": _int(1, 1 << 34),
     "body_timeout_s": _float(0.001, 3600.0),
     "trusted_proxies": _proxies,
+    "drain_s": _float(0.0, 3600.0),
     "graceful_timeout_s": _float(0.0, 3600.0),
     "keepalive_s": _float(0.0, 3600.0),
     "max_requests": _int(0, 1 << 40),

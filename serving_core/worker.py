@@ -20,9 +20,10 @@ from typing import Any
 from gunicorn.workers.gthread import ThreadWorker
 
 from . import arrival
+from .drain import DrainingWorker
 
 
-class StampingThreadWorker(ThreadWorker):  # type: ignore[misc]
+class StampingThreadWorker(DrainingWorker, ThreadWorker):  # type: ignore[misc]
     # Request threads wait natively: a plain future will do.
     new_future = Future
 
@@ -35,6 +36,11 @@ class StampingThreadWorker(ThreadWorker):  # type: ignore[misc]
     def enqueue_req(self, conn: Any) -> None:
         conn.serving_queued_at = time.monotonic()
         super().enqueue_req(conn)
+
+    def handle_request(self, req: Any, conn: Any) -> Any:
+        if self.draining:
+            req.must_close = True  # a keep-alive client reconnects, elsewhere by now
+        return super().handle_request(req, conn)
 
     def handle(self, conn: Any) -> Any:
         arrival.set_queued_at(getattr(conn, "serving_queued_at", None))

@@ -454,6 +454,7 @@ SETTINGS_TABLE = [
     ("maxStringChars", 1048576, "SERVING_MAX_STRING_CHARS", "1048576"),
     ("bodyTimeoutSeconds", 2.5, "SERVING_BODY_TIMEOUT_S", "2.5"),
     ("trustedProxies", ["10.0.0.0/8", "::1"], "SERVING_TRUSTED_PROXIES", "10.0.0.0/8,::1"),
+    ("drainSeconds", 7.5, "SERVING_DRAIN_S", "7.5"),
     ("gracefulTimeoutSeconds", 45, "SERVING_GRACEFUL_TIMEOUT_S", "45"),
     ("keepaliveSeconds", 2, "SERVING_KEEPALIVE_S", "2"),
     ("maxRequests", 5000, "SERVING_MAX_REQUESTS", "5000"),
@@ -544,6 +545,7 @@ def test_rendered_env_is_what_serving_core_accepts(chart: helm.Chart) -> None:
     assert settings.jobs_url == "redis://queue:6379/1"
     assert (settings.jobs_max_queue, settings.jobs_ttl_s) == (5000, 600)
     assert (settings.jobs_max_attempts, settings.jobs_lease_s) == (5, 30.5)
+    assert settings.drain_s == 7.5
     assert settings.bind == "unix:/run/serving/gunicorn.sock"
     assert settings.metrics_dir == "/run/metrics"
     assert (settings.max_requests, settings.max_requests_jitter) == (5000, 250)
@@ -758,14 +760,27 @@ def test_probe_timing_comes_from_values(chart: helm.Chart) -> None:
     assert app["livenessProbe"]["periodSeconds"] == 15
 
 
-def test_prestop_pause_and_grace_period_cover_the_drain(chart: helm.Chart) -> None:
-    values = tagged(
-        {"lifecycle": {"preStopSleepSeconds": 7}, "serving": {"gracefulTimeoutSeconds": 20.5}}
-    )
+def test_the_drain_the_prestop_and_the_grace_period_match(chart: helm.Chart) -> None:
+    values = tagged({"serving": {"drainSeconds": 6.5, "gracefulTimeoutSeconds": 20.5}})
     pod = pod_spec(render(chart, values))
-    for container in pod["containers"]:
-        assert container["lifecycle"]["preStop"] == {"exec": {"command": ["sleep", "7"]}}
+    by_name = {c["name"]: c for c in pod["containers"]}
+    # The app drains on SIGTERM itself (/readyz 503 first): no pause before it.
+    assert "lifecycle" not in by_name["app"]
+    assert env_of(by_name["app"])["SERVING_DRAIN_S"] == "6.5"
+    # nginx accepts as long as the app does.
+    assert by_name["nginx"]["lifecycle"]["preStop"] == {"exec": {"command": ["sleep", "7"]}}
     assert pod["terminationGracePeriodSeconds"] == 7 + 21 + 5
+
+
+def test_a_grace_period_shorter_than_the_drain_is_refused(chart: helm.Chart) -> None:
+    values = tagged(
+        {
+            "serving": {"drainSeconds": 30, "gracefulTimeoutSeconds": 30},
+            "lifecycle": {"terminationGracePeriodSeconds": 45},
+        }
+    )
+    with pytest.raises(helm.HelmRenderError, match=r"terminationGracePeriodSeconds \(45\)"):
+        render(chart, values)
 
 
 def test_an_explicit_grace_period_wins(chart: helm.Chart) -> None:

@@ -109,6 +109,8 @@ def test_non_serving_variables_are_ignored():
         ("SERVING_CACHE_URL", "http://cache:6379", "is not a Redis URL"),
         ("SERVING_CACHE_SIZE", "-1", "out of range"),
         ("SERVING_JOBS_ENABLED", "maybe", "is not a boolean"),
+        ("SERVING_DRAIN_S", "-1", "out of range"),
+        ("SERVING_DRAIN_S", "soon", "is not a number"),
     ],
 )
 def test_a_bad_value_names_the_variable_and_the_value(name, value, expected):

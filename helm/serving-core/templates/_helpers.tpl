@@ -133,6 +133,7 @@ maxJsonDepth: {env: SERVING_MAX_JSON_DEPTH, kind: int}
 maxStringChars: {env: SERVING_MAX_STRING_CHARS, kind: int}
 bodyTimeoutSeconds: {env: SERVING_BODY_TIMEOUT_S, kind: number}
 trustedProxies: {env: SERVING_TRUSTED_PROXIES, kind: list}
+drainSeconds: {env: SERVING_DRAIN_S, kind: number}
 gracefulTimeoutSeconds: {env: SERVING_GRACEFUL_TIMEOUT_S, kind: number}
 keepaliveSeconds: {env: SERVING_KEEPALIVE_S, kind: number}
 maxRequests: {env: SERVING_MAX_REQUESTS, kind: int}
