@@ -8,6 +8,7 @@ import contextlib
 import os
 import signal
 import socket
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ import pytest
 import requests
 
 from tests.conftest import PROBE
+from tests.nginx_server import nginx_server, wait_until_ready
 from tests.servers import gunicorn_server
 
 pytestmark = pytest.mark.e2e
@@ -168,6 +170,37 @@ def test_a_unix_socket_keeps_its_path_and_answers_until_the_drain_is_over(tmp_pa
         assert set(statuses) == {200}
         assert server.process.wait(PROMPT_S + DRAIN_S) == 0
     assert not Path(path).exists()
+
+
+def test_behind_nginx_the_drain_answers_every_request_and_readyz_503():
+    # What the chart runs: nginx in front, gunicorn on a unix socket. gunicorn
+    # unlinked the socket on SIGTERM and nginx answered 502 at once.
+    with tempfile.TemporaryDirectory(prefix="serving-sock-") as tmp:
+        Path(tmp).chmod(0o755)  # nginx's workers run as nobody under a root test run
+        path = str(Path(tmp) / "gunicorn.sock")
+        env = {
+            "SERVING_HANDLER": PROBE,
+            "SERVING_WORKERS": "2",
+            "SERVING_BIND": f"unix:{path}",
+            "SERVING_DRAIN_S": str(DRAIN_S),
+        }
+        with gunicorn_server(env) as app, nginx_server(app.bind) as proxy:
+            wait_until_ready(proxy.url)
+            load = Load(proxy.url, clients=8)
+            try:
+                wait_for(lambda: load.answered(0.0) >= 20, "20 answers before the signal")
+                signalled = time.monotonic()
+                os.kill(app.pid, signal.SIGTERM)
+                wait_for(lambda: status_of(proxy.url + "/readyz") == 503, "/readyz 503 via nginx")
+                unready = time.monotonic()
+                wait_for(lambda: load.answered(unready) >= 5, "answers while /readyz is 503")
+                assert app.process.wait(PROMPT_S + DRAIN_S) == 0
+            finally:
+                load.stop()
+            log = app.output()
+    early = [s for s in load.sent if s.started < signalled + DRAIN_S / 2]
+    assert early
+    assert [s.status for s in early if s.status != 200] == [], log
 
 
 def test_sigterm_to_the_process_group_stops_every_worker_promptly_each_time():
