@@ -5,7 +5,9 @@ started on 127.0.0.1 by ``tests/redis_server.py``):
 
 - throughput, in rounds: the bare limit (``bare_model.Bare``, the better of
   one process on every core and one process per core at its best batch size)
-  measured right before; then N sentences of ``workload.py`` submitted
+  measured right before and right after, the ratio against their mean (this
+  VM slows by up to ~13% over a minute of full load, as ``batch.py`` saw, so a
+  limit from before alone flatters it); then N sentences of ``workload.py`` submitted
   straight into the queue (``open_queue(...).submit``, no HTTP), then
   ``serving-core worker`` started with the defaults (one consumer per core,
   max batch 16). The rate is the jobs finished from the moment its /healthz
@@ -180,15 +182,24 @@ def main() -> None:
             rounds = []
             for _ in range(args.rounds):
                 waited_s = wait_quiet()
-                limit = bare.measure(args.seconds)["limit_per_s"]
+                before = bare.measure(args.seconds)["limit_per_s"]
                 with backend(name, folder) as settings:
                     run = throughput({**settings, **extra}, args.jobs, folder)
-                run.update(limit_per_s=limit, ratio=run["per_s"] / limit, waited_s=waited_s)
+                after = bare.measure(args.seconds)["limit_per_s"]
+                limit = (before + after) / 2
+                run.update(
+                    limit_per_s=limit,
+                    limit_before_per_s=before,
+                    limit_after_per_s=after,
+                    ratio=run["per_s"] / limit,
+                    waited_s=waited_s,
+                )
                 rounds.append(run)
                 if not args.json:
                     print(
                         f"{name:>6} round: {run['per_s']:7.1f} jobs/s over {run['seconds']:.1f} s "
-                        f"({run['before_healthy']} done before /healthz), limit {limit:.1f}/s, "
+                        f"({run['before_healthy']} done before /healthz), limit {limit:.1f}/s "
+                        f"({before:.1f} before, {after:.1f} after), "
                         f"ratio {run['ratio']:.3f}; worker {run['worker_cores']:.2f} cores, "
                         f"other load {run['other_cores']:.2f} cores; "
                         f"submitted at {run['submit_per_s']:.0f}/s",
