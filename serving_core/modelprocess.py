@@ -70,6 +70,12 @@ MAX_FRAME_BYTES = 1 << 30
 RESPAWN_PAUSE_S = 1.0  # between forks of a model process that keeps dying
 RECONNECT_PAUSE_S = 0.05  # a worker's retry while the model process (re)starts
 WARM_UP_TIMEOUT_S = 600.0
+# The master's word to stop: SIGTERM is ignored in the model process, since a
+# SIGTERM to the whole process group (docker stop, a terminal's Ctrl-C, a test)
+# reaches it while the workers still drain through it; gunicorn's master stops
+# it with this once every worker has gone (on_exit).
+STOP_SIGNAL = signal.SIGUSR2
+PARENT_CHECK_S = 1.0  # how often the model process looks for its master
 MASTER_SIGNALS = (
     signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
     signal.SIGWINCH, signal.SIGTTIN, signal.SIGTTOU, signal.SIGCHLD,
@@ -290,7 +296,7 @@ class ModelProcess:
         self._stopping = True
         if self.pid:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, signal.SIGTERM)
+                os.kill(self.pid, STOP_SIGNAL)
 
     def _watch(self) -> None:
         while not self._stopping:
@@ -359,7 +365,7 @@ def run_model_process(
     observer: Observer | None = None,
     processes: int = 1,
 ) -> None:
-    """The model process's life: set up, warm up, listen, serve until SIGTERM."""
+    """The model process's life: set up, warm up, listen, serve until the master stops it."""
     from .resources import usable_cores
     from .threads import set_model_threads
 
@@ -378,15 +384,19 @@ def run_model_process(
     listener.listen(1024)
     stop = threading.Event()
 
-    def on_term(signum: int, frame: Any) -> None:
+    def on_stop(signum: int, frame: Any) -> None:
         stop.set()
 
-    signal.signal(signal.SIGTERM, on_term)
+    master = os.getppid()
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(STOP_SIGNAL, on_stop)
     threading.Thread(
         target=server.serve, args=(listener,), name="model-accept", daemon=True
     ).start()
     log.info("shared model process %d: serving %s on %s", os.getpid(), engine.name, path)
-    stop.wait()
+    # Until the master says so, or is gone (killed outright: no orphan left behind).
+    while not stop.wait(PARENT_CHECK_S) and os.getppid() == master:
+        pass
     # Finish what is queued (the workers drain theirs first), then go.
     listener.close()
     server.batcher.stop(settings.graceful_timeout_s)

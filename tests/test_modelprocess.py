@@ -325,6 +325,42 @@ def test_a_sigkilled_model_process_is_replaced_and_the_service_recovers():
 
 
 @pytest.mark.e2e
+def test_a_sigterm_to_the_whole_group_keeps_the_model_process_through_the_drain():
+    with gunicorn_server(shared_env(SERVING_DRAIN_S="3")) as server:
+        session = requests.Session()
+        first = session.post(server.url + "/predict", json={"text": "a"}, timeout=WAIT_S)
+        model_pid = first.json()["model_pid"]
+        with ThreadPoolExecutor(1) as pool:
+            slow = pool.submit(post_many, server.url, [{"text": "in flight", "sleep_s": 1.0}])
+            time.sleep(0.3)
+            # As a terminal, docker's process group or tests/servers.stop would: the
+            # model process ignores it, and serves the workers while they drain.
+            os.killpg(server.process.pid, signal.SIGTERM)
+            [answer] = slow.result()
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["text"] == "in flight"
+            # Sent during the drain (the workers still accept): the model answers.
+            during = session.post(server.url + "/predict", json={"text": "b"}, timeout=WAIT_S)
+            assert during.status_code == 200, during.text
+            assert during.json()["model_pid"] == model_pid
+        server.process.wait(WAIT_S)
+    # Nothing of the server's process group is left: no model process (the first
+    # one, or one forked again after it) outlives its master.
+    deadline = time.monotonic() + WAIT_S
+    while _group_alive(server.process.pid):
+        assert time.monotonic() < deadline, "a model process outlived its master"
+        time.sleep(0.05)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.e2e
 @pytest.mark.model
 def test_minilm_answers_in_shared_mode_equal_the_per_worker_modes():
     texts = [{"text": f"sentence number {i} about serving models"} for i in range(6)]
