@@ -140,7 +140,12 @@ class Predict(Resource):  # type: ignore[misc]
         params = request_params(request, self.limits)
         context.take_batch_size()  # an earlier request on this greenlet may have left one
         output, served = self.service.answer(
-            params, request_id=g.request_id, arrival=g.arrival, timeout_s=timeout_s
+            params,
+            request_id=g.request_id,
+            arrival=g.arrival,
+            timeout_s=timeout_s,
+            # gunicorn's client socket: the worker watches it while the request waits.
+            client=request.environ.get("gunicorn.socket"),
         )
         request.environ[BATCH_SIZE_KEY] = context.take_batch_size()  # for the JSON access line
         return output, 200, {"X-Cache": served} if served else {}

@@ -158,6 +158,10 @@ class Cache:
         self._count(result)
         return output, result
 
+    def followed(self, key: str) -> bool:
+        """Whether an identical request waits on the call in flight for ``key``."""
+        return self._in_flight.get(key) is not None
+
     # -- internals ------------------------------------------------------------
 
     def _lead(self, key: str, compute: Callable[[], Output]) -> tuple[Output, CacheResult]:

@@ -46,8 +46,10 @@ from __future__ import annotations
 
 import ctypes
 import mmap
+import socket
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, cast
 
@@ -187,6 +189,43 @@ class GreenFuture(Future[Any]):
         return super().result(timeout=0)
 
 
+def watch_client(sock: Any, on_gone: Callable[[], None]) -> Callable[[], None]:
+    """Call ``on_gone`` if the client closes its connection while its request waits
+    for the model; returns what stops watching. An io watcher on the hub, so a wait
+    costs nothing until the socket turns readable: then a greenlet peeks, and an
+    end of stream (or a reset) means the client has gone. Data means a pipelined
+    request, which says nothing: the watch ends there. Without this, the requests
+    of clients that gave up (a storm's connections, closed) keep their places in
+    the queue and the model runs them for nobody, while new requests are refused."""
+    try:
+        fd = sock.fileno()
+    except (AttributeError, OSError):
+        return _nothing
+    if fd < 0:
+        return _nothing
+    watcher = get_hub().loop.io(fd, 1)  # 1: readable
+
+    def peek() -> None:
+        try:
+            gone = sock.recv(1, socket.MSG_PEEK) == b""
+        except OSError:
+            gone = True
+        if gone:
+            on_gone()
+
+    def readable() -> None:
+        watcher.stop()
+        gevent.spawn(peek)
+
+    watcher.start(readable)
+    stop: Callable[[], None] = watcher.close
+    return stop
+
+
+def _nothing() -> None:
+    pass
+
+
 class _FairServer(StreamServer):  # type: ignore[misc]
     """gevent's stream server, pausing accepts while its worker holds more than its share."""
 
@@ -237,8 +276,10 @@ class _FairServer(StreamServer):  # type: ignore[misc]
 
 
 class GreenWorker(DrainingWorker, GeventWorker):  # type: ignore[misc]
-    # What a request greenlet waits on (see GreenFuture); handed to the service in post_fork.
+    # What a request greenlet waits on (see GreenFuture), and how it notices that its
+    # client has gone (watch_client); handed to the service in post_fork.
     new_future = GreenFuture
+    watch_client = staticmethod(watch_client)
     # SERVING_BODY_TIMEOUT_S; post_fork sets the configured value.
     body_timeout_s = 10.0
 

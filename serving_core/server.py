@@ -89,6 +89,7 @@ def gunicorn_options(
             service.start(
                 open_connections=worker.open_connections,
                 new_future=worker.new_future,
+                watch_client=getattr(worker, "watch_client", None),
                 on_verdict=functools.partial(recycle.leave, worker),
             )
         except Exception as exc:

@@ -35,6 +35,10 @@ from .watchdog import Verdict, Watchdog
 
 log = logging.getLogger("serving_core.service")
 
+# The worker's way to notice a client hanging up: (its socket, what to do then)
+# -> what stops watching.
+WatchClient = Callable[[Any, Callable[[], None]], Callable[[], None]]
+
 
 class Service:
     def __init__(
@@ -82,6 +86,7 @@ class Service:
         open_connections: Callable[[], int | None] = lambda: None,
         new_future: Callable[[], Future[Any]] = Future,
         on_verdict: Callable[[Verdict], None] | None = None,
+        watch_client: WatchClient | None = None,
     ) -> None:
         """Per-worker start: ``setup_worker``, the model thread, then the sample as warm-up.
 
@@ -91,6 +96,7 @@ class Service:
         ``on_verdict``: how the worker leaves when its watchdog says it should
         (None: no watchdog).
         """
+        self._watch_client = watch_client
         self.handler.setup_worker()
         self.cache = from_settings(self.settings, self.handler, self._cache_observer, new_future)
         if self.settings.jobs_enabled:
@@ -197,23 +203,42 @@ class Service:
         request_id: str,
         arrival: float | None = None,
         timeout_s: float | None = None,
+        client: Any = None,
+        alone: Callable[[], bool] = lambda: True,
     ) -> Output:
-        """Prepare, batch, finish; raises ``ServingError`` subclasses."""
+        """Prepare, batch, finish; raises ``ServingError`` subclasses. ``client``: the
+        request's connection, watched while it waits (the gevent worker's
+        ``watch_client``): a client that hangs up takes its item out of the queue,
+        when it is ``alone`` in waiting for it (the cache may have others wait on it)."""
         deadline = self._live_deadline(arrival, timeout_s)
         arrival = time.monotonic() if arrival is None else arrival
         ctx = Context(request_id, deadline)
         if self.batcher is None:
             return self._predict_here(params, ctx)
         item = self.engine.prepare(params, ctx)
-        pending = self.batcher.submit(item, ctx, arrival=arrival)
+        batcher = self.batcher
+        pending = batcher.submit(item, ctx, arrival=arrival)
+
+        def gone() -> None:
+            if alone():
+                batcher.withdraw(pending)
+
+        unwatch = (
+            self._watch_client(client, gone)
+            if client is not None and self._watch_client is not None
+            else None
+        )
         try:
             output = pending.future.result(timeout=max(0.0, deadline - time.monotonic()))
         except (FutureTimeout, CancelledError):
-            self.batcher.withdraw(pending)  # frees its slot if the model thread has not taken it
+            batcher.withdraw(pending)  # frees its slot if the model thread has not taken it
             raise DeadlineExceeded(
                 f"no answer within the deadline of {deadline - arrival:.3f} s; "
                 "retry later or ask for a longer timeout"
             ) from None
+        finally:
+            if unwatch is not None:
+                unwatch()
         context.note_batch_size(pending.batch_size)
         return self.engine.finish(output, params, ctx)
 
@@ -282,6 +307,7 @@ class Service:
         request_id: str,
         arrival: float | None = None,
         timeout_s: float | None = None,
+        client: Any = None,
     ) -> tuple[Output, CacheResult | None]:
         """``/predict``: the answer, from the inference cache when it has it, and how the
         cache served it (None: not cached). With a follow-up queue (the time-lag
@@ -291,7 +317,12 @@ class Service:
 
             def compute() -> Output:
                 return self.predict(
-                    params, request_id=request_id, arrival=arrival, timeout_s=timeout_s
+                    params,
+                    request_id=request_id,
+                    arrival=arrival,
+                    timeout_s=timeout_s,
+                    client=client,
+                    alone=lambda: not cache.followed(key),
                 )
 
             # A request waiting for an identical one in flight waits no longer
@@ -306,7 +337,7 @@ class Service:
                 ) from None
         else:
             output = self.predict(
-                params, request_id=request_id, arrival=arrival, timeout_s=timeout_s
+                params, request_id=request_id, arrival=arrival, timeout_s=timeout_s, client=client
             )
             served = None
         return self._follow_up(output, params, request_id), served
