@@ -531,7 +531,10 @@ class _Link:
         self.sock: socket.socket | None = None
         self.pending: dict[int, Pending] = {}
         self.connected = threading.Event()
-        self._send_lock = threading.Lock()
+        # A sendall may wait for room in the socket (the model process slow to read);
+        # under gevent it yields to the hub meanwhile, so the lock must be gevent's:
+        # a native one would block the hub for the next greenlet that sends.
+        self._send_lock = _new_lock()
 
     def send(self, message: tuple[Any, ...], pending: Pending) -> None:
         sock = self.sock
@@ -616,17 +619,32 @@ class _Link:
                     )
 
 
+def _gevent_sockets() -> bool:
+    if "gevent.monkey" not in sys.modules:
+        return False
+    from gevent import monkey
+
+    return bool(monkey.is_module_patched("socket"))
+
+
+def _new_lock() -> contextlib.AbstractContextManager[Any]:
+    """A lock for greenlets when the worker's sockets are gevent's, else a thread lock."""
+    if _gevent_sockets():
+        from gevent.lock import Semaphore
+
+        lock: contextlib.AbstractContextManager[Any] = Semaphore()
+        return lock
+    return threading.Lock()
+
+
 def _spawn(target: Callable[[], None]) -> None:
     """A greenlet under gevent (the worker's sockets are gevent's, read on its hub),
     else a thread."""
-    if "gevent.monkey" in sys.modules:
-        from gevent import monkey
+    if _gevent_sockets():
+        import gevent
 
-        if monkey.is_module_patched("socket"):
-            import gevent
-
-            gevent.spawn(target)
-            return
+        gevent.spawn(target)
+        return
     threading.Thread(target=target, name="serving-model-reader", daemon=True).start()
 
 
