@@ -2,6 +2,7 @@
 -- unique (no cache hit), then the thread stops and writes WRK_DONE to stderr (wrk itself runs
 -- on to its -d; cpu_path.py sends it SIGINT once every thread is done); prints a JSON summary
 -- like post.lua's.
+local report = dofile(debug.getinfo(1, "S").source:match("^@(.*/)") .. "wrk_report.lua")
 local per_thread = tonumber(os.getenv("WRK_REQUESTS") or "10000")
 local path = os.getenv("WRK_PATH") or "/predict"
 local threads = {}
@@ -35,19 +36,5 @@ function response(status, headers, body)
 end
 
 function done(summary, latency, requests)
-  local counts = {}
-  for _, thread in ipairs(threads) do
-    for status, n in pairs(thread:get("statuses")) do
-      counts[status] = (counts[status] or 0) + n
-    end
-  end
-  local parts = {}
-  for status, n in pairs(counts) do parts[#parts + 1] = string.format('"%d": %d', status, n) end
-  io.write(string.format(
-    'WRK_JSON {"requests": %d, "duration_s": %.3f, "p50_ms": %.2f, "p99_ms": %.2f, ' ..
-    '"socket_errors": %d, "statuses": {%s}}\n',
-    summary.requests, summary.duration / 1e6, latency:percentile(50) / 1000,
-    latency:percentile(99) / 1000,
-    summary.errors.connect + summary.errors.read + summary.errors.write + summary.errors.timeout,
-    table.concat(parts, ", ")))
+  report(threads, summary, latency)
 end

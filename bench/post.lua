@@ -1,5 +1,6 @@
 -- wrk script: POST the benchmark sentences as JSON, count statuses, print a JSON summary.
 -- Optional pacing: WRK_DELAY_MS (per connection) turns wrk into a paced load.
+local report = dofile(debug.getinfo(1, "S").source:match("^@(.*/)") .. "wrk_report.lua")
 local sentences = {}
 for line in io.lines(os.getenv("WRK_SENTENCES")) do sentences[#sentences + 1] = line end
 local delay_ms = tonumber(os.getenv("WRK_DELAY_MS") or "0")
@@ -33,19 +34,5 @@ function response(status, headers, body)
 end
 
 function done(summary, latency, requests)
-  local counts = {}
-  for _, thread in ipairs(threads) do
-    for status, n in pairs(thread:get("statuses")) do
-      counts[status] = (counts[status] or 0) + n
-    end
-  end
-  local parts = {}
-  for status, n in pairs(counts) do parts[#parts + 1] = string.format('"%d": %d', status, n) end
-  io.write(string.format(
-    'WRK_JSON {"requests": %d, "duration_s": %.3f, "p50_ms": %.2f, "p99_ms": %.2f, ' ..
-    '"socket_errors": %d, "statuses": {%s}}\n',
-    summary.requests, summary.duration / 1e6, latency:percentile(50) / 1000,
-    latency:percentile(99) / 1000,
-    summary.errors.connect + summary.errors.read + summary.errors.write + summary.errors.timeout,
-    table.concat(parts, ", ")))
+  report(threads, summary, latency)
 end
