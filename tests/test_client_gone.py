@@ -17,6 +17,17 @@ pytestmark = pytest.mark.e2e
 WAIT_S = 30.0  # a bound on waiting for an event, never an expected time
 
 
+def post_and_keep(host: str, port: int, params: dict[str, str]) -> socket.socket:
+    """Send POST /predict on a connection of its own and leave it open, unanswered."""
+    body = json.dumps(params).encode()
+    client = socket.create_connection((host, port))
+    client.sendall(
+        b"POST /predict HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+        b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+    )
+    return client
+
+
 def queue_depth(url: str) -> int:
     metadata = requests.get(url + "/metadata", timeout=WAIT_S).json()
     return int(metadata["batching"]["queue_depth"])
@@ -49,13 +60,7 @@ def test_the_requests_of_clients_that_hung_up_leave_the_queue_and_never_run(tmp_
             deadline = time.monotonic() + WAIT_S
             clients = []
             for i in range(8):
-                body = json.dumps({"id": f"gone-{i}"}).encode()
-                client = socket.create_connection((host, int(port)))
-                client.sendall(
-                    b"POST /predict HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
-                    b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
-                )
-                clients.append(client)
+                clients.append(post_and_keep(host, int(port), {"id": f"gone-{i}"}))
             while queue_depth(server.url) < 8:
                 assert time.monotonic() < deadline, "the gone requests never queued"
                 time.sleep(0.02)
@@ -93,12 +98,7 @@ def test_a_request_others_wait_on_through_the_cache_stays_when_its_client_hangs_
                 timeout=WAIT_S,
             )
             time.sleep(0.5)  # hold is in the model (see above)
-            body = json.dumps({"id": "same"}).encode()
-            leader = socket.create_connection((host, int(port)))
-            leader.sendall(
-                b"POST /predict HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
-                b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
-            )
+            leader = post_and_keep(host, int(port), {"id": "same"})
             deadline = time.monotonic() + WAIT_S
             while queue_depth(server.url) < 1:
                 assert time.monotonic() < deadline, "the leader never queued"
