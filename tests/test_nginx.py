@@ -390,6 +390,67 @@ def test_the_apps_503_and_retry_after_pass_through_unchanged(tmp_path: Path) -> 
 
 
 @pytest.mark.e2e
+def test_past_the_upstream_max_conns_nginx_refuses_at_once_with_the_apps_503(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "handler.py").write_text(GATE_HANDLER)
+    started, release = tmp_path / "started", tmp_path / "release"
+    # The app alone would queue 8 more: nginx's cap of 2 is what refuses the third.
+    app_env = {
+        "SERVING_HANDLER": str(tmp_path / "handler.py"),
+        "SERVING_WORKERS": "1",
+        "SERVING_THREADS": "16",
+        "SERVING_MAX_BATCH_SIZE": "1",
+        "SERVING_MAX_QUEUE": "8",
+        **LIMITS,
+    }
+    nginx_env = {**LIMITS, "NGINX_UPSTREAM_MAX_CONNS": "2"}
+    with gunicorn_server(app_env) as app, nginx_server(app.bind, nginx_env) as proxy:
+        stack = Stack(app, proxy)
+
+        def post(params: dict[str, str], request_id: str) -> requests.Response:
+            return requests.post(
+                proxy.url + "/predict",
+                json=params,
+                headers={"X-Request-ID": request_id},
+                timeout=20,
+            )
+
+        with ThreadPoolExecutor(2) as pool:
+            try:
+                gate = {"started": str(started), "release": str(release)}
+                running = pool.submit(post, gate, "running")
+                wait_for(started.exists, "the first request to reach the model")
+                queued = pool.submit(post, {"who": "queued"}, "queued")
+                wait_for(lambda: queue_depth(app) == 1, "the second request to be queued")
+                sent = time.monotonic()
+                refused = post({"who": "refused"}, "refused")
+                refused_s = time.monotonic() - sent
+                # Prometheus still reaches the app's metrics through the full upstream.
+                metrics = requests.get(proxy.metrics_url + "/metrics", timeout=5)
+            finally:
+                release.touch()
+            assert running.result().status_code == 200
+            assert queued.result().status_code == 200
+        # A slot freed: the next request reaches the app again.
+        after = post({"who": "after"}, "after")
+
+        assert refused.status_code == 503
+        error = error_of(refused)
+        assert error["type"] == "overloaded"
+        assert "NGINX_UPSTREAM_MAX_CONNS" in error["message"]
+        assert refused.headers["Retry-After"] == "1"
+        assert refused.headers["X-Request-ID"] == "refused"
+        assert refused_s < 1.0  # refused at once, not queued behind the gate
+        assert not stack.app_saw("refused", timeout_s=0.5)
+        entry = proxy.access_entry("refused")
+        # No connection to the app was made: nginx names the group, not an address.
+        assert (entry["status"], entry["upstream_addr"]) == (503, "serving_core")
+        assert metrics.status_code == 200
+        assert after.status_code == 200
+
+
+@pytest.mark.e2e
 def test_the_apps_504_passes_through_before_nginx_would_time_out() -> None:
     limits = {**LIMITS, "SERVING_REQUEST_TIMEOUT_S": "1"}
     app_env = {"SERVING_HANDLER": SLOW, "SERVING_WORKERS": "1", **limits}

@@ -353,6 +353,8 @@ proxy timeouts and upstream keep-alive from them.
   value: {{ toString $s.keepaliveSeconds | quote }}
 - name: NGINX_UPSTREAM_KEEPALIVE
   value: {{ int64 $n.upstreamKeepalive | quote }}
+- name: NGINX_UPSTREAM_MAX_CONNS
+  value: {{ int64 $n.upstreamMaxConns | quote }}
 - name: NGINX_WORKER_PROCESSES
   value: {{ toString $n.workerProcesses | quote }}
 - name: NGINX_WORKER_CONNECTIONS
