@@ -34,108 +34,21 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench import plots  # noqa: E402
+from bench import openloop, plots  # noqa: E402
 from bench.bare_model import Bare  # noqa: E402
 from bench.served import wrk  # noqa: E402
 from bench.workload import SENTENCES  # noqa: E402
 from tests.servers import gunicorn_server  # noqa: E402
 
 
-class Client:
-    """Keep-alive HTTP/1.1 connections, opened on demand up to a maximum."""
-
-    def __init__(self, host: str, port: int, max_connections: int) -> None:
-        self.host, self.port = host, port
-        self.idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
-        self.open = 0
-        self.max = max_connections
-        self.freed = asyncio.Condition()
-        self.used: set[Any] = set()  # connections that carried a request already
-        self.stale = 0
-
-    async def _acquire(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        async with self.freed:
-            while not self.idle and self.open >= self.max:
-                await self.freed.wait()
-            if self.idle:
-                return self.idle.pop()
-            self.open += 1
-        return await asyncio.open_connection(self.host, self.port)
-
-    async def _release(self, conn: Any, reusable: bool) -> None:
-        async with self.freed:
-            if reusable:
-                self.idle.append(conn)
-            else:
-                self.open -= 1
-                self.used.discard(conn)
-                conn[1].close()
-            self.freed.notify()
-
-    async def post(self, body: bytes) -> int:
-        status = await self._post(body, await self._acquire())
-        if status == -1:
-            # The server closed an idle keep-alive connection as this request went out
-            # (its keep-alive timeout): the request never reached the app. A fresh
-            # connection, as HTTP clients do for a stale pooled one.
-            self.stale += 1
-            async with self.freed:
-                self.open += 1
-            status = await self._post(body, await asyncio.open_connection(self.host, self.port))
-        return max(status, 0)
-
-    async def _post(self, body: bytes, conn: Any) -> int:
-        """The status; 0 for a failed exchange, -1 for a reused connection found closed."""
-        reader, writer = conn
-        reused = conn in self.used
-        status = 0
-        try:
-            writer.write(
-                b"POST /predict HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
-                b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
-            )
-            status_line = await reader.readline()
-            if not status_line:
-                raise ConnectionResetError("closed before a status line")
-            status = int(status_line.split()[1])
-            length, close = 0, False
-            while (line := await reader.readline()) not in (b"\r\n", b""):
-                name, _, value = line.decode().partition(":")
-                if name.lower() == "content-length":
-                    length = int(value)
-                elif name.lower() == "connection" and value.strip().lower() == "close":
-                    close = True
-            await reader.readexactly(length)
-        except (OSError, asyncio.IncompleteReadError, IndexError, ValueError):
-            await self._release(conn, False)
-            return -1 if reused and status == 0 else 0
-        self.used.add(conn)
-        await self._release(conn, not close)
-        return status
-
-
-async def open_loop(
+def open_loop(
     url: str, rate: float, seconds: float, max_connections: int
-) -> tuple[list[Any], int]:
-    host, port = url.removeprefix("http://").split(":")
-    client = Client(host, int(port), max_connections)
+) -> tuple[list[tuple[int, float]], int]:
+    """(status, latency from when it was due) of each request, and the stale connections."""
     bodies = [f'{{"text": "{s}"}}'.encode() for s in SENTENCES]
-    results: list[tuple[int, float]] = []
-
-    async def one(i: int, scheduled: float) -> None:
-        status = await client.post(bodies[i % len(bodies)])
-        results.append((status, time.monotonic() - scheduled))
-
-    start = time.monotonic() + 0.1
-    tasks = []
-    for i in range(int(rate * seconds)):
-        scheduled = start + i / rate
-        delay = scheduled - time.monotonic()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        tasks.append(asyncio.create_task(one(i, scheduled)))
-    await asyncio.gather(*tasks)
-    return results, client.stale
+    load = openloop.run(url, [(rate, seconds)], bodies, max_connections=max_connections)
+    results, stale = asyncio.run(load)
+    return [(status, latency) for _, status, _, latency, _ in results], stale
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -152,7 +65,7 @@ def one_round(url: str, limit: float, times: float, args: argparse.Namespace) ->
     capacity = wrk(url, 32, 8)["ok_per_s"]
     rate = times * capacity
     cpu_before, wall_before = time.process_time(), time.monotonic()
-    results, stale = asyncio.run(open_loop(url, rate, args.seconds, args.connections))
+    results, stale = open_loop(url, rate, args.seconds, args.connections)
     client_cores = (time.process_time() - cpu_before) / (time.monotonic() - wall_before)
     ok = [t for s, t in results if s == 200]
     refused = [t for s, t in results if s == 503]

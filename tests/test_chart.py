@@ -893,6 +893,39 @@ def test_nginx_values_reach_its_environment(chart: helm.Chart) -> None:
     assert (nginx["NGINX_RATE_LIMIT_RPS"], nginx["NGINX_RATE_LIMIT_BURST"]) == ("50", "100")
     assert nginx["NGINX_TRUSTED_PROXIES"] == "10.0.0.0/8"
     assert nginx["NGINX_LOG_LEVEL"] == "notice"
+    assert nginx["NGINX_UPSTREAM_MAX_CONNS"] == "1024"
+
+
+@pytest.mark.parametrize(
+    ("serving", "resources", "expected"),
+    [
+        # The defaults: the CPU limit of 2 gives 2 workers x (2 x 16 queued + 16 running).
+        ({}, None, "96"),
+        ({"workers": 3, "maxBatchSize": 8, "maxQueue": 40}, None, "144"),
+        # A fractional limit rounds up, as the app's own worker count does.
+        ({}, {"limits": {"cpu": "1500m"}}, "96"),
+        ({"maxBatchSize": 32}, {"limits": {"cpu": 4}}, "384"),
+        # Neither workers nor a CPU limit: nothing to size it by, so off.
+        ({}, {"limits": {"cpu": None}}, "0"),
+    ],
+)
+def test_nginx_upstream_max_conns_auto_is_what_the_app_can_hold(
+    chart: helm.Chart, serving: dict[str, Any], resources: dict[str, Any] | None, expected: str
+) -> None:
+    values: dict[str, Any] = {"serving": serving}
+    if resources is not None:
+        values["resources"] = {"requests": {"cpu": "100m"}, **resources}
+    nginx = env_of(containers(find(render(chart, tagged(values)), "Deployment"))["nginx"])
+    assert nginx["NGINX_UPSTREAM_MAX_CONNS"] == expected
+
+
+def test_nginx_upstream_max_conns_can_be_set_or_turned_off(chart: helm.Chart) -> None:
+    for set_to in (0, 500):
+        values = tagged({"nginx": {"upstreamMaxConns": set_to}})
+        nginx = env_of(containers(find(render(chart, values), "Deployment"))["nginx"])
+        assert nginx["NGINX_UPSTREAM_MAX_CONNS"] == str(set_to)
+    with pytest.raises(Exception, match="upstreamMaxConns"):
+        render(chart, tagged({"nginx": {"upstreamMaxConns": "lots"}}))
 
 
 API_KEYS_SECRET = {"name": "serving-api-keys", "key": "api-keys"}

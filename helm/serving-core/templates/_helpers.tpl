@@ -354,7 +354,7 @@ proxy timeouts and upstream keep-alive from them.
 - name: NGINX_UPSTREAM_KEEPALIVE
   value: {{ int64 $n.upstreamKeepalive | quote }}
 - name: NGINX_UPSTREAM_MAX_CONNS
-  value: {{ int64 $n.upstreamMaxConns | quote }}
+  value: {{ include "serving-core.upstreamMaxConns" . | quote }}
 - name: NGINX_WORKER_PROCESSES
   value: {{ toString $n.workerProcesses | quote }}
 - name: NGINX_WORKER_CONNECTIONS
@@ -636,4 +636,31 @@ The worker's rules beyond the schema; each message says what to change.
 {{- fail "serving.jobsUrl carries a password, which KEDA cannot take from the URL: move the URL to a Secret (serving.jobsUrlSecret), put the password in an env var of the worker (extraEnv from the Secret) and name it in worker.keda.passwordFromEnv (or use worker.keda.authenticationRef)" }}
 {{- end }}
 {{- end }}
+{{- end }}
+
+{{/*
+nginx.upstreamMaxConns, "auto" resolved: what the app can hold at once, workers x
+(maxQueue + maxBatchSize), as the app resolves them (maxQueue 0 is twice the
+batch; workers 0 is one per CPU of the container's limit, rounded up). 0 (off)
+when the workers cannot be known here: no serving.workers and no CPU limit.
+*/}}
+{{- define "serving-core.upstreamMaxConns" -}}
+{{- $s := .Values.serving -}}
+{{- $set := .Values.nginx.upstreamMaxConns -}}
+{{- if eq (toString $set) "auto" -}}
+{{- $workers := int64 $s.workers -}}
+{{- if eq $workers 0 -}}
+{{- $cpu := toString (dig "limits" "cpu" "" (.Values.resources | default dict)) -}}
+{{- if hasSuffix "m" $cpu -}}
+{{- $workers = int64 (ceil (divf (float64 (trimSuffix "m" $cpu)) 1000)) -}}
+{{- else if $cpu -}}
+{{- $workers = int64 (ceil (float64 $cpu)) -}}
+{{- end -}}
+{{- end -}}
+{{- $batch := int64 $s.maxBatchSize -}}
+{{- $queue := int64 $s.maxQueue | default (mul 2 $batch) -}}
+{{- mul $workers (add $queue $batch) -}}
+{{- else -}}
+{{- int64 $set -}}
+{{- end -}}
 {{- end }}
