@@ -157,7 +157,7 @@ def _nothing_run(loaded: LoadedHandler) -> str:
         # A pipeline's sample needs its stages up; make check runs without them.
         return (
             f"serving-core: {loaded.source} loaded (a pipeline); its sample was not run: "
-            f"the stage URL variable(s) {', '.join(unset)} are not set"
+            f"the stage variable(s) {', '.join(unset)} are not set"
         )
     return (
         f"serving-core: {loaded.source} loaded; no sample.json beside it and no --params, "

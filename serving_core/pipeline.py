@@ -107,8 +107,9 @@ class Pipeline(Handler):
         unset = self.spec.unset()
         if unset:
             raise PipelineError(
-                f"{self.spec.source}: the stage URL variable(s) {', '.join(unset)} are not set; "
-                "set each to its service's base URL, e.g. http://iris-setosa:8000"
+                f"{self.spec.source}: the stage variable(s) {', '.join(unset)} are not set; "
+                "set each url_env to its service's base URL, e.g. http://iris-setosa:8000, "
+                "and each key_env to an API key that service accepts"
             )
 
     def setup_worker(self) -> None:
@@ -286,15 +287,18 @@ class Pipeline(Handler):
     ) -> tuple[Output | None, Failure | None]:
         if self._http is None:
             raise RuntimeError("Pipeline.setup_worker() has not run in this process")
+        headers = {
+            "Content-Type": "application/json",
+            "X-Request-ID": request_id,
+            "X-Request-Timeout": f"{left:.3f}",
+        }
+        if stage.api_key is not None:
+            headers["Authorization"] = f"Bearer {stage.api_key}"
         response = self._http.request(
             "POST",
             stage.endpoint,
             body=body,
-            headers={
-                "Content-Type": "application/json",
-                "X-Request-ID": request_id,
-                "X-Request-Timeout": f"{left:.3f}",
-            },
+            headers=headers,
             timeout=urllib3.Timeout(total=left),
             retries=False,
         )

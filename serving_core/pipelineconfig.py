@@ -12,6 +12,8 @@ input_schema: {...}        # optional JSON Schema of the request
 stages:
   - name: setosa
     url_env: IRIS_SETOSA_URL   # the variable holding the stage's base URL
+    key_env: IRIS_API_KEY      # optional: the variable holding the API key the stage
+                               # wants (sent as Authorization: Bearer); unset: none
     path: /predict             # default /predict
     timeout_s: 1.0             # capped by what is left of the request's deadline
     optional: false            # true: skipped, with the reason, on any failure
@@ -31,7 +33,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +57,17 @@ _TOP_KEYS = {
     "input_schema",
     "stages",
 }
-_STAGE_KEYS = {"name", "url_env", "path", "timeout_s", "optional", "retries", "label", "into"}
+_STAGE_KEYS = {
+    "name",
+    "url_env",
+    "key_env",
+    "path",
+    "timeout_s",
+    "optional",
+    "retries",
+    "label",
+    "into",
+}
 
 
 class PipelineError(HandlerError):
@@ -76,6 +88,10 @@ class StageSpec:
     retries: int = 2
     label: str = ""
     into: str | None = None
+    key_env: str | None = None
+    # The API key the stage's service wants (its SERVING_API_KEYS), from key_env.
+    # Kept out of repr, so that no log line or error message can show it.
+    api_key: str | None = field(default=None, repr=False)
 
     @property
     def endpoint(self) -> str:
@@ -98,8 +114,10 @@ class PipelineSpec:
     stages: tuple[StageSpec, ...]
 
     def unset(self) -> list[str]:
-        """The stages' URL variables that are not set."""
-        return [stage.url_env for stage in self.stages if stage.url is None]
+        """The stages' URL and key variables that are not set."""
+        urls = [stage.url_env for stage in self.stages if stage.url is None]
+        keys = [s.key_env for s in self.stages if s.key_env is not None and s.api_key is None]
+        return urls + keys
 
 
 def read(path: Path, environ: Mapping[str, str]) -> PipelineSpec:
@@ -193,6 +211,19 @@ def _stage(raw: Any, key: str, environ: Mapping[str, str], fail: Fail) -> StageS
             f"{key}.url_env",
             f"{url_env}={url!r} is not an http(s) base URL; set it like http://host:8000",
         )
+    key_env = raw.get("key_env")
+    if key_env is not None and (not isinstance(key_env, str) or not _ENV.fullmatch(key_env)):
+        raise fail(f"{key}.key_env", f"must name an environment variable, got {key_env!r}")
+    if key_env is not None and key_env.startswith("SERVING_"):
+        # SERVING_API_KEYS is the keys this service accepts, not what a stage wants.
+        raise fail(
+            f"{key}.key_env",
+            f"{key_env}: SERVING_* names are serving-core's settings; use e.g. "
+            f"{name.upper().replace('-', '_').replace('.', '_')}_API_KEY",
+        )
+    api_key = environ.get(key_env) if key_env is not None else None
+    if api_key is not None and (not api_key.strip() or any(c.isspace() for c in api_key.strip())):
+        raise fail(f"{key}.key_env", f"{key_env} must hold one key with no spaces")
     path = raw.get("path", "/predict")
     if not isinstance(path, str) or not path.startswith("/"):
         raise fail(f"{key}.path", f"must start with '/', got {path!r}")
@@ -216,6 +247,8 @@ def _stage(raw: Any, key: str, environ: Mapping[str, str], fail: Fail) -> StageS
         retries=_count(raw.get("retries", 2), f"{key}.retries", fail, least=0),
         label=_text(raw.get("label", name), f"{key}.label", fail),
         into=into,
+        key_env=key_env,
+        api_key=api_key.strip() if api_key else None,
     )
 
 

@@ -207,6 +207,35 @@ def test_a_required_stage_that_is_down_gives_a_json_502_naming_it(probe, tmp_pat
     assert [s["status"] for s in error["details"]["stages"]] == ["ran", "failed"]
 
 
+def test_a_stage_that_wants_an_api_key_gets_the_one_its_key_env_holds(tmp_path):
+    key = "stage-key-0123456789"
+    folder = write_pipeline(
+        tmp_path / "keyed",
+        {
+            "kind": "serial",
+            "stages": [{"name": "locked", "url_env": "LOCKED_URL", "key_env": "LOCKED_KEY"}],
+        },
+    )
+    bare = write_pipeline(
+        tmp_path / "bare",
+        {"kind": "serial", "stages": [{"name": "locked", "url_env": "LOCKED_URL"}]},
+    )
+    locked_env = {"SERVING_HANDLER": PROBE, "SERVING_API_KEYS": key, **ONE_WORKER}
+    with gunicorn_server(locked_env) as locked:
+        env = {"LOCKED_URL": locked.url, "LOCKED_KEY": key, **ONE_WORKER}
+        with gunicorn_server({"SERVING_HANDLER": folder, **env}) as keyed:
+            answer = post(keyed, {"text": "hello"})
+        with gunicorn_server({"SERVING_HANDLER": bare, **env}) as without:
+            refused = post(without, {"text": "hello"})
+        logs = locked.output()
+    assert answer.status_code == 200
+    assert answer.json()["text"] == "hello"
+    # Without key_env the stage's 401 is the pipeline's 502, naming the stage.
+    assert refused.status_code == 502
+    assert refused.json()["error"]["message"].startswith("stage 'locked' failed: HTTP 401")
+    assert key not in logs
+
+
 def test_readiness_asks_the_required_stages_when_the_file_says_so(probe, tmp_path):
     path = Path(
         write_pipeline(

@@ -48,6 +48,8 @@ def with_stage(**stage) -> dict:
         (with_stage(retries=-1), "stages[0].retries"),
         (with_stage(path="predict"), "stages[0].path"),
         (with_stage(url="http://x"), "stages[0].url"),  # unknown stage key
+        (with_stage(key_env="not-a-var"), "stages[0].key_env"),
+        (with_stage(key_env="SERVING_API_KEYS"), "stages[0].key_env"),
         ({"kind": "serial", "stages": [STAGE, STAGE]}, "stages[1].name"),
         ({"kind": "parallel", "stages": [{**STAGE, "into": "x"}]}, "stages[0].into"),
     ],
@@ -89,6 +91,19 @@ def test_the_defaults_and_the_urls_from_the_environment_given():
     assert (first.timeout_s, first.optional, first.retries, first.label) == (2.0, False, 2, "a")
     assert first.endpoint == "http://a:8000/predict"
     assert parsed.unset() == ["B_URL"]
+
+
+def test_a_stages_api_key_comes_from_its_key_env_and_never_shows_in_repr():
+    parsed = parse(with_stage(key_env="A_KEY"), "p.yaml", {"A_URL": "http://a", "A_KEY": "s3cret"})
+    stage = parsed.stages[0]
+    assert (stage.key_env, stage.api_key) == ("A_KEY", "s3cret")
+    assert "s3cret" not in repr(stage)
+    assert "s3cret" not in repr(parsed)
+    # Named but unset: serving refuses it, as it refuses an unset URL.
+    unset = parse(with_stage(key_env="A_KEY"), "p.yaml", {"A_URL": "http://a"}).unset()
+    assert unset == ["A_KEY"]
+    with pytest.raises(PipelineError, match=r"stages\[0\]\.key_env: A_KEY must hold one key"):
+        parse(with_stage(key_env="A_KEY"), "p.yaml", {"A_URL": "http://a", "A_KEY": "two keys"})
 
 
 @pytest.mark.parametrize(
