@@ -345,3 +345,10 @@ class GreenWorker(DrainingWorker, GeventWorker):  # type: ignore[misc]
             req.body = body
             if conn is not None:
                 self.connections.idle(conn)
+            # Let the other connections' greenlets run before this one reads its next
+            # request. A request that never waits (a cache hit) yields nowhere, and on
+            # a fast keep-alive client the next request is already in the socket, so
+            # the read does not yield either: without this, one connection kept the
+            # hub while the others' requests waited up to seconds (wrk c=32 on cached
+            # answers: p99 1.1 s, timeouts).
+            gevent.sleep(0)

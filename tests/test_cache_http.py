@@ -4,6 +4,7 @@ run warming the cache for the online service."""
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -47,6 +48,64 @@ def test_a_repeated_request_is_a_hit_that_does_not_call_the_handler(store, tmp_p
     assert second.content == first.content  # the same bytes, not only the same JSON
     assert calls(seen) == 3  # the warm-up, the miss and the other: the hit ran nothing
     assert hits == 1
+
+
+def read_answers(sock: socket.socket, count: int) -> list[int]:
+    """The statuses of the next ``count`` HTTP/1.1 answers on ``sock`` (Content-Length bodies)."""
+    statuses, buffer = [], b""
+    while len(statuses) < count:
+        end = buffer.find(b"\r\n\r\n")
+        if end < 0:
+            chunk = sock.recv(65536)
+            assert chunk, "the server closed the connection"
+            buffer += chunk
+            continue
+        head = buffer[:end].decode("latin-1").lower()
+        length = int(head.split("content-length:")[1].split("\r\n")[0])
+        if len(buffer) < end + 4 + length:
+            chunk = sock.recv(65536)
+            assert chunk, "the server closed the connection"
+            buffer += chunk
+            continue
+        statuses.append(int(head[9:12]))
+        buffer = buffer[end + 4 + length :]
+    return statuses
+
+
+def test_a_client_pipelining_cache_hits_does_not_keep_the_worker_from_the_others():
+    # A cache hit never waits, and pipelined requests are already read: nothing in
+    # the greenlet yields. The worker must still turn to the other connection
+    # between two of this one's requests, or that connection waits for all of them.
+    burst = 300
+
+    def request(request_id: str) -> bytes:
+        return (
+            b"POST /predict HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+            b"X-Request-ID: " + request_id.encode() + b"\r\n"
+            b'Content-Length: 16\r\n\r\n{"text": "same"}'
+        )
+
+    env = {"SERVING_HANDLER": PROBE, "SERVING_WORKERS": "1"}
+    with gunicorn_server(env) as server:
+        host, port = server.bind.split(":")
+        hog, other = (socket.create_connection((host, int(port)), timeout=10) for _ in range(2))
+        with hog, other:
+            for sock in (hog, other):  # the answer is cached, and both greenlets exist
+                sock.sendall(request("warm"))
+                assert read_answers(sock, 1) == [200]
+            hog.sendall(b"".join(request(f"hog-{i}") for i in range(burst)))
+            other.sendall(request("other"))
+            assert read_answers(other, 1) == [200]
+            assert read_answers(hog, burst) == [200] * burst
+        # The access log is in the order the worker answered.
+        order = [
+            line.split("request_id=")[1]
+            for line in server.output().splitlines()
+            if "request_id=hog-" in line or "request_id=other" in line
+        ]
+    assert len(order) == burst + 1
+    # Without the turn-taking, the other came after the whole burst.
+    assert order.index("other") < burst // 2
 
 
 def test_sixteen_concurrent_identical_requests_call_the_handler_once(tmp_path):
