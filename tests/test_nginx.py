@@ -423,9 +423,9 @@ def test_past_the_upstream_max_conns_nginx_refuses_at_once_with_the_apps_503(
                 wait_for(started.exists, "the first request to reach the model")
                 queued = pool.submit(post, {"who": "queued"}, "queued")
                 wait_for(lambda: queue_depth(app) == 1, "the second request to be queued")
-                sent = time.monotonic()
+                # Answered while the gate still holds both slots: refused at once,
+                # not queued behind them (it would wait for the release below).
                 refused = post({"who": "refused"}, "refused")
-                refused_s = time.monotonic() - sent
                 # Prometheus still reaches the app's metrics through the full upstream.
                 metrics = requests.get(proxy.metrics_url + "/metrics", timeout=5)
             finally:
@@ -441,7 +441,6 @@ def test_past_the_upstream_max_conns_nginx_refuses_at_once_with_the_apps_503(
         assert "NGINX_UPSTREAM_MAX_CONNS" in error["message"]
         assert refused.headers["Retry-After"] == "1"
         assert refused.headers["X-Request-ID"] == "refused"
-        assert refused_s < 1.0  # refused at once, not queued behind the gate
         assert not stack.app_saw("refused", timeout_s=0.5)
         entry = proxy.access_entry("refused")
         # No connection to the app was made: nginx names the group, not an address.
