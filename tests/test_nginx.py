@@ -342,42 +342,51 @@ class Gate(Handler):
 """
 
 
+def post_through(proxy: Nginx, params: dict[str, str], request_id: str) -> requests.Response:
+    return requests.post(
+        proxy.url + "/predict", json=params, headers={"X-Request-ID": request_id}, timeout=20
+    )
+
+
+def third_while_two_are_held(
+    app: Server, proxy: Nginx, gate_dir: Path, while_held: Callable[[], None] = lambda: None
+) -> requests.Response:
+    """With GATE_HANDLER serving one request at a time: one request held in the model,
+    one queued behind it, then a third, answered (and ``while_held`` run) before the
+    gate opens; the two held ones must then succeed."""
+    started, release = gate_dir / "started", gate_dir / "release"
+    with ThreadPoolExecutor(2) as pool:
+        try:
+            gate = {"started": str(started), "release": str(release)}
+            running = pool.submit(post_through, proxy, gate, "running")
+            wait_for(started.exists, "the first request to reach the model")
+            # Different params: identical ones would share the first's model call.
+            queued = pool.submit(post_through, proxy, {"who": "queued"}, "queued")
+            wait_for(lambda: queue_depth(app) == 1, "the second request to be queued")
+            # Answered while the gate still holds both: refused at once, not queued
+            # behind them (it would wait for the release below).
+            refused = post_through(proxy, {"who": "refused"}, "refused")
+            while_held()
+        finally:
+            release.touch()
+        assert running.result().status_code == 200
+        assert queued.result().status_code == 200
+    return refused
+
+
 @pytest.mark.e2e
 def test_the_apps_503_and_retry_after_pass_through_unchanged(tmp_path: Path) -> None:
     (tmp_path / "handler.py").write_text(GATE_HANDLER)
-    started, release = tmp_path / "started", tmp_path / "release"
     app_env = {
         "SERVING_HANDLER": str(tmp_path / "handler.py"),
         "SERVING_WORKERS": "1",
         "SERVING_THREADS": "4",
         "SERVING_MAX_BATCH_SIZE": "1",
-        "SERVING_MAX_QUEUE": "1",
+        "SERVING_MAX_QUEUE": "1",  # the queue holds one: the third is the app's to refuse
         **LIMITS,
     }
     with gunicorn_server(app_env) as app, nginx_server(app.bind, LIMITS) as proxy:
-
-        def post(params: dict[str, str], request_id: str) -> requests.Response:
-            return requests.post(
-                proxy.url + "/predict",
-                json=params,
-                headers={"X-Request-ID": request_id},
-                timeout=20,
-            )
-
-        with ThreadPoolExecutor(2) as pool:
-            try:
-                gate = {"started": str(started), "release": str(release)}
-                running = pool.submit(post, gate, "running")
-                wait_for(started.exists, "the first request to reach the model")
-                # Different params: identical ones would share the first's model call.
-                queued = pool.submit(post, {"who": "queued"}, "queued")
-                # The queue holds one, and stays full while the model is held.
-                wait_for(lambda: queue_depth(app) == 1, "the second request to be queued")
-                refused = post({"who": "refused"}, "refused")
-            finally:
-                release.touch()
-            assert running.result().status_code == 200
-            assert queued.result().status_code == 200
+        refused = third_while_two_are_held(app, proxy, tmp_path)
 
         assert refused.status_code == 503
         error = error_of(refused)
@@ -394,7 +403,6 @@ def test_past_the_upstream_max_conns_nginx_refuses_at_once_with_the_apps_503(
     tmp_path: Path,
 ) -> None:
     (tmp_path / "handler.py").write_text(GATE_HANDLER)
-    started, release = tmp_path / "started", tmp_path / "release"
     # The app alone would queue 8 more: nginx's cap of 2 is what refuses the third.
     app_env = {
         "SERVING_HANDLER": str(tmp_path / "handler.py"),
@@ -407,33 +415,16 @@ def test_past_the_upstream_max_conns_nginx_refuses_at_once_with_the_apps_503(
     nginx_env = {**LIMITS, "NGINX_UPSTREAM_MAX_CONNS": "2"}
     with gunicorn_server(app_env) as app, nginx_server(app.bind, nginx_env) as proxy:
         stack = Stack(app, proxy)
-
-        def post(params: dict[str, str], request_id: str) -> requests.Response:
-            return requests.post(
-                proxy.url + "/predict",
-                json=params,
-                headers={"X-Request-ID": request_id},
-                timeout=20,
-            )
-
-        with ThreadPoolExecutor(2) as pool:
-            try:
-                gate = {"started": str(started), "release": str(release)}
-                running = pool.submit(post, gate, "running")
-                wait_for(started.exists, "the first request to reach the model")
-                queued = pool.submit(post, {"who": "queued"}, "queued")
-                wait_for(lambda: queue_depth(app) == 1, "the second request to be queued")
-                # Answered while the gate still holds both slots: refused at once,
-                # not queued behind them (it would wait for the release below).
-                refused = post({"who": "refused"}, "refused")
-                # Prometheus still reaches the app's metrics through the full upstream.
-                metrics = requests.get(proxy.metrics_url + "/metrics", timeout=5)
-            finally:
-                release.touch()
-            assert running.result().status_code == 200
-            assert queued.result().status_code == 200
+        scraped: list[requests.Response] = []
+        # Prometheus still reaches the app's metrics through the full upstream.
+        refused = third_while_two_are_held(
+            app,
+            proxy,
+            tmp_path,
+            lambda: scraped.append(requests.get(proxy.metrics_url + "/metrics", timeout=5)),
+        )
         # A slot freed: the next request reaches the app again.
-        after = post({"who": "after"}, "after")
+        after = post_through(proxy, {"who": "after"}, "after")
 
         assert refused.status_code == 503
         error = error_of(refused)
@@ -445,7 +436,7 @@ def test_past_the_upstream_max_conns_nginx_refuses_at_once_with_the_apps_503(
         entry = proxy.access_entry("refused")
         # No connection to the app was made: nginx names the group, not an address.
         assert (entry["status"], entry["upstream_addr"]) == (503, "serving_core")
-        assert metrics.status_code == 200
+        assert scraped[0].status_code == 200
         assert after.status_code == 200
 
 
