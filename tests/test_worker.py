@@ -88,7 +88,10 @@ def test_a_consumer_killed_mid_batch_loses_no_job(queue_env, tmp_path):
     with gunicorn_server({"SERVING_HANDLER": PROBE, **env}) as server:
         session = requests.Session()
         ids = [
-            submit(session, server.url, {"text": f"slow-{n}", "sleep_s": 0.5}) for n in range(12)
+            # Batches of 2 s: a job seen running is still in its consumer's hands when
+            # the kill lands (with 0.5 s ones it could finish first, and the victim be idle).
+            submit(session, server.url, {"text": f"slow-{n}", "sleep_s": 2})
+            for n in range(12)
         ]
         with job_worker(env, tmp_path) as (process, _, log_path):
             wait_for(
@@ -98,8 +101,10 @@ def test_a_consumer_killed_mid_batch_loses_no_job(queue_env, tmp_path):
                 30,
                 "a running job",
             )
-            victim = consumers(process.pid)[0]
-            os.kill(victim, signal.SIGKILL)
+            # Every consumer, so that whichever holds the running job is killed
+            # mid-batch (the first child may be between two batches).
+            for victim in consumers(process.pid):
+                os.kill(victim, signal.SIGKILL)
             wait_for(
                 lambda: all(
                     j["status"] == "done" for j in statuses(session, server.url, ids).values()
