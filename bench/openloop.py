@@ -101,7 +101,7 @@ class _Connection(asyncio.BufferedProtocol):
             # do for a stale pooled connection. Anything else failed (status 0).
             if self.answered and not self.got_bytes:
                 self.pool.stale += 1
-                self.pool.submit(done, retry=False)
+                self.pool.submit(done)
             else:
                 done(0)
 
@@ -115,19 +115,20 @@ class _Pool:
         self.max = max_connections
         self.idle: list[_Connection] = []
         self.open = 0
-        self.waiting: list[tuple[Callable[[int], None], bool]] = []
+        self.waiting: list[Callable[[int], None]] = []
         self.stale = 0
         self.loop = asyncio.get_running_loop()
-        self.read_buffer = memoryview(bytearray(65536))  # one read at a time: the loop's
+        # The loop reads one socket at a time, and each read is copied out at once.
+        self.read_buffer = memoryview(bytearray(65536))
 
-    def submit(self, done: Callable[[int], None], retry: bool = True) -> None:
+    def submit(self, done: Callable[[int], None]) -> None:
         if self.idle:
             self.idle.pop().send(self.request(), done)
         elif self.open < self.max:
             self.open += 1
             self.loop.create_task(self._connect(done))
         else:
-            self.waiting.append((done, retry))
+            self.waiting.append(done)
 
     async def warm(self, count: int) -> None:
         """Open ``count`` idle connections before the clock starts: opening them on
@@ -157,8 +158,7 @@ class _Pool:
 
     def release(self, conn: _Connection) -> None:
         if self.waiting:
-            done, _ = self.waiting.pop(0)
-            conn.send(self.request(), done)
+            conn.send(self.request(), self.waiting.pop(0))
         else:
             self.idle.append(conn)
 
@@ -170,8 +170,7 @@ class _Pool:
 
     def _next(self) -> None:
         if self.waiting and self.open < self.max:
-            done, retry = self.waiting.pop(0)
-            self.submit(done, retry)
+            self.submit(self.waiting.pop(0))
 
 
 async def run(
