@@ -16,6 +16,7 @@ import json
 import os
 import select
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -114,7 +115,11 @@ class DevTools:
 def chromium() -> Iterator[DevTools]:
     to_browser_r, to_browser_w = os.pipe()
     from_browser_r, from_browser_w = os.pipe()
-    with tempfile.TemporaryDirectory(prefix="serving-chromium-") as profile:
+    # A helper killed mid-write can still leave a file behind as the profile goes:
+    # that is no failure of the page under test.
+    with tempfile.TemporaryDirectory(
+        prefix="serving-chromium-", ignore_cleanup_errors=True
+    ) as profile:
         # Chromium talks on its fd 3 (in) and 4 (out): the shell puts the pipe's ends there.
         wire = f'exec "$0" "$@" 3<&{to_browser_r} 4>&{from_browser_w}'
         process = subprocess.Popen(
@@ -145,7 +150,10 @@ def chromium() -> Iterator[DevTools]:
         try:
             yield DevTools(to_browser_w, from_browser_r)
         finally:
-            process.kill()
+            # The whole session: Chromium's renderer and helper processes outlive a
+            # killed main process and keep writing into the profile being removed.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
             process.wait(30)
             os.close(to_browser_w)
             os.close(from_browser_r)
