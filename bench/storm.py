@@ -26,7 +26,8 @@ README says, to what the app can hold) or straight to gunicorn:
         [--env SERVING_X=Y ...]
 
 SERVING_CACHE_SIZE=0: the workload repeats its sentences, which the inference
-cache would answer.
+cache would answer. Run as root, the load generator takes nice -5: it stands in
+for clients on other machines, so its own scheduling delays stay small.
 """
 
 from __future__ import annotations
