@@ -196,15 +196,7 @@ def _stage(raw: Any, key: str, environ: Mapping[str, str], fail: Fail) -> StageS
     name = raw.get("name")
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise fail(f"{key}.name", f"must be a short name (letters, digits, _ . -), got {name!r}")
-    url_env = raw.get("url_env")
-    if not isinstance(url_env, str) or not _ENV.fullmatch(url_env):
-        raise fail(f"{key}.url_env", f"must name an environment variable, got {url_env!r}")
-    if url_env.startswith("SERVING_"):
-        raise fail(
-            f"{key}.url_env",
-            f"{url_env}: SERVING_* names are serving-core's settings; use e.g. "
-            f"{name.upper().replace('-', '_').replace('.', '_')}_URL",
-        )
+    url_env = _env_name(raw.get("url_env"), f"{key}.url_env", f"{name}_URL", fail)
     url = environ.get(url_env) or None
     if url is not None and not re.match(r"https?://[^/\s]+", url):
         raise fail(
@@ -212,15 +204,9 @@ def _stage(raw: Any, key: str, environ: Mapping[str, str], fail: Fail) -> StageS
             f"{url_env}={url!r} is not an http(s) base URL; set it like http://host:8000",
         )
     key_env = raw.get("key_env")
-    if key_env is not None and (not isinstance(key_env, str) or not _ENV.fullmatch(key_env)):
-        raise fail(f"{key}.key_env", f"must name an environment variable, got {key_env!r}")
-    if key_env is not None and key_env.startswith("SERVING_"):
+    if key_env is not None:
         # SERVING_API_KEYS is the keys this service accepts, not what a stage wants.
-        raise fail(
-            f"{key}.key_env",
-            f"{key_env}: SERVING_* names are serving-core's settings; use e.g. "
-            f"{name.upper().replace('-', '_').replace('.', '_')}_API_KEY",
-        )
+        key_env = _env_name(key_env, f"{key}.key_env", f"{name}_API_KEY", fail)
     api_key = environ.get(key_env) if key_env is not None else None
     if api_key is not None and (not api_key.strip() or any(c.isspace() for c in api_key.strip())):
         raise fail(f"{key}.key_env", f"{key_env} must hold one key with no spaces")
@@ -250,6 +236,16 @@ def _stage(raw: Any, key: str, environ: Mapping[str, str], fail: Fail) -> StageS
         key_env=key_env,
         api_key=api_key.strip() if api_key else None,
     )
+
+
+def _env_name(value: Any, key: str, example: str, fail: Fail) -> str:
+    """An environment variable's name that is not one of serving-core's settings."""
+    if not isinstance(value, str) or not _ENV.fullmatch(value):
+        raise fail(key, f"must name an environment variable, got {value!r}")
+    if value.startswith("SERVING_"):
+        example = example.upper().replace("-", "_").replace(".", "_")
+        raise fail(key, f"{value}: SERVING_* names are serving-core's settings; use e.g. {example}")
+    return value
 
 
 def _no_unknown(raw: dict[str, Any], known: set[str], prefix: str, fail: Fail) -> None:
