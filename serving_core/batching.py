@@ -106,6 +106,14 @@ class Batcher:
         # What a request waits on; the gevent worker swaps in futures its
         # greenlets can wait on (``greenworker.GreenFuture``).
         self.new_future: Callable[[], Future[Any]] = Future
+        # How a submit wakes the model thread. None: at once, by each submit. The
+        # gevent worker passes its hub's ``run_callback``: every request of one
+        # turn of the hub's loop is queued first, then one wake-up tells the model
+        # thread about all of them. A wake-up per request cost a futex call and a
+        # GIL hand-over each (the echo's largest cost), and the adaptive policy,
+        # waiting for more, was woken only to wait again.
+        self.defer_wake: Callable[[Callable[[], None]], object] | None = None
+        self._wake_pending = False
 
     # -- request threads ---------------------------------------------------
 
@@ -125,8 +133,17 @@ class Batcher:
             self._queue.append(pending)
             self.policy.arrived(now)
             self._observer.depth(len(self._queue))
-            self._cond.notify()
+            if self.defer_wake is None:
+                self._cond.notify()
+            elif not self._wake_pending:
+                self._wake_pending = True
+                self.defer_wake(self._wake)
         return pending
+
+    def _wake(self) -> None:
+        with self._cond:
+            self._wake_pending = False
+            self._cond.notify()
 
     def _refuse(self, deadline: float, now: float) -> None:
         """Raise if an item due by ``deadline`` cannot be queued now (holding the lock)."""

@@ -309,6 +309,13 @@ class GreenWorker(DrainingWorker, GeventWorker):  # type: ignore[misc]
         request: the adaptive batcher stops waiting once all of theirs are queued."""
         return _FairServer.open_connections
 
+    @staticmethod
+    def defer_wake(wake: Callable[[], None]) -> object:
+        """Run ``wake`` once the hub has run every greenlet that is ready now
+        (``Batcher.defer_wake``): the requests read in this turn of the loop reach
+        the model thread with one wake-up."""
+        return get_hub().loop.run_callback(wake)
+
     # -- slow clients (``uploads``); each runs in the connection's greenlet ------
 
     def handle(self, listener: Any, client: Any, addr: Any) -> None:

@@ -90,6 +90,7 @@ def gunicorn_options(
                 open_connections=worker.open_connections,
                 new_future=worker.new_future,
                 watch_client=getattr(worker, "watch_client", None),
+                defer_wake=getattr(worker, "defer_wake", None),
                 on_verdict=functools.partial(recycle.leave, worker),
             )
         except Exception as exc:

@@ -87,6 +87,7 @@ class Service:
         new_future: Callable[[], Future[Any]] = Future,
         on_verdict: Callable[[Verdict], None] | None = None,
         watch_client: WatchClient | None = None,
+        defer_wake: Callable[[Callable[[], None]], object] | None = None,
     ) -> None:
         """Per-worker start: ``setup_worker``, the model thread, then the sample as warm-up.
 
@@ -94,7 +95,8 @@ class Service:
         send a request), for the adaptive policy; ``new_future``: what a waiting
         request waits on (the gevent worker's greenlet-friendly future);
         ``on_verdict``: how the worker leaves when its watchdog says it should
-        (None: no watchdog).
+        (None: no watchdog); ``defer_wake``: how the worker's requests wake the
+        model thread (``Batcher.defer_wake``; None: each submit at once).
         """
         self._watch_client = watch_client
         self.handler.setup_worker()
@@ -136,6 +138,7 @@ class Service:
             observer=self._observer,
         )
         self.batcher.new_future = new_future
+        self.batcher.defer_wake = defer_wake
         self.batcher.start()
         if warm_up and self.loaded.sample is not None:
             # Runs in the worker after fork: the first real request does not pay

@@ -101,6 +101,25 @@ def test_batches_never_exceed_the_maximum_and_keep_order(model):
         batcher.stop(5)
 
 
+def test_submits_before_a_deferred_wake_share_it(model):
+    # The gevent worker's case: the requests of one turn of the hub's loop wake the
+    # model thread once, when the hub runs the scheduled callback.
+    deferred = []
+    batcher = make(model, policy="adaptive")
+    batcher.defer_wake = deferred.append
+    try:
+        pendings = [submit(batcher, i) for i in range(3)]
+        assert len(deferred) == 1
+        deferred.pop()()
+        assert [p.future.result(5) for p in pendings] == [{"out": i} for i in range(3)]
+        fourth = submit(batcher, 3)
+        assert len(deferred) == 1  # once run, the next submit schedules another
+        deferred.pop()()
+        assert fourth.future.result(5) == {"out": 3}
+    finally:
+        batcher.stop(5)
+
+
 def test_a_full_queue_refuses_at_once_with_a_retry_delay(model):
     model.gate.clear()
     batcher = make(model, max_batch_size=2, max_queue=2)
