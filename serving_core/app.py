@@ -7,9 +7,10 @@ import math
 import os
 import re
 import time
+from collections.abc import Callable
 from typing import Any
 
-from flask import Flask, Response, current_app, g, request, send_from_directory
+from flask import Flask, Request, Response, current_app, g, request, send_from_directory
 from flask_restful import Api, Resource
 from werkzeug.exceptions import HTTPException, NotFound, RequestEntityTooLarge
 
@@ -37,6 +38,31 @@ _HTTP_TYPES = {
 }
 
 
+class ServingFlask(Flask):
+    """Flask, asking once per function whether it is a coroutine function.
+
+    Flask's ``ensure_sync`` asks ``inspect.iscoroutinefunction`` of each view and
+    hook on every request (five on ``/predict``), and the answer for a
+    registered function never changes.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._sync: dict[Callable[..., Any], Callable[..., Any]] = {}
+
+    def ensure_sync(self, func: Callable[..., Any]) -> Callable[..., Any]:
+        sync = self._sync.get(func)
+        if sync is None:
+            sync = self._sync[func] = super().ensure_sync(func)
+        return sync
+
+
+def _this_request() -> Request:
+    """The request object itself: every attribute read through ``flask.request``
+    looks the request context up again, and ``/predict`` reads a dozen."""
+    return request._get_current_object()  # type: ignore[attr-defined,no-any-return]
+
+
 def create_app(settings: Settings, service: Service, metrics: Metrics) -> Flask:
     """The WSGI app: routes over ``service``, built by the caller (``server.serve``).
 
@@ -44,7 +70,7 @@ def create_app(settings: Settings, service: Service, metrics: Metrics) -> Flask:
     ``service.start()`` starts the model thread, which the gunicorn
     ``post_fork`` hook does in each worker.
     """
-    app = Flask("serving_core")
+    app = ServingFlask("serving_core")
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
     app.config["MAX_FORM_MEMORY_SIZE"] = settings.max_body_bytes
     # Flask's place for what an app serves; tests and tools find the service here.
@@ -93,10 +119,11 @@ def create_app(settings: Settings, service: Service, metrics: Metrics) -> Flask:
 
     @app.after_request
     def _count(response: Response) -> Response:
-        rule = request.url_rule
+        req = _this_request()
+        rule = req.url_rule
         # Unmatched paths share one label: a scanner must not create series.
         route = rule.rule if rule is not None else "unmatched"
-        request.environ[ROUTE_KEY] = route  # for the JSON access line
+        req.environ[ROUTE_KEY] = route  # for the JSON access line
         now = time.monotonic()
         metrics.request(route, response.status_code, now - g.get("arrival", now))
         return response
@@ -132,22 +159,25 @@ class Predict(Resource):  # type: ignore[misc]
         self.limits = limits
 
     def post(self) -> tuple[dict[str, Any], int, dict[str, str]]:
-        timeout_s = _client_timeout()
+        req = _this_request()
+        arrived = g.arrival
+        timeout_s = _client_timeout(req)
         # From the headers alone, before the body is read: a full worker spends
         # nothing on a body it would refuse anyway.
-        _refuse_oversized()
-        self.service.admit(arrival=g.arrival, timeout_s=timeout_s)
-        params = request_params(request, self.limits)
+        _refuse_oversized(req)
+        self.service.admit(arrival=arrived, timeout_s=timeout_s)
+        params = request_params(req, self.limits)
         context.take_batch_size()  # an earlier request on this greenlet may have left one
+        environ = req.environ
         output, served = self.service.answer(
             params,
             request_id=g.request_id,
-            arrival=g.arrival,
+            arrival=arrived,
             timeout_s=timeout_s,
             # gunicorn's client socket: the worker watches it while the request waits.
-            client=request.environ.get("gunicorn.socket"),
+            client=environ.get("gunicorn.socket"),
         )
-        request.environ[BATCH_SIZE_KEY] = context.take_batch_size()  # for the JSON access line
+        environ[BATCH_SIZE_KEY] = context.take_batch_size()  # for the JSON access line
         return output, 200, {"X-Cache": served} if served else {}
 
     def view(self) -> Response:
@@ -222,12 +252,15 @@ class MetricsEndpoint(Resource):  # type: ignore[misc]
 
 
 def _start_request(proxies: arrival.TrustedProxies) -> None:
+    req = _this_request()
+    headers = req.headers
     # A stamp from anyone else is ignored: the deadline counts from now.
-    stamp = request.headers.get("X-Request-Start") if proxies.trusts(request.remote_addr) else None
-    g.arrival = arrival.arrival(stamp, now=time.monotonic(), wall_now=time.time())
-    sent = request.headers.get(REQUEST_ID, "")
+    stamp = headers.get("X-Request-Start") if proxies.trusts(req.remote_addr) else None
+    glob = g._get_current_object()
+    glob.arrival = arrival.arrival(stamp, now=time.monotonic(), wall_now=time.time())
+    sent = headers.get(REQUEST_ID, "")
     # 128 random bits as 32 hex digits, as uuid4().hex without building a UUID.
-    g.request_id = sent if _REQUEST_ID_OK.fullmatch(sent) else os.urandom(16).hex()
+    glob.request_id = sent if _REQUEST_ID_OK.fullmatch(sent) else os.urandom(16).hex()
 
 
 def _tag_response(response: Response) -> Response:
@@ -237,16 +270,16 @@ def _tag_response(response: Response) -> Response:
     return response
 
 
-def _refuse_oversized() -> None:
+def _refuse_oversized(req: Request) -> None:
     # werkzeug would refuse it too, once the body is asked for: the client's fault
     # comes before the server's (a 413 before a 503).
-    length, limit = request.content_length, request.max_content_length
+    length, limit = req.content_length, req.max_content_length
     if length is not None and limit is not None and length > limit:
         raise RequestEntityTooLarge()
 
 
-def _client_timeout() -> float | None:
-    raw = request.headers.get("X-Request-Timeout")
+def _client_timeout(req: Request) -> float | None:
+    raw = req.headers.get("X-Request-Timeout")
     if raw is None:
         return None
     try:

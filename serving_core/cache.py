@@ -33,7 +33,7 @@ from concurrent.futures import Future
 from typing import Any, Literal, Protocol
 
 from . import encoding
-from .cachekey import key as cache_key
+from .cachekey import Keyer
 from .cachestore import MemoryStore, RedisStore, Store, StoreError, StoreUnavailable
 from .handler import Handler, Output, handler_name
 from .settings import Settings
@@ -73,6 +73,7 @@ class Cache:
         self.lock_s = lock_s
         self.poll_s = poll_s
         self._new_future = new_future
+        self._key = Keyer(name, version)
         # Held only to read or change the table, never while waiting.
         self._lock = threading.Lock()
         self._in_flight: dict[str, Future[Any] | None] = {}
@@ -80,7 +81,7 @@ class Cache:
     def key_for(self, params: Mapping[str, Any]) -> str | None:
         """The key of ``params``, or None when they cannot be cached (not JSON values)."""
         try:
-            return cache_key(self.name, self.version, params)
+            return self._key(params)
         except TypeError as exc:
             log.debug("not cached: %s", exc)
             return None

@@ -33,18 +33,40 @@ DIGEST_BYTES = 16
 
 def key(name: str, version: str, params: Mapping[str, Any]) -> str:
     """The cache key of ``params`` for this handler; ``TypeError`` if they cannot be keyed."""
-    digest = blake2b(digest_size=DIGEST_BYTES)
-    _feed(digest, name)
-    _feed(digest, version)
-    _feed(digest, params)
-    return f"{PREFIX}{name}:{version}:{digest.hexdigest()}"
+    return Keyer(name, version)(params)
+
+
+class Keyer:
+    """``key`` for one handler: its name and version are hashed once, not per request."""
+
+    def __init__(self, name: str, version: str) -> None:
+        self._prefix = f"{PREFIX}{name}:{version}:"
+        self._base = blake2b(digest_size=DIGEST_BYTES)
+        _feed(self._base, name)
+        _feed(self._base, version)
+
+    def __call__(self, params: Mapping[str, Any]) -> str:
+        digest = self._base.copy()
+        _feed(digest, params)
+        return self._prefix + digest.hexdigest()
 
 
 def _feed(digest: Any, value: Any) -> None:  # noqa: PLR0912 - one branch per JSON type
     # Every token is tagged and every variable-length one length-prefixed, so no
     # two different values write the same stream.
     update = digest.update
-    if value is None:
+    kind = type(value)
+    # What a JSON body parses to first, by exact type: the general checks below go
+    # through the numbers and Mapping ABCs, slow on the path of every request.
+    if kind is str:
+        data = value.encode("utf-8", "surrogatepass")
+        update(b"s%d:" % len(data))
+        update(data)
+    elif kind is dict:
+        _feed_mapping(digest, value)
+    elif kind is int:
+        update(b"i%d;" % value)
+    elif value is None:
         update(b"n")
     elif value is True:
         update(b"t")
@@ -69,17 +91,7 @@ def _feed(digest: Any, value: Any) -> None:  # noqa: PLR0912 - one branch per JS
         else:
             update(b"d" + repr(number).encode() + b";")
     elif isinstance(value, Mapping):
-        keys = list(value)
-        if not all(isinstance(k, str) for k in keys):
-            bad = next(k for k in keys if not isinstance(k, str))
-            raise TypeError(
-                f"cannot make a cache key of an object key {bad!r} "
-                f"({type(bad).__name__}); JSON object keys are strings"
-            )
-        update(b"m%d:" % len(keys))
-        for k in sorted(keys):
-            _feed(digest, k)
-            _feed(digest, value[k])
+        _feed_mapping(digest, value)
     elif isinstance(value, list | tuple):
         update(b"l%d:" % len(value))
         for item in value:
@@ -89,3 +101,17 @@ def _feed(digest: Any, value: Any) -> None:  # noqa: PLR0912 - one branch per JS
             f"cannot make a cache key of a {type(value).__module__}.{type(value).__qualname__}; "
             "parameters must be JSON values (or bytes) to be cached"
         )
+
+
+def _feed_mapping(digest: Any, value: Mapping[Any, Any]) -> None:
+    keys = list(value)
+    if not all(isinstance(k, str) for k in keys):
+        bad = next(k for k in keys if not isinstance(k, str))
+        raise TypeError(
+            f"cannot make a cache key of an object key {bad!r} "
+            f"({type(bad).__name__}); JSON object keys are strings"
+        )
+    digest.update(b"m%d:" % len(keys))
+    for k in sorted(keys):
+        _feed(digest, k)
+        _feed(digest, value[k])

@@ -104,9 +104,11 @@ class ArrivalGaps:
         self._last: float | None = None
 
     def arrived(self, now: float) -> None:
+        # Every request arrives here, on the worker's hub: the median is taken only
+        # when a batch decision asks for it (``expected_gap_s``), not per arrival.
         if self._last is not None:
             self._gaps.append(max(0.0, now - self._last))
-            self._gap_s = statistics.median(self._gaps)
+            self._gap_s = None
         self._last = now
 
     @property
@@ -115,8 +117,10 @@ class ArrivalGaps:
 
     def expected_gap_s(self, now: float) -> float:
         """Seconds to the next arrival, as far as the recent gaps tell; inf before two arrivals."""
-        if self._gap_s is None or self._last is None:
+        if not self._gaps or self._last is None:
             return math.inf
+        if self._gap_s is None:
+            self._gap_s = statistics.median(self._gaps)
         # A silence longer than the usual gap is evidence of a lower rate: an
         # idle queue must never be held for arrivals that are not coming.
         return max(self._gap_s, now - self._last)

@@ -41,7 +41,8 @@ def enable_multiprocess(directory: str) -> str:
     An empty ``directory`` means a new temporary one. Files left by an earlier
     run are removed: they would be summed into this run's counters.
     """
-    if "prometheus_client" in sys.modules and MULTIPROC_ENV not in os.environ:
+    imported = "prometheus_client" in sys.modules
+    if imported and MULTIPROC_ENV not in os.environ:
         raise SettingsError(
             "prometheus_client was imported before SERVING_METRICS_DIR was applied; "
             "import it lazily in your handler (inside setup())"
@@ -57,7 +58,33 @@ def enable_multiprocess(directory: str) -> str:
             "point it at a writable directory (an emptyDir in Kubernetes)"
         ) from exc
     os.environ[MULTIPROC_ENV] = str(path)
+    if not imported:
+        _cache_pid()
     return str(path)
+
+
+# prometheus-client's multiprocess values call os.getpid() on every write, to
+# notice a fork: a system call per counter or bucket, about ten a request. This
+# process's pid is kept here instead, refreshed in every forked child.
+_pid = os.getpid()
+
+
+def _refresh_pid() -> None:
+    global _pid  # noqa: PLW0603 - one pid per process
+    _pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=_refresh_pid)
+
+
+def _cache_pid() -> None:
+    """Make prometheus-client's multiprocess values read the pid kept here. Only before
+    any metric exists: values made by two value classes would write one file as two."""
+    from prometheus_client import values
+
+    values.ValueClass = values.MultiProcessValue(  # type: ignore[no-untyped-call]
+        process_identifier=lambda: _pid
+    )
 
 
 def remove_metrics_dir() -> None:

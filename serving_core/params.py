@@ -40,7 +40,8 @@ NO_LIMITS = JsonLimits()
 
 
 def request_params(request: Request, limits: JsonLimits = NO_LIMITS) -> dict[str, Any]:
-    params = _flatten(request.args)
+    # Most requests have no query string: skip building its empty MultiDict.
+    params = _flatten(request.args) if request.environ.get("QUERY_STRING") else {}
     params.update(body_params(request, limits))
     return params
 
