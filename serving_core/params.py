@@ -19,6 +19,7 @@ import urllib.parse
 from typing import Any, NamedTuple
 
 from werkzeug.datastructures import MultiDict
+from werkzeug.exceptions import ClientDisconnected
 from werkzeug.wrappers import Request
 
 from . import encoding
@@ -49,9 +50,9 @@ def request_params(request: Request, limits: JsonLimits = NO_LIMITS) -> dict[str
 def body_params(request: Request, limits: JsonLimits = NO_LIMITS) -> dict[str, Any]:
     mimetype = request.mimetype
     if mimetype == "application/json" or mimetype.endswith("+json"):
-        return _json_object(request.get_data(cache=False), limits)
+        return _json_object(_body(request), limits)
     if mimetype == "application/x-www-form-urlencoded":
-        return _urlencoded(request.get_data(cache=False))
+        return _urlencoded(_body(request))
     if mimetype == "multipart/form-data":
         return _multipart(request)
     if not mimetype and not _has_body(request):
@@ -59,6 +60,27 @@ def body_params(request: Request, limits: JsonLimits = NO_LIMITS) -> dict[str, A
     raise UnsupportedMediaType(
         f"unsupported Content-Type {quote(request.content_type or '(none)')}; send {ACCEPTED}"
     )
+
+
+def _body(request: Request) -> bytes:
+    """The whole body. With a Content-Length within the limit, from a server that ends
+    the body's stream itself (gunicorn sets ``wsgi.input_terminated``): one read of
+    ``wsgi.input``. werkzeug's limit wrapper would read it in 64 KiB steps, each
+    through a new zeroed buffer (~25 us of a small request's CPU). Anything else
+    (chunked, over the limit) goes through werkzeug, which refuses what it must."""
+    environ = request.environ
+    length = request.content_length
+    limit = request.max_content_length
+    over = limit is not None and length is not None and length > limit
+    if length is None or over or "wsgi.input_terminated" not in environ:
+        return request.get_data(cache=False)
+    try:
+        data: bytes = environ["wsgi.input"].read(length)
+    except (OSError, ValueError):
+        raise ClientDisconnected() from None  # as werkzeug's stream says it
+    if len(data) < length:
+        raise ClientDisconnected()
+    return data
 
 
 def _has_body(request: Request) -> bool:

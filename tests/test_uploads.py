@@ -195,6 +195,19 @@ def test_a_body_that_arrives_in_time_is_served_whole():
 
 
 @pytest.mark.e2e
+def test_a_body_cut_short_by_its_client_is_a_json_400():
+    # The client half-closes with 10 of its 100 bytes sent: the server reads to the end.
+    with gunicorn_server(ONE_WORKER) as server:
+        with send_head(server.url, 100, b'{"text": "') as sock:
+            sock.shutdown(socket.SHUT_WR)
+            status, _, body = read_response(sock)
+        assert status == 400
+        assert body["error"]["type"] == "bad_request"
+        assert normal_request(server.url)[0] == 200
+        assert "Traceback" not in server.output()
+
+
+@pytest.mark.e2e
 def test_a_full_queue_refuses_a_request_before_its_body_is_sent():
     env = {
         **ONE_WORKER,
