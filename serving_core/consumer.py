@@ -1,6 +1,6 @@
 """``serving-core worker``: the handler over the job queue, in batches, preloaded like ``serve``.
 
-    master    Settings → import the handler → setup() once (torch at one thread)
+    master    Settings → import the handler → setup() once (torch at one thread), gc.freeze()
               → fork SERVING_WORKERS consumers → /metrics and /healthz on SERVING_BIND
               → a consumer that dies is forked again from the loaded master
     consumer  setup_worker(), torch threads = cores // workers, open the queue,
@@ -19,6 +19,7 @@ accept HTTP connections, and these take jobs. Imports no Flask.
 from __future__ import annotations
 
 import contextlib
+import gc
 import http.server
 import json
 import logging
@@ -157,6 +158,10 @@ class Master:
         limit_master_threads()
         self.loaded.handler.setup()
         limit_master_threads()  # a handler may import torch only in setup()
+        # As serve does: the loaded model's objects are never freed, so keep the
+        # collector from touching (and so copying) their pages in every consumer.
+        gc.collect()
+        gc.freeze()
         signal.signal(signal.SIGTERM, self._stop)
         signal.signal(signal.SIGINT, self._stop)
         for slot in range(self.settings.workers):
