@@ -35,13 +35,22 @@ JOB_WAIT_BUCKETS_S = (
 )  # fmt: skip
 
 
+# The directory ``enable_multiprocess`` chose (None: in-process metrics), kept
+# here for this process and the workers it forks; the environment variable is
+# only prometheus-client's way of being told.
+_directory: str | None = None
+
+
 def enable_multiprocess(directory: str) -> str:
     """Point prometheus-client at a fresh directory; call before it is imported.
 
     An empty ``directory`` means a new temporary one. Files left by an earlier
     run are removed: they would be summed into this run's counters.
     """
+    global _directory  # noqa: PLW0603 - one metrics directory per process tree
     imported = "prometheus_client" in sys.modules
+    # prometheus-client's own variable, not a setting: whether its import chose
+    # multiprocess mode already.
     if imported and MULTIPROC_ENV not in os.environ:
         raise SettingsError(
             "prometheus_client was imported before SERVING_METRICS_DIR was applied; "
@@ -57,7 +66,7 @@ def enable_multiprocess(directory: str) -> str:
             f"SERVING_METRICS_DIR={directory!r} cannot be used ({exc}); "
             "point it at a writable directory (an emptyDir in Kubernetes)"
         ) from exc
-    os.environ[MULTIPROC_ENV] = str(path)
+    os.environ[MULTIPROC_ENV] = _directory = str(path)
     if not imported:
         _cache_pid()
     return str(path)
@@ -88,7 +97,7 @@ def _cache_pid() -> None:
 
 
 def remove_metrics_dir() -> None:
-    path = os.environ.get(MULTIPROC_ENV)
+    path = _directory
     if path and Path(path).name.startswith("serving-metrics-"):
         shutil.rmtree(path, ignore_errors=True)
 
@@ -96,7 +105,7 @@ def remove_metrics_dir() -> None:
 def worker_exited(pid: int) -> None:
     """gunicorn ``child_exit``: drop a dead worker's live gauges and fold its counters
     and histograms into the directory's archive (its counts stay counted)."""
-    path = os.environ.get(MULTIPROC_ENV)
+    path = _directory
     if path:
         from prometheus_client import multiprocess
 
@@ -292,7 +301,7 @@ class Metrics:
             self.job_wait.observe(wait)
 
     def exposition(self) -> bytes:
-        if MULTIPROC_ENV not in os.environ:
+        if _directory is None:
             from prometheus_client import generate_latest
 
             return bytes(generate_latest(self.registry))
