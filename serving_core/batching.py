@@ -133,7 +133,8 @@ class Batcher:
             self._queue.append(pending)
             self.policy.arrived(now)
             self._observer.depth(len(self._queue))
-            if self.defer_wake is None:
+            if self.defer_wake is None or len(self._queue) >= self.max_batch_size:
+                # A full batch need not wait for the rest of the hub's turn.
                 self._cond.notify()
             elif not self._wake_pending:
                 self._wake_pending = True

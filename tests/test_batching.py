@@ -120,6 +120,21 @@ def test_submits_before_a_deferred_wake_share_it(model):
         batcher.stop(5)
 
 
+def test_a_full_batch_wakes_the_model_thread_without_waiting_for_the_deferred_wake(model):
+    deferred = []
+    # A 10 s window: a model thread that saw the first item waits for the second
+    # (or for 10 s, past the results' timeout, if nothing woke it).
+    batcher = make(model, max_batch_size=2, max_wait_ms=10_000)
+    batcher.defer_wake = deferred.append
+    try:
+        pendings = [submit(batcher, i) for i in range(2)]
+        # The hub's turn has not ended (the deferred wake never runs here).
+        assert [p.future.result(5) for p in pendings] == [{"out": 0}, {"out": 1}]
+        assert len(deferred) == 1
+    finally:
+        batcher.stop(5)
+
+
 def test_a_full_queue_refuses_at_once_with_a_retry_delay(model):
     model.gate.clear()
     batcher = make(model, max_batch_size=2, max_queue=2)
