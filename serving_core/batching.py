@@ -133,8 +133,11 @@ class Batcher:
             self._queue.append(pending)
             self.policy.arrived(now)
             self._observer.depth(len(self._queue))
-            if self.defer_wake is None or len(self._queue) >= self.max_batch_size:
-                # A full batch need not wait for the rest of the hub's turn.
+            if self.defer_wake is None or len(self._queue) >= self.max_batch_size > 1:
+                # A full batch need not wait for the rest of the hub's turn, and its
+                # items share the wake-up. (Items of an unbatched handler would each
+                # pay one: they wait for the turn's end, when the model thread runs
+                # them back to back.)
                 self._cond.notify()
             elif not self._wake_pending:
                 self._wake_pending = True

@@ -120,6 +120,20 @@ def test_submits_before_a_deferred_wake_share_it(model):
         batcher.stop(5)
 
 
+def test_items_of_an_unbatched_handler_share_the_deferred_wake(model):
+    deferred = []
+    batcher = make(model, max_batch_size=1)
+    batcher.defer_wake = deferred.append
+    try:
+        pendings = [submit(batcher, i) for i in range(3)]
+        assert len(deferred) == 1
+        deferred.pop()()
+        assert [p.future.result(5) for p in pendings] == [{"out": i} for i in range(3)]
+        assert model.batches == [[0], [1], [2]]
+    finally:
+        batcher.stop(5)
+
+
 def test_a_full_batch_wakes_the_model_thread_without_waiting_for_the_deferred_wake(model):
     deferred = []
     # A 10 s window: a model thread that saw the first item waits for the second
