@@ -101,11 +101,13 @@ def test_batches_never_exceed_the_maximum_and_keep_order(model):
         batcher.stop(5)
 
 
-def test_submits_before_a_deferred_wake_share_it(model):
+# Batched, and unbatched (a batch of one each: those never wake the model thread early).
+@pytest.mark.parametrize("max_batch_size", [4, 1])
+def test_submits_before_a_deferred_wake_share_it(model, max_batch_size):
     # The gevent worker's case: the requests of one turn of the hub's loop wake the
     # model thread once, when the hub runs the scheduled callback.
     deferred = []
-    batcher = make(model, policy="adaptive")
+    batcher = make(model, max_batch_size=max_batch_size, policy="adaptive")
     batcher.defer_wake = deferred.append
     try:
         pendings = [submit(batcher, i) for i in range(3)]
@@ -116,20 +118,6 @@ def test_submits_before_a_deferred_wake_share_it(model):
         assert len(deferred) == 1  # once run, the next submit schedules another
         deferred.pop()()
         assert fourth.future.result(5) == {"out": 3}
-    finally:
-        batcher.stop(5)
-
-
-def test_items_of_an_unbatched_handler_share_the_deferred_wake(model):
-    deferred = []
-    batcher = make(model, max_batch_size=1)
-    batcher.defer_wake = deferred.append
-    try:
-        pendings = [submit(batcher, i) for i in range(3)]
-        assert len(deferred) == 1
-        deferred.pop()()
-        assert [p.future.result(5) for p in pendings] == [{"out": i} for i in range(3)]
-        assert model.batches == [[0], [1], [2]]
     finally:
         batcher.stop(5)
 
