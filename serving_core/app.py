@@ -43,8 +43,11 @@ class ServingFlask(Flask):
 
     Flask's ``ensure_sync`` asks ``inspect.iscoroutinefunction`` of each view and
     hook on every request (five on ``/predict``), and the answer for a
-    registered function never changes.
+    registered function never changes. At most ``SYNC_CACHED`` functions are
+    kept: one made per request (``after_this_request``) must not grow it.
     """
+
+    SYNC_CACHED = 256
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -53,7 +56,9 @@ class ServingFlask(Flask):
     def ensure_sync(self, func: Callable[..., Any]) -> Callable[..., Any]:
         sync = self._sync.get(func)
         if sync is None:
-            sync = self._sync[func] = super().ensure_sync(func)
+            sync = super().ensure_sync(func)
+            if len(self._sync) < self.SYNC_CACHED:
+                self._sync[func] = sync
         return sync
 
 

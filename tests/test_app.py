@@ -270,3 +270,18 @@ def test_the_openapi_document_is_valid_and_carries_the_handlers_schema(app, clie
     handler = app.extensions["serving_core"].handler
     assert body["application/json"]["schema"] == handler.input_schema
     assert document["info"] == {"title": "probe", "version": "7"}
+
+
+def test_the_app_asks_once_per_function_whether_it_is_a_coroutine_and_keeps_a_bounded_few():
+    app = make_app()
+    view = app.view_functions["predict"]
+    assert app.ensure_sync(view) is view
+    assert view in app._sync  # asked once, remembered
+    # A function made per request (after_this_request) must not grow the table.
+    for _ in range(app.SYNC_CACHED + 100):
+
+        def made() -> None:
+            pass
+
+        assert app.ensure_sync(made) is made
+    assert len(app._sync) == app.SYNC_CACHED
