@@ -35,6 +35,7 @@ from .settings import Settings
 
 TAKE_POLL_S = 0.01  # how often an idle take looks again: the latency it adds to a job
 BUSY_TIMEOUT_S = 30.0  # how long a call waits for another process's write
+WAL_RETRY_S = 0.005  # how often an opening connection asks for WAL mode again
 PURGE_EVERY_S = 60.0  # how often a queue deletes expired rows
 PURGE_BATCH = 1000  # rows per purge, so a purge never holds the write lock long
 
@@ -343,10 +344,31 @@ def _connect(path: str) -> sqlite3.Connection:
         path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
     )
     db.row_factory = sqlite3.Row
-    db.execute("PRAGMA journal_mode = WAL")
+    _use_wal(db)
     db.execute("PRAGMA synchronous = FULL")
     db.executescript(SCHEMA)
     return db
+
+
+def _use_wal(db: sqlite3.Connection) -> None:
+    """Switch ``db`` to WAL, waiting up to ``BUSY_TIMEOUT_S`` for another process.
+
+    Changing the journal mode takes an exclusive lock for which SQLite does not
+    call the busy handler: when a server's workers opened a new file at once,
+    one failed at once with "database is locked" (half of 300 tries with
+    three processes), and gunicorn stopped the server ("Worker failed to
+    boot"). So this retries; once the file is in WAL mode it stays so, and the
+    statement no longer needs that lock.
+    """
+    deadline = time.monotonic() + BUSY_TIMEOUT_S
+    while True:
+        try:
+            db.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as error:
+            if error.sqlite_errorcode != sqlite3.SQLITE_BUSY or time.monotonic() >= deadline:
+                raise
+            time.sleep(WAL_RETRY_S)
 
 
 def _live(row: sqlite3.Row, now: float) -> bool:

@@ -120,6 +120,31 @@ def test_a_waiting_take_wakes_when_a_job_arrives(make_queue: MakeQueue) -> None:
     assert [j.id for j in got] == [job.id]
 
 
+def _open_at(path: str, start_at: float) -> None:
+    from serving_core.jobqueue_sqlite import SqliteJobQueue
+
+    while time.time() < start_at:
+        pass  # spin: the processes must open the file within microseconds of each other
+    queue = SqliteJobQueue(Settings(jobs_path=path), "boot")
+    queue.submit({"n": os.getpid()})  # the first use opens the file
+    queue.close()
+
+
+def test_processes_that_open_a_new_sqlite_file_at_once_all_succeed(tmp_path: Any) -> None:
+    # A server's workers open the job queue's file at boot, at the same moment.
+    # Switching a new file to WAL used to fail at once in one of them ("database is
+    # locked"), about every other time with three processes, and stopped the server.
+    for attempt in range(20):
+        path = str(tmp_path / f"jobs-{attempt}.db")
+        start_at = time.time() + 0.05
+        openers = [FORK.Process(target=_open_at, args=(path, start_at)) for _ in range(3)]
+        for opener in openers:
+            opener.start()
+        for opener in openers:
+            opener.join(60)
+        assert [opener.exitcode for opener in openers] == [0, 0, 0], f"attempt {attempt}"
+
+
 def _drain(make: MakeQueue, consumer: str, conn: Any, start: Any) -> None:
     queue = make()  # opened after fork: each process has its own connection
     taken: list[str] = []
