@@ -306,6 +306,7 @@ class Batcher:
             with self._cond:
                 self._busy_until = 0.0
                 self._running = []
+                self.policy.answered(self._clock())
 
     def _fail(self, batch: list[Pending], what: str) -> None:
         for pending in batch:

@@ -7,7 +7,8 @@ Two policies share one cost model (``t(n) = a + b*n``, fitted per worker):
 - ``Adaptive``: run at once unless waiting for more items is predicted to raise
   throughput: more requests can still come, and they arrive closer together
   than the fixed cost of a batch that each one joining saves; never past any
-  queued item's deadline nor ``max_wait_ms``.
+  queued item's deadline nor ``max_wait_ms`` (counted from when the model was
+  free to run them).
 
 Both refuse a request at admission when its predicted completion (the batch in
 flight, the queue ahead of it, its own batch) is later than its deadline.
@@ -47,6 +48,9 @@ class Policy:
 
     def arrived(self, now: float) -> None:
         """Called for every admitted request."""
+
+    def answered(self, now: float) -> None:
+        """Called when a batch has ended and its requests have their answers."""
 
     def observe(self, size: int, duration_s: float) -> None:
         self.cost.observe(size, duration_s)
@@ -115,15 +119,17 @@ class ArrivalGaps:
     def last(self) -> float | None:
         return self._last
 
-    def expected_gap_s(self, now: float) -> float:
-        """Seconds to the next arrival, as far as the recent gaps tell; inf before two arrivals."""
+    def expected_gap_s(self, now: float, quiet_since: float | None = None) -> float:
+        """Seconds to the next arrival, as far as the recent gaps tell; inf before two
+        arrivals. ``quiet_since``: when the present silence began (the last arrival
+        by default)."""
         if not self._gaps or self._last is None:
             return math.inf
         if self._gap_s is None:
             self._gap_s = statistics.median(self._gaps)
         # A silence longer than the usual gap is evidence of a lower rate: an
         # idle queue must never be held for arrivals that are not coming.
-        return max(self._gap_s, now - self._last)
+        return max(self._gap_s, now - (self._last if quiet_since is None else quiet_since))
 
 
 class Adaptive(Policy):
@@ -137,6 +143,16 @@ class Adaptive(Policy):
     at a time), and (2) arrivals keep coming closer together than ``a``;
     never past ``max_wait_ms`` after the first item, nor so late that a
     queued item would miss its deadline.
+
+    The end of a batch starts the clock again. While a batch runs, its
+    clients cannot send (one request per connection at a time), so the queue
+    that built up meanwhile, and the silence since its last arrival, say
+    nothing about the rate; and the clients just answered are about to send
+    again. Without this, closed-loop clients split into two halves that never
+    meet: each batch ran the half that arrived during the other's run (MiniLM
+    at c=32: batches of 8, against 14 with it, and 7% more requests/s).
+    Likewise ``max_wait_ms`` counts from when the model was free to run the
+    first item, not from its arrival: the wait is what the policy adds.
     """
 
     name = "adaptive"
@@ -152,9 +168,13 @@ class Adaptive(Policy):
         super().__init__(max_batch_size=max_batch_size, max_wait_s=max_wait_s, cost=cost)
         self.arrivals = ArrivalGaps()
         self._open_connections = open_connections
+        self._answered = -math.inf  # when the last batch ended
 
     def arrived(self, now: float) -> None:
         self.arrivals.arrived(now)
+
+    def answered(self, now: float) -> None:
+        self._answered = now
 
     def dispatch_at(self, queue: Sequence[Queued], now: float) -> float:
         size = len(queue)
@@ -164,12 +184,13 @@ class Adaptive(Policy):
         if senders is not None and senders <= size:
             return now  # every client that could send has sent
         saved_s = self.cost.intercept_s
-        if self.arrivals.expected_gap_s(now) >= saved_s:
-            return now
         last = self.arrivals.last if self.arrivals.last is not None else now
+        quiet_since = max(last, self._answered)
+        if self.arrivals.expected_gap_s(now, quiet_since) >= saved_s:
+            return now
         at = min(
-            last + saved_s,
-            queue[0].enqueued + self.max_wait_s,
+            quiet_since + saved_s,
+            max(queue[0].enqueued, self._answered) + self.max_wait_s,
             min(item.deadline for item in queue) - self.cost.predict(size + 1),
         )
         return max(now, at)

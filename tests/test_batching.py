@@ -137,6 +137,34 @@ def test_a_full_batch_wakes_the_model_thread_without_waiting_for_the_deferred_wa
         batcher.stop(5)
 
 
+def test_the_policy_hears_when_each_batch_has_ended(model):
+    batcher = make(model)
+    ended: list[tuple[float, bool]] = []
+    policy = batcher.policy
+    pending: list = []
+
+    def answered(now):
+        ended.append((now, all(p.future.done() for p in pending)))
+        type(policy).answered(policy, now)
+
+    policy.answered = answered
+    try:
+        before = time.monotonic()
+        model.gate.clear()  # the batch ends only once its pending is known here
+        pending.append(submit(batcher, "a"))
+        model.gate.set()
+        assert pending[0].future.result(5) == {"out": "a"}
+        deadline = time.monotonic() + 5
+        while not ended and time.monotonic() < deadline:
+            time.sleep(0.001)
+        # once, after its item had its answer, and on the batcher's clock
+        assert len(ended) == 1
+        assert ended[0][1]
+        assert before <= ended[0][0] <= time.monotonic()
+    finally:
+        batcher.stop(5)
+
+
 def test_a_full_queue_refuses_at_once_with_a_retry_delay(model):
     model.gate.clear()
     batcher = make(model, max_batch_size=2, max_queue=2)

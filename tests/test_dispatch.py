@@ -100,6 +100,35 @@ def test_adaptive_never_waits_longer_than_max_wait():
     assert policy.dispatch_at([Item(last, last + 10)], now=last) == pytest.approx(last + 0.002)
 
 
+def test_after_a_batch_the_queue_built_during_it_waits_for_the_clients_just_answered():
+    # Closed-loop clients at c=2x the batch: half the requests arrived while the
+    # other half ran. When that batch ends, its clients are about to send again.
+    policy = adaptive(open_connections=lambda: 16)  # a = 10 ms, max wait 50 ms
+    last = burst(policy, n=8)
+    queue = [Item(last, 10.0)] * 8
+    ended = last + 0.040  # the batch ran 40 ms after the last arrival
+    # Before the batch's end is known, 40 ms of silence reads as a slow rate: now.
+    assert policy.dispatch_at(queue, now=ended) == ended
+    policy.answered(ended)
+    assert policy.dispatch_at(queue, now=ended) == pytest.approx(ended + 0.010)
+    # An answered client's request arrives: the wait runs on from it.
+    policy.arrived(ended + 0.002)
+    assert policy.dispatch_at([*queue, Item(ended + 0.002, 10.0)], now=ended + 0.002) == (
+        pytest.approx(ended + 0.012)
+    )
+
+
+def test_after_a_batch_the_wait_is_at_most_max_wait_from_its_end():
+    policy = adaptive(open_connections=lambda: 16, max_wait_s=0.002)
+    last = burst(policy, n=8)
+    ended = last + 0.040
+    policy.answered(ended)
+    # max wait counts from when the model was free, not from the first item's arrival
+    assert policy.dispatch_at([Item(last, 10.0)] * 8, now=ended) == pytest.approx(ended + 0.002)
+    # and nobody waits past the end of it
+    assert policy.dispatch_at([Item(last, 10.0)] * 8, now=ended + 0.003) == ended + 0.003
+
+
 def test_a_full_batch_runs_at_once():
     policy = adaptive(max_batch_size=2)
     last = burst(policy)
