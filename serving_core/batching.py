@@ -61,6 +61,10 @@ class Observer(Protocol):
 
     def depth(self, depth: int) -> None: ...
 
+    def flush(self) -> None:
+        """Write what was added up: the model thread is about to wait for work."""
+        ...
+
 
 class _NoObserver:
     def batch(self, size: int, duration_s: float, queue_waits_s: Sequence[float]) -> None:
@@ -70,6 +74,9 @@ class _NoObserver:
         pass
 
     def depth(self, depth: int) -> None:
+        pass
+
+    def flush(self) -> None:
         pass
 
 
@@ -270,8 +277,11 @@ class Batcher:
             while True:
                 batch = self._next_batch()
                 if batch is None:
+                    self._flush()
                     return
                 self._run_guarded(batch)
+                if not self._queue:
+                    self._flush()  # idle next: what the observer added up goes out now
         except BaseException as exc:
             # Forming batches failed (a dispatch policy's bug, say): the thread cannot
             # go on safely. Say so, fail what is queued now, and let the watchdog
@@ -307,6 +317,12 @@ class Batcher:
                 self._busy_until = 0.0
                 self._running = []
                 self.policy.answered(self._clock())
+
+    def _flush(self) -> None:
+        try:
+            self._observer.flush()
+        except Exception:
+            log.exception("the batcher's observer failed to flush")
 
     def _fail(self, batch: list[Pending], what: str) -> None:
         for pending in batch:

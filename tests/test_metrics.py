@@ -14,9 +14,19 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.mmap_dict import MmapedDict, mmap_key
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from serving_core.batching import Batcher
+from serving_core.context import Context
+from serving_core.dispatch import make_policy
+from serving_core.engine import Engine
+from serving_core.handler import Handler
 from serving_core.metrics import Metrics, archive_dead_worker
 from tests.conftest import PROBE
 from tests.servers import ROOT, SERVING_CORE, base_env, gunicorn_server, wait_for_worker_pids
+
+
+class Echo(Handler):
+    def predict(self, params):
+        return params
 
 
 def sample(text, name, **labels):
@@ -45,6 +55,82 @@ def test_the_batcher_and_requests_feed_the_metrics():
     assert sample(text, "serving_model_errors_total") == 2
     assert sample(text, "serving_queue_depth") == 5
     assert sample(text, "serving_requests_total", route="/predict", status="200") == 1
+
+
+def histogram_lines(text, name):
+    lines = text.splitlines()
+    return sorted(ln for ln in lines if ln.startswith(f"{name}_") and "_created" not in ln)
+
+
+def test_a_flushed_tally_writes_what_observe_would_have():
+    tallied, observed = Metrics(), Metrics()
+    # Values on bucket bounds (le is inclusive), between them, and past the last.
+    sizes = [1, 2, 3, 16, 17, 256, 300]
+    waits = [0.0, 0.001, 0.0011, 0.005, 0.3, 29.9, 45.0]
+    for size, wait in zip(sizes, waits, strict=True):
+        tallied.batch(size, wait * 2, [wait, wait / 3])
+        observed.batch_size.observe(size)
+        observed.batch_duration.observe(wait * 2)
+        observed.queue_wait.observe(wait)
+        observed.queue_wait.observe(wait / 3)
+    tallied.flush()
+    mine, theirs = tallied.exposition().decode(), observed.exposition().decode()
+    for name in (
+        "serving_batch_size",
+        "serving_batch_duration_seconds",
+        "serving_queue_wait_seconds",
+    ):
+        assert histogram_lines(mine, name) == histogram_lines(theirs, name)
+    assert sample(mine, "serving_batch_size_count") == len(sizes)
+
+
+def test_the_model_threads_metrics_are_written_when_it_goes_idle(monkeypatch):
+    monkeypatch.setattr("serving_core.metrics.FLUSH_S", 3600.0)  # never by time
+    metrics = Metrics()
+    batcher = Batcher(
+        Engine(Echo(), max_batch_size=4).run,
+        policy=make_policy("fixed", max_batch_size=4, max_wait_ms=0),
+        max_batch_size=4,
+        max_queue=64,
+        observer=metrics,
+    )
+    batcher.start()
+    try:
+        for round_ in range(3):
+            now = time.monotonic()
+            pending = [
+                batcher.submit({"n": n}, Context(f"r-{n}", now + 5), arrival=now) for n in range(10)
+            ]
+            for item in pending:
+                item.future.result(5)
+            # Read from the registry, not /metrics (which flushes this process first).
+            deadline = time.monotonic() + 2
+            while time.monotonic() < deadline:
+                if metrics.registry.get_sample_value("serving_queue_wait_seconds_count") == 10 * (
+                    round_ + 1
+                ):
+                    break
+                time.sleep(0.005)
+            assert metrics.registry.get_sample_value("serving_queue_wait_seconds_count") == 10 * (
+                round_ + 1
+            )
+    finally:
+        batcher.stop(5)
+
+
+def test_under_steady_load_the_tallies_are_written_within_the_flush_interval(monkeypatch):
+    monkeypatch.setattr("serving_core.metrics.FLUSH_S", 0.05)
+    metrics = Metrics()
+
+    def written():
+        return metrics.registry.get_sample_value("serving_batch_size_count")
+
+    metrics.batch(4, 0.01, [0.001] * 4)  # the first one goes out at once
+    metrics.batch(4, 0.01, [0.001] * 4)
+    assert written() == 1
+    time.sleep(0.06)
+    metrics.batch(4, 0.01, [0.001] * 4)
+    assert written() == 3
 
 
 def test_the_app_counts_requests_by_route_and_status(client):
