@@ -62,7 +62,11 @@ class Observer(Protocol):
     def depth(self, depth: int) -> None: ...
 
     def flush(self) -> None:
-        """Write what was added up: the model thread is about to wait for work."""
+        """Write what was added up."""
+        ...
+
+    def flush_in(self) -> float | None:
+        """Seconds until what was added up is due to be written; None: nothing is."""
         ...
 
 
@@ -78,6 +82,9 @@ class _NoObserver:
 
     def flush(self) -> None:
         pass
+
+    def flush_in(self) -> float | None:
+        return None
 
 
 class Batcher:
@@ -279,9 +286,10 @@ class Batcher:
                 if batch is None:
                     self._flush()
                     return
-                self._run_guarded(batch)
-                if not self._queue:
-                    self._flush()  # idle next: what the observer added up goes out now
+                if batch:
+                    self._run_guarded(batch)
+                else:
+                    self._flush()  # idle, and the observer's sums are due
         except BaseException as exc:
             # Forming batches failed (a dispatch policy's bug, say): the thread cannot
             # go on safely. Say so, fail what is queued now, and let the watchdog
@@ -329,12 +337,17 @@ class Batcher:
             _resolve(pending.future, ModelError(f"{what}; request id {pending.request_id}"))
 
     def _next_batch(self) -> list[Pending] | None:
+        """The next batch to run; [] when idle with the observer's sums due; None to stop."""
         with self._cond:
             while True:
                 if not self._queue:
                     if self._stopping:
                         return None
-                    self._cond.wait()
+                    # Idle: wake up when the observer's sums are due, if before work.
+                    flush_in = self._observer.flush_in()
+                    if flush_in is not None and flush_in <= 0:
+                        return []
+                    self._cond.wait(flush_in)
                     continue
                 now = self._clock()
                 if len(self._queue) >= self.max_batch_size or self._stopping:

@@ -298,11 +298,13 @@ class Metrics:
             result: self.cache_requests.labels(result) for result in ("hit", "miss", "coalesced")
         }
         self._by_route: dict[tuple[str, int], tuple[Any, Any]] = {}
-        # The model thread's histograms, written when it goes idle (``flush``), at
-        # least every FLUSH_S, and before /metrics answers.
+        # The model thread's histograms, written at most FLUSH_S after they were
+        # observed (busy or idle: the batcher asks ``flush_in``), and before this
+        # process answers /metrics.
         self._tallies = (Tally(self.batch_size), Tally(self.batch_duration), Tally(self.queue_wait))
         self._tally_lock = threading.Lock()
         self._flush_at = 0.0
+        self._pending = False
 
     # -- batcher Observer -----------------------------------------------------
 
@@ -313,6 +315,7 @@ class Metrics:
             durations.observe(duration_s)
             for wait in queue_waits_s:
                 waits.observe(wait)
+            self._pending = True
         if time.monotonic() >= self._flush_at:
             self.flush()
 
@@ -321,7 +324,11 @@ class Metrics:
         with self._tally_lock:
             for tally in self._tallies:
                 tally.flush()
+            self._pending = False
             self._flush_at = time.monotonic() + FLUSH_S
+
+    def flush_in(self) -> float | None:
+        return self._flush_at - time.monotonic() if self._pending else None
 
     def rejected(self, reason: str) -> None:
         self.rejections.labels(reason).inc()

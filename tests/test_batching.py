@@ -301,6 +301,12 @@ def test_a_failing_observer_fails_its_batch_but_not_the_model_thread(model):
         def depth(self, depth):
             pass
 
+        def flush(self):
+            pass
+
+        def flush_in(self):
+            return None
+
     batcher = Batcher(
         run_with(model),
         policy=make_policy("fixed", max_batch_size=4, max_wait_ms=0),
