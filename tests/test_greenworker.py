@@ -95,6 +95,36 @@ def test_a_timed_out_wait_raises_and_cancel_keeps_the_model_thread_from_running_
         future.result(timeout=0)
 
 
+def test_a_clients_hang_up_is_seen_once_its_request_has_waited_a_moment():
+    mine, theirs = socket.socketpair()
+    gone = []
+    started = time.monotonic()
+    stop = greenworker.watch_client(mine, lambda: gone.append(time.monotonic() - started))
+    theirs.close()
+    try:
+        deadline = time.monotonic() + 5
+        while not gone and time.monotonic() < deadline:
+            gevent.sleep(0.005)
+        # Not at once (no watcher for a request answered within WATCH_AFTER_S), but then.
+        # (The hub's timers count from the loop's cached time: a few ms early.)
+        assert gone
+        assert greenworker.WATCH_AFTER_S / 2 <= gone[0] < greenworker.WATCH_AFTER_S + 1.0
+    finally:
+        stop()
+        mine.close()
+
+
+def test_a_request_answered_before_the_watch_starts_never_watches_its_client():
+    mine, theirs = socket.socketpair()
+    gone = []
+    stop = greenworker.watch_client(mine, lambda: gone.append(True))
+    stop()  # answered at once
+    theirs.close()
+    gevent.sleep(greenworker.WATCH_AFTER_S * 3)
+    assert gone == []
+    mine.close()
+
+
 def test_greenlets_submit_to_a_batcher_and_get_their_own_answers():
     batches = []
 
