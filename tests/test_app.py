@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import io
 import logging
+import os
 import re
 import time
 from collections.abc import Callable, Iterator
@@ -9,6 +10,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from serving_core.app import _REQUEST_ID_OK as REQUEST_ID_OK
+from serving_core.app import new_request_id
 from serving_core.context import Context
 from tests.conftest import make_app
 
@@ -221,6 +223,24 @@ def test_the_request_id_is_taken_or_generated_and_returned(client):
     assert re.fullmatch(r"[0-9a-f]{32}", generated)
     unsafe = client.get("/healthz", headers={"X-Request-ID": "bad id\twith space"})
     assert re.fullmatch(r"[0-9a-f]{32}", unsafe.headers["X-Request-ID"])
+
+
+def test_a_forked_worker_generates_other_request_ids_than_its_master():
+    # Workers are forked from one master: ids from one generator state would repeat.
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.write(write, "".join(new_request_id() for _ in range(4)).encode())
+        os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    child = os.read(read, 4096).decode()
+    os.close(read)
+    mine = [new_request_id() for _ in range(4)]
+    theirs = [child[i : i + 32] for i in range(0, len(child), 32)]
+    assert len(theirs) == 4
+    assert all(re.fullmatch(r"[0-9a-f]{32}", rid) for rid in mine + theirs)
+    assert not set(mine) & set(theirs)
 
 
 @pytest.mark.parametrize("sent", ["abc\n", "a" * 129, "", "caf\u00e9"])
