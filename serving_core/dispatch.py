@@ -150,7 +150,7 @@ class Adaptive(Policy):
     nothing about the rate; and the clients just answered are about to send
     again. Without this, closed-loop clients split into two halves that never
     meet: each batch ran the half that arrived during the other's run (MiniLM
-    at c=32: batches of 8, against 14 with it, and 7% more requests/s).
+    at c=32: batches of 8, against 14-16 with it, and 5% more requests/s).
     Likewise ``max_wait_ms`` counts from when the model was free to run the
     first item, not from its arrival: the wait is what the policy adds.
     """
