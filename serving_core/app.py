@@ -26,6 +26,7 @@ log = logging.getLogger("serving_core.app")
 _ROUTES_HINT = "SERVING_ROUTES_HINT"
 
 REQUEST_ID = "X-Request-ID"
+JSON = "application/json"
 # A client-sent id is echoed into logs and headers: keep it short and printable.
 _REQUEST_ID_OK = re.compile(r"[A-Za-z0-9._:/+=-]{1,128}")
 _HTTP_TYPES = {
@@ -92,7 +93,8 @@ def create_app(settings: Settings, service: Service, metrics: Metrics) -> Flask:
     # dispatch (a Resource made per request, its output wrapper, content negotiation
     # over our one representation) adds work and nothing else here. Errors take the
     # same funnel either way (``error_response``).
-    app.add_url_rule("/predict", "predict", Predict(service, limits).view, methods=["POST"])
+    predict = Predict(service, limits, settings.max_body_bytes)
+    app.add_url_rule("/predict", "predict", predict.view, methods=["POST"])
     if settings.jobs_enabled:
         api.add_resource(Jobs, "/jobs", resource_class_args=(service, limits))
     if settings.jobs_enabled or settings.followup_queue:
@@ -159,9 +161,10 @@ class ErrorFunnelApi(Api):  # type: ignore[misc]
 
 
 class Predict(Resource):  # type: ignore[misc]
-    def __init__(self, service: Service, limits: JsonLimits) -> None:
+    def __init__(self, service: Service, limits: JsonLimits, max_body_bytes: int) -> None:
         self.service = service
         self.limits = limits
+        self.max_body_bytes = max_body_bytes
 
     def post(self) -> tuple[dict[str, Any], int, dict[str, str]]:
         req = _this_request()
@@ -169,7 +172,7 @@ class Predict(Resource):  # type: ignore[misc]
         timeout_s = _client_timeout(req)
         # From the headers alone, before the body is read: a full worker spends
         # nothing on a body it would refuse anyway.
-        _refuse_oversized(req)
+        _refuse_oversized(req, self.max_body_bytes)
         self.service.admit(arrival=arrived, timeout_s=timeout_s)
         params = request_params(req, self.limits)
         context.take_batch_size()  # an earlier request on this greenlet may have left one
@@ -285,11 +288,12 @@ def _tag_response(response: Response) -> Response:
     return response
 
 
-def _refuse_oversized(req: Request) -> None:
+def _refuse_oversized(req: Request, limit: int) -> None:
     # werkzeug would refuse it too, once the body is asked for: the client's fault
-    # comes before the server's (a 413 before a 503).
-    length, limit = req.content_length, req.max_content_length
-    if length is not None and limit is not None and length > limit:
+    # comes before the server's (a 413 before a 503). ``limit`` is the app's
+    # MAX_CONTENT_LENGTH, passed in: the request looks it up through current_app.
+    length = req.content_length
+    if length is not None and length > limit:
         raise RequestEntityTooLarge()
 
 
@@ -320,7 +324,9 @@ def _json_response(data: Any, code: int, headers: Any = None) -> Response:
             extra={"fields": {"request_id": request_id}},
         )
         return error_response(exc)
-    response = Response(body, status=code, mimetype="application/json")
+    # content_type, not mimetype: the same header (JSON takes no charset), without
+    # werkzeug working it out for every response (4.4 -> 2.5 us a Response).
+    response = Response(body, status=code, content_type=JSON)
     if headers:
         if type(headers) is dict:
             # One add per header: ``extend`` walks any mapping through a generic
@@ -367,7 +373,7 @@ def error_response(exc: Exception) -> Response:
                 f"request id {request_id}",
             }
         }
-    response = Response(encoding.dumps(body), status=status, mimetype="application/json")
+    response = Response(encoding.dumps(body), status=status, content_type=JSON)
     response.headers.update(headers)
     if request_id != "-":
         response.headers[REQUEST_ID] = request_id

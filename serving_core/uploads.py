@@ -129,6 +129,10 @@ class Connections:
             self._cuts, self._logged_at = 0, now
 
 
+class _Expired(Exception):
+    """Thrown into a greenlet whose body read ran past its deadline (``TimedBody``)."""
+
+
 class TimedBody:
     """A request's ``wsgi.input``, every read under what is left of the body's deadline."""
 
@@ -170,15 +174,15 @@ class TimedBody:
         left = self._deadline - time.monotonic()
         if left <= 0 or (conn is not None and conn.cut):
             raise self._fail()
-        timer = gevent.Timeout(left)
+        # What gevent.Timeout does (a hub timer that throws into this greenlet),
+        # without making a Timeout, an exception object, for every read.
+        timer = gevent.get_hub().loop.timer(left, priority=-1)
         if conn is not None:
             conn.waiting = conn.reading_body = True
-        timer.start()
+        timer.start(gevent.getcurrent().throw, _Expired, update=True)
         try:
             data = read(size)
-        except gevent.Timeout as exc:
-            if exc is not timer:
-                raise
+        except _Expired:
             raise self._fail() from None
         except OSError:
             if conn is not None and conn.cut:
