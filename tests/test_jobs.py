@@ -126,7 +126,7 @@ def _open_at(path: str, start_at: float) -> None:
     while time.time() < start_at:
         pass  # spin: the processes must open the file within microseconds of each other
     queue = SqliteJobQueue(Settings(jobs_path=path), "boot")
-    queue.submit({"n": os.getpid()})  # the first use opens the file
+    queue.submit({"n": os.getpid()})  # opened by the constructor; and written to
     queue.close()
 
 
