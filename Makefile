@@ -30,7 +30,10 @@ stamps = $(addprefix $(STAMPS)/,$(wildcard $(addsuffix /requirements.txt,$(1))))
 # optional :Class. Its folder's requirements.txt is installed: the file's
 # folder, the folder itself, the folder of the module's file when it is one
 # here (handlers.x.handler is handlers/x/handler.py), else the default handler's.
-DEFAULT_HANDLER_DIR := handlers/minilm
+# The default is the handler the images serve, named once in image.yml's
+# HANDLER_DIR (README, "Your model", step 5); handlers/minilm without image.yml.
+DEFAULT_HANDLER_DIR := $(or $(shell sed -n 's/^  HANDLER_DIR: *\([^ #]*\).*/\1/p' \
+	.github/workflows/image.yml 2>/dev/null),handlers/minilm)
 SERVING_HANDLER ?= $(DEFAULT_HANDLER_DIR)
 without_class = $(firstword $(subst :, ,$(1)))
 module_file = $(subst .,/,$(1)).py

