@@ -113,6 +113,7 @@ def test_10000_records_give_10000_results(tmp_path, doubler):
     assert "10000 records written" in result.stderr
 
 
+@pytest.mark.example("minilm")
 @pytest.mark.model
 def test_10000_sentences_give_10000_minilm_embeddings(tmp_path):
     sentences = [{"text": SENTENCES[i % len(SENTENCES)]} for i in range(10_000)]
@@ -255,6 +256,7 @@ def read_results(kind, path, table="results"):
 SUFFIX = {"jsonl": "jsonl", "csv": "csv", "parquet": "parquet", "sqlite": "db"}
 
 
+@pytest.mark.example("echo")
 @pytest.mark.parametrize("kind", SUFFIX)
 def test_every_format_in_and_out_gives_the_same_results(tmp_path, kind):
     rows = [{"id": i, "text": f"sentence {i}"} for i in range(300)]
@@ -268,6 +270,7 @@ def test_every_format_in_and_out_gives_the_same_results(tmp_path, kind):
     }
 
 
+@pytest.mark.example("echo")
 def test_a_sqlite_table_in_and_out_of_one_file_resumes(tmp_path):
     data = tmp_path / "data.db"
     write_records("sqlite", data, [{"id": i, "text": f"s{i}"} for i in range(500)])
@@ -323,6 +326,7 @@ def test_a_worker_that_dies_fails_the_run(tmp_path, doubler):
     assert "a worker process died" in result.stderr
 
 
+@pytest.mark.example("echo")
 @pytest.mark.parametrize(
     ("args", "message"),
     [

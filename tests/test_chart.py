@@ -992,6 +992,7 @@ def test_nginx_image_renders_a_config_nginx_accepts_from_the_charts_env(
         assert "unix:/run/serving/gunicorn.sock" in conf.read_text()
 
 
+@pytest.mark.example("echo")
 @pytest.mark.e2e
 def test_charts_nginx_fronts_gunicorn_over_the_unix_socket(chart: helm.Chart) -> None:
     nginx = nginx_binary()
@@ -2067,6 +2068,7 @@ def test_the_stream_is_the_one_the_redis_queue_writes(chart: helm.Chart) -> None
     assert "consumerGroup" not in redis_trigger(docs)["metadata"]
 
 
+@pytest.mark.example("minilm")
 def test_the_minilm_example_names_the_minilm_handlers_queue() -> None:
     handler = (ROOT / "handlers" / "minilm" / "handler.py").read_text()
     queue = VALUE_SETS["values-worker"]["worker"]["queue"]
@@ -2381,6 +2383,7 @@ def iris_releases(chart: helm.Chart) -> dict[str, list[dict[str, Any]]]:
     return releases
 
 
+@pytest.mark.example("iris-pipeline")
 def test_the_iris_pipeline_example_sets_every_stage_url_its_pipeline_file_names(
     chart: helm.Chart,
 ) -> None:
@@ -2391,6 +2394,7 @@ def test_the_iris_pipeline_example_sets_every_stage_url_its_pipeline_file_names(
     assert stage_vars == {stage.url_env for stage in spec.stages}
 
 
+@pytest.mark.example("iris-pipeline", "iris-setosa", "iris-versicolor", "iris-virginica")
 def test_the_iris_pipelines_stages_are_the_classifier_releases_services(
     chart: helm.Chart,
 ) -> None:

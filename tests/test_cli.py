@@ -21,17 +21,20 @@ def check(*args):
     )
 
 
+@pytest.mark.example("echo")
 def test_check_runs_the_sample_and_prints_the_output():
     result = check("handlers/echo/handler.py")
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == {"echo": {"text": "hello"}}
 
 
+@pytest.mark.example("echo")
 def test_check_takes_params_on_the_command_line():
     result = check("handlers/echo", "--params", '{"a": 1}')
     assert json.loads(result.stdout) == {"echo": {"a": 1}}
 
 
+@pytest.mark.example("minilm")
 @pytest.mark.model
 def test_check_runs_the_minilm_sample():
     result = check("handlers/minilm/handler.py")
@@ -64,12 +67,14 @@ def test_check_reports_a_predict_batch_that_breaks_the_contract(tmp_path):
     assert "Short.predict_batch returned 0 outputs for 1 inputs" in result.stderr
 
 
+@pytest.mark.example("minilm")
 def test_check_reports_invalid_params():
     result = check("handlers/minilm/handler.py", "--params", '{"txt": 1}')
     assert result.returncode == 1
     assert "'text' is a required property" in result.stderr
 
 
+@pytest.mark.example("echo")
 @pytest.mark.e2e
 @pytest.mark.parametrize("unix", [False, True])
 def test_healthcheck_follows_the_bind_tcp_or_unix_socket(tmp_path, unix):

@@ -56,6 +56,7 @@ def test_half_precision_is_kept_for_gpus(caplog):
     assert torch_dtype("float32", "cpu") is torch.float32
 
 
+@pytest.mark.example("echo")
 def test_the_handler_sees_the_requested_device_before_setup():
     loaded = load_handler("handlers.echo.handler", device="cuda:1", dtype="float16")
     assert (loaded.handler.device, loaded.handler.dtype) == ("cuda:1", "float16")

@@ -38,6 +38,7 @@ def test_a_folder_means_its_handler_py_and_sample_json_is_found(tmp_path):
     assert loaded.sample == {"text": "hi"}
 
 
+@pytest.mark.example("echo")
 def test_a_module_path_loads():
     loaded = load_handler("handlers.echo.handler")
     assert type(loaded.handler).__name__ == "Echo"

@@ -256,6 +256,7 @@ def test_a_dead_workers_counters_and_histograms_fold_into_the_archive(tmp_path):
     ]
 
 
+@pytest.mark.example("echo")
 def test_an_unusable_metrics_dir_names_the_variable(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")

@@ -15,7 +15,7 @@ from transformers import AutoModel, AutoTokenizer
 from bench.workload import SENTENCES
 from tests.servers import gunicorn_server
 
-pytestmark = [pytest.mark.e2e, pytest.mark.model]
+pytestmark = [pytest.mark.e2e, pytest.mark.model, pytest.mark.example("minilm")]
 
 
 @pytest.fixture(scope="module")

@@ -360,6 +360,7 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
+@pytest.mark.example("minilm")
 @pytest.mark.e2e
 @pytest.mark.model
 def test_minilm_answers_in_shared_mode_equal_the_per_worker_modes():

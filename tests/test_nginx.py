@@ -101,6 +101,7 @@ def json_body_of_size(size: int) -> bytes:
 # -- predictions and limits ----------------------------------------------------
 
 
+@pytest.mark.example("echo")
 @pytest.mark.e2e
 def test_a_prediction_passes_through_nginx(echo_stack: Stack) -> None:
     response = requests.post(
@@ -114,6 +115,7 @@ def test_a_prediction_passes_through_nginx(echo_stack: Stack) -> None:
     assert (entry["status"], entry["upstream_status"]) == (200, "200")
 
 
+@pytest.mark.example("echo")
 @pytest.mark.e2e
 def test_the_apps_other_endpoints_pass_through_nginx(echo_stack: Stack) -> None:
     assert requests.get(echo_stack.nginx.url + "/healthz", timeout=5).status_code == 200
@@ -123,6 +125,7 @@ def test_the_apps_other_endpoints_pass_through_nginx(echo_stack: Stack) -> None:
     assert error_of(missing)["type"] == "not_found"  # the app's 404, not nginx's
 
 
+@pytest.mark.example("echo")
 @pytest.mark.e2e
 def test_metrics_are_kept_off_the_api_port(echo_stack: Stack) -> None:
     response = requests.get(echo_stack.nginx.url + "/metrics", timeout=5)
@@ -132,6 +135,7 @@ def test_metrics_are_kept_off_the_api_port(echo_stack: Stack) -> None:
     assert "NGINX_METRICS_PORT" in error["message"]  # nginx's 404, the app was not asked
 
 
+@pytest.mark.example("echo")
 @pytest.mark.e2e
 def test_the_metrics_port_serves_the_apps_metrics_and_nothing_else(echo_stack: Stack) -> None:
     direct = requests.get(echo_stack.app.url + "/metrics", timeout=5)
@@ -145,6 +149,7 @@ def test_the_metrics_port_serves_the_apps_metrics_and_nothing_else(echo_stack: S
     assert health.status_code == 200
 
 
+@pytest.mark.example("echo")
 @pytest.mark.e2e
 def test_a_body_exactly_at_the_limit_reaches_the_app(echo_stack: Stack) -> None:
     body = json_body_of_size(4096)
@@ -158,6 +163,7 @@ def test_a_body_exactly_at_the_limit_reaches_the_app(echo_stack: Stack) -> None:
     assert response.json()["echo"]["text"] == "a" * (4096 - 12)
 
 
+@pytest.mark.example("echo")
 @pytest.mark.e2e
 @pytest.mark.parametrize("framing", ["content-length", "chunked"])
 def test_a_body_over_the_limit_is_refused_by_nginx_with_json_413(
@@ -184,6 +190,7 @@ def test_a_body_over_the_limit_is_refused_by_nginx_with_json_413(
 # -- request ids and the access log ------------------------------------------------
 
 
+@pytest.mark.example("echo")
 @pytest.mark.e2e
 def test_a_clients_request_id_reaches_the_app_log_and_comes_back(echo_stack: Stack) -> None:
     request_id = "client-7f3a/2024:01+x=y"
@@ -201,6 +208,7 @@ def test_a_clients_request_id_reaches_the_app_log_and_comes_back(echo_stack: Sta
     assert echo_stack.nginx.access_entry(request_id)["uri"] == "/predict"
 
 
+@pytest.mark.example("echo")
 @pytest.mark.e2e
 def test_nginx_generates_the_request_id_the_app_logs_when_the_client_sends_none(
     echo_stack: Stack,
@@ -212,6 +220,7 @@ def test_nginx_generates_the_request_id_the_app_logs_when_the_client_sends_none(
     assert echo_stack.nginx.access_entry(request_id)["status"] == 200
 
 
+@pytest.mark.example("echo")
 @pytest.mark.e2e
 @pytest.mark.parametrize("sent", ["has spaces", "x" * 129, "semi;colon", 'quote"d'])
 def test_a_request_id_the_app_would_reject_is_replaced_by_nginx(
@@ -229,6 +238,7 @@ def test_a_request_id_the_app_would_reject_is_replaced_by_nginx(
     assert echo_stack.app_saw(request_id)
 
 
+@pytest.mark.example("echo")
 @pytest.mark.e2e
 def test_the_access_log_is_one_json_object_per_request(echo_stack: Stack) -> None:
     response = requests.post(
@@ -246,6 +256,7 @@ def test_the_access_log_is_one_json_object_per_request(echo_stack: Stack) -> Non
     assert entry["upstream_addr"] == echo_stack.app.bind
 
 
+@pytest.mark.example("echo")
 @pytest.mark.e2e
 def test_the_kubelets_probes_are_left_out_of_the_access_log(echo_stack: Stack) -> None:
     # One connection, so one nginx worker logs both, the probe first.
@@ -263,6 +274,7 @@ def test_the_kubelets_probes_are_left_out_of_the_access_log(echo_stack: Stack) -
     assert not [e for e in echo_stack.nginx.access_entries() if e["request_id"] == "probe"]
 
 
+@pytest.mark.example("echo")
 @pytest.mark.e2e
 def test_nginx_stamps_x_request_start_over_the_clients(echo_stack: Stack) -> None:
     # The app counts a request's deadline from X-Request-Start. A stamp a minute
@@ -274,6 +286,7 @@ def test_nginx_stamps_x_request_start_over_the_clients(echo_stack: Stack) -> Non
     assert proxied.status_code == 200
 
 
+@pytest.mark.example("echo")
 @pytest.mark.e2e
 def test_nginx_reuses_its_connections_to_gunicorn(echo_stack: Stack) -> None:
     app_port = int(echo_stack.app.bind.rpartition(":")[2])
@@ -301,6 +314,7 @@ def test_nginx_reuses_its_connections_to_gunicorn(echo_stack: Stack) -> None:
 # -- errors: nginx's own, and the app's passed through ------------------------------
 
 
+@pytest.mark.example("echo")
 @pytest.mark.e2e
 def test_nginx_answers_json_502_once_the_app_is_down() -> None:
     app_port = free_port()
@@ -477,6 +491,7 @@ def test_nginx_answers_its_own_json_504_when_the_app_hangs_past_nginxs_timeout()
     assert response.headers["X-Request-ID"] == "hung"
 
 
+@pytest.mark.example("echo")
 @pytest.mark.e2e
 def test_a_client_over_the_rate_limit_gets_json_429_with_retry_after() -> None:
     app_env = {"SERVING_HANDLER": ECHO, "SERVING_WORKERS": "1", **LIMITS}
@@ -518,6 +533,7 @@ def make_certificate(directory: Path) -> tuple[Path, Path]:
     return cert, key
 
 
+@pytest.mark.example("echo")
 @pytest.mark.e2e
 def test_the_tls_listener_serves_predictions(tmp_path: Path) -> None:
     cert, key = make_certificate(tmp_path)
@@ -535,6 +551,7 @@ def test_the_tls_listener_serves_predictions(tmp_path: Path) -> None:
     assert response.json() == {"echo": {"text": "secret"}}
 
 
+@pytest.mark.example("echo")
 @pytest.mark.e2e
 def test_nginx_reaches_gunicorn_over_a_unix_socket() -> None:
     # Not tmp_path: its parents are private to root, and nginx's workers run as
@@ -569,6 +586,7 @@ def assert_security_headers(response: requests.Response) -> None:
     assert response.headers["Server"] == "nginx"
 
 
+@pytest.mark.example("echo")
 @pytest.mark.e2e
 def test_every_answer_carries_the_security_headers_and_no_version(echo_stack: Stack) -> None:
     url = echo_stack.nginx.url
@@ -584,6 +602,7 @@ def test_every_answer_carries_the_security_headers_and_no_version(echo_stack: St
         assert_security_headers(answer)
 
 
+@pytest.mark.example("echo")
 @pytest.mark.e2e
 def test_keys_pass_through_nginx_and_no_log_holds_one() -> None:
     app_env = {"SERVING_HANDLER": ECHO, "SERVING_WORKERS": "1", "SERVING_API_KEYS": API_KEY}
@@ -629,6 +648,7 @@ def status_within(url: str, status: int, timeout_s: float = 15.0) -> requests.Re
         time.sleep(0.02)
 
 
+@pytest.mark.example("echo")
 @pytest.mark.e2e
 def test_a_client_over_its_connection_limit_gets_json_429_and_probes_still_answer() -> None:
     app_env = {"SERVING_HANDLER": ECHO, "SERVING_WORKERS": "1", **LIMITS}

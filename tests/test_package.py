@@ -27,7 +27,7 @@ def loaded_after(code: str, heavy: list[str] = WEB) -> list[str]:
     [
         "from serving_core import Handler, InvalidInput, Settings",
         # A handler module, loaded as serve, check, batch and worker load it.
-        "from serving_core.loading import load_handler; load_handler('handlers/echo')",
+        "from serving_core.loading import load_handler; load_handler('tests/handlers/probe')",
         # The engine: check, batch and the worker run it with no web stack.
         "import serving_core.engine, serving_core.consumer, serving_core.batch",
     ],

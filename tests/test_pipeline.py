@@ -61,6 +61,7 @@ def iris() -> Iterator[dict[str, Server]]:
         yield servers
 
 
+@pytest.mark.example("iris", "iris-pipeline", "iris-setosa", "iris-versicolor", "iris-virginica")
 def test_the_iris_pipelines_best_label_agrees_with_one_vs_rest_on_the_whole_data_set(iris):
     from sklearn.datasets import load_iris
     from sklearn.multiclass import OneVsRestClassifier
@@ -83,6 +84,7 @@ def test_the_iris_pipelines_best_label_agrees_with_one_vs_rest_on_the_whole_data
         assert [s["status"] for s in body["stages"]] == ["ran"] * 3
 
 
+@pytest.mark.example("iris", "iris-pipeline", "iris-setosa", "iris-versicolor", "iris-virginica")
 def test_request_ids_show_up_in_every_stages_log(iris):
     answer = post(iris["pipeline"], json_row(), headers={"X-Request-ID": "iris-trace-7"})
     assert answer.status_code == 200
@@ -94,6 +96,7 @@ def test_request_ids_show_up_in_every_stages_log(iris):
         )
 
 
+@pytest.mark.example("iris", "iris-pipeline", "iris-setosa", "iris-versicolor", "iris-virginica")
 def test_with_one_classifier_stopped_the_pipeline_answers_with_the_other_two_and_an_error(iris):
     stopped = iris["virginica"]
     os.killpg(stopped.pid, signal.SIGSTOP)  # it accepts connections but never answers
@@ -258,6 +261,7 @@ def test_readiness_asks_the_required_stages_when_the_file_says_so(probe, tmp_pat
 # -- prep→pred: two MiniLM services in series -----------------------------------
 
 
+@pytest.mark.example("minilm", "minilm-prep", "minilm-ids", "minilm-prep-pred")
 @pytest.mark.model
 def test_prep_then_pred_gives_the_single_minilm_services_embeddings():
     import numpy as np

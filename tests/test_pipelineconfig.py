@@ -106,6 +106,7 @@ def test_a_stages_api_key_comes_from_its_key_env_and_never_shows_in_repr():
         parse(with_stage(key_env="A_KEY"), "p.yaml", {"A_URL": "http://a", "A_KEY": "two keys"})
 
 
+@pytest.mark.example("iris-pipeline")
 @pytest.mark.parametrize(
     "spec_",
     ["handlers/iris-pipeline", "handlers/iris-pipeline/pipeline.yaml"],
@@ -150,6 +151,7 @@ def run_cli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.example("iris-pipeline")
 def test_check_loads_a_pipeline_and_skips_its_sample_while_the_stage_urls_are_unset():
     result = run_cli("check", "handlers/iris-pipeline")
     assert result.returncode == 0, result.stderr
@@ -157,6 +159,7 @@ def test_check_loads_a_pipeline_and_skips_its_sample_while_the_stage_urls_are_un
     assert "IRIS_SETOSA_URL" in result.stdout
 
 
+@pytest.mark.example("iris-pipeline")
 def test_serve_stops_before_fork_naming_the_unset_stage_variable():
     result = run_cli(
         "serve",

@@ -12,7 +12,7 @@ import requests
 
 from tests.servers import ROOT, gunicorn_server, job_worker
 
-pytestmark = [pytest.mark.e2e, pytest.mark.model]
+pytestmark = [pytest.mark.e2e, pytest.mark.model, pytest.mark.example("hashembed", "minilm")]
 
 
 def test_predict_answers_fast_and_the_slow_result_appears_at_status_url(tmp_path):
