@@ -56,9 +56,10 @@
 # |                           |            | requests are left out)                              |
 # | NGINX_LOG_LEVEL           | warn       | error_log level                                     |
 # | NGINX_ENVSUBST_OUTPUT_DIR | /tmp/nginx | the rendered config, nginx's pid and temp files     |
-# | NGINX_ENVSUBST_TEMPLATE_DIR | /etc/nginx/templates | the *.template files            |
+# | NGINX_ENVSUBST_TEMPLATE_DIR | /etc/nginx/ | the *.template files to render (the tests |
+# |                           | templates  | point it at nginx/templates)                        |
 #
-# Needs sh, awk, find, tr, mkdir and envsubst (gettext) besides nginx; every
+# Needs sh, awk, find, sort, tr, id, mkdir and envsubst besides nginx; every
 # name it defines for itself is lower case, so only the settings above and
 # the derived NGINX_* values reach the templates.
 
