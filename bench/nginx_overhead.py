@@ -2,7 +2,7 @@
 
 One run starts one ``serving-core serve`` (the MiniLM handler, default
 settings) and one nginx in front of it, configured as its image configures
-it (``tests/nginx_server.render``: the envsh and templates of ``nginx/``),
+it (``tests/nginx_server``: ``nginx/entrypoint.sh`` and ``nginx/templates``),
 warms both paths up at full load, then drives them with ``wrk`` (keep-alive
 connections, ``bench/post.lua``, the sentences of ``bench/workload.py``) in
 alternating rounds. Each round pairs a direct and a proxied measurement taken

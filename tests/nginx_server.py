@@ -1,10 +1,12 @@
-"""Debian's real nginx on 127.0.0.1, configured from the environment as the image is.
+"""Debian's real nginx on 127.0.0.1, configured from the environment by the image's entrypoint.
 
-``render`` runs the image's configuration steps here: the same
-``nginx/docker-entrypoint.d/*.envsh`` over the same ``nginx/templates``, with
-the same envsubst filter; only the variables differ (a free port, a log file,
-the upstream the test started). Every nginx started here is stopped when its
-``with`` block ends, whatever happens inside it.
+``render`` and ``nginx_server`` run ``nginx/entrypoint.sh`` itself, the script
+the image runs as its ENTRYPOINT, over the same ``nginx/templates``; only the
+variables differ (a free port, a log file, the upstream the test started, the
+template and output folders). The script is executed, not handed to ``sh``, so
+one committed without its executable bit fails here as it fails in the
+container. Every nginx started here is stopped when its ``with`` block ends,
+whatever happens inside it.
 """
 
 from __future__ import annotations
@@ -25,54 +27,9 @@ import requests
 
 from tests.servers import ROOT, free_port, stop
 
-ENTRYPOINT_D = ROOT / "nginx" / "docker-entrypoint.d"
+ENTRYPOINT = ROOT / "nginx" / "entrypoint.sh"
 TEMPLATES = ROOT / "nginx" / "templates"
 NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
-
-# The two configuration steps of the official image's entrypoint, rewritten
-# here with the same behaviour; upstream they are entrypoint/docker-entrypoint.sh
-# and entrypoint/20-envsubst-on-templates.sh in nginxinc/docker-nginx, which the
-# base image (nginxinc/nginx-unprivileged) ships as they are. Left out: logging,
-# stream templates and the final `exec nginx`.
-#
-# docker-entrypoint.sh: the files of /docker-entrypoint.d in `sort -V` order;
-# a readable *.envsh is sourced, an executable *.sh is run. This happens under
-# `set -e` in the last stage of a pipeline, so an envsh's `exit` stops the
-# entrypoint with its status, and what an envsh exports reaches the scripts
-# run after it (20-envsubst-on-templates.sh) but not nginx.
-DOCKER_ENTRYPOINT = r"""
-set -e
-find "$1" -follow -type f -print | sort -V | while read -r entry; do
-    case $entry in
-        *.envsh) [ ! -r "$entry" ] || . "$entry" ;;
-        *.sh) [ ! -x "$entry" ] || "$entry" ;;
-    esac
-done
-"""
-# 20-envsubst-on-templates.sh: each *.template under NGINX_ENVSUBST_TEMPLATE_DIR
-# (found with `find -follow`, subfolders kept) becomes the same path, less the
-# suffix, under NGINX_ENVSUBST_OUTPUT_DIR. envsubst is given the names of the
-# environment variables that match NGINX_ENVSUBST_FILTER as an awk regex, so no
-# other `$name` is touched. An output directory that is not writable skips the
-# step with a message and exit status 0.
-ENVSUBST_ON_TEMPLATES = r"""#!/bin/sh
-set -e
-templates=${NGINX_ENVSUBST_TEMPLATE_DIR:-/etc/nginx/templates}
-suffix=${NGINX_ENVSUBST_TEMPLATE_SUFFIX:-.template}
-out=${NGINX_ENVSUBST_OUTPUT_DIR:-/etc/nginx/conf.d}
-names=$(awk -v filter="${NGINX_ENVSUBST_FILTER:-}" \
-    'END { for (name in ENVIRON) if (name ~ filter) printf "${%s} ", name }' </dev/null)
-[ -d "$templates" ] || exit 0
-if [ ! -w "$out" ]; then
-    echo "$0: ERROR: $templates exists, but $out is not writable"
-    exit 0
-fi
-find "$templates" -follow -type f -name "*$suffix" -print | while read -r template; do
-    relative=${template#"$templates/"}
-    mkdir -p "$out/$(dirname "$relative")"
-    envsubst "$names" <"$template" >"$out/${relative%"$suffix"}"
-done
-"""
 
 
 class RenderError(RuntimeError):
@@ -84,33 +41,45 @@ class RenderError(RuntimeError):
         self.stderr = stderr
 
 
-def render(env: Mapping[str, str], out_dir: Path) -> Path:
-    """Render nginx's config as the image's entrypoint does; returns ``out_dir/nginx.conf``.
+def entrypoint_env(env: Mapping[str, str], out_dir: Path) -> dict[str, str]:
+    """The container's ``env`` with this checkout's templates and ``out_dir`` for the output.
 
-    ``env`` is the container's environment (the NGINX_* and SERVING_* settings);
-    nothing else from this process's environment but PATH reaches the scripts.
-    The output directory is ``out_dir`` whatever ``env`` says, so the pid and
-    temp paths land there too and ``nginx -t`` can run on the result.
-    Raises ``RenderError`` where the container would refuse to start.
+    Nothing else from this process's environment but PATH reaches the script.
     """
-    out_dir = Path(out_dir).resolve()
-    full_env = {
+    return {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         **env,
         "NGINX_ENVSUBST_TEMPLATE_DIR": str(TEMPLATES),
         "NGINX_ENVSUBST_OUTPUT_DIR": str(out_dir),
     }
-    with tempfile.TemporaryDirectory(prefix="serving-entrypoint-") as tmp:
-        # The image's /docker-entrypoint.d: the repo's files beside the base's step.
-        entrypoint_d = Path(tmp)
-        for source in ENTRYPOINT_D.iterdir():
-            (entrypoint_d / source.name).symlink_to(source)
-        step = entrypoint_d / "20-envsubst-on-templates.sh"
-        step.write_text(ENVSUBST_ON_TEMPLATES)
-        step.chmod(0o755)
+
+
+@contextlib.contextmanager
+def executable_bit_hint() -> Iterator[None]:
+    """Say how to fix it when the kernel refuses to execute the entrypoint."""
+    try:
+        yield
+    except PermissionError as error:
+        raise PermissionError(
+            f"{ENTRYPOINT} cannot be executed, nor can the image's ENTRYPOINT: commit it "
+            "executable (git update-index --chmod=+x nginx/entrypoint.sh; chmod +x it here)"
+        ) from error
+
+
+def render(env: Mapping[str, str], out_dir: Path) -> Path:
+    """Render nginx's config with the image's entrypoint; returns ``out_dir/nginx.conf``.
+
+    ``env`` is the container's environment (the NGINX_* and SERVING_* settings).
+    The output directory is ``out_dir`` whatever ``env`` says, so the pid and
+    temp paths land there too and ``nginx -t`` can run on the result. The
+    entrypoint's command is ``true``: it checks, renders and runs nothing else.
+    Raises ``RenderError`` where the container would refuse to start.
+    """
+    out_dir = Path(out_dir).resolve()
+    with executable_bit_hint():
         result = subprocess.run(
-            ["sh", "-c", DOCKER_ENTRYPOINT, "docker-entrypoint.sh", str(entrypoint_d)],
-            env=full_env,
+            [str(ENTRYPOINT), "true"],
+            env=entrypoint_env(env, out_dir),
             capture_output=True,
             text=True,
             check=False,
@@ -168,7 +137,7 @@ class Nginx:
 def nginx_server(
     upstream: str, settings: Mapping[str, str] | None = None, *, ready_timeout_s: float = 15.0
 ) -> Iterator[Nginx]:
-    """Render the config for ``upstream`` (host:port or unix:/path) and run nginx in front of it."""
+    """Run nginx in front of ``upstream`` (host:port or unix:/path), started by the entrypoint."""
     with tempfile.TemporaryDirectory(prefix="serving-nginx-") as tmp:
         root = Path(tmp)
         # Run as root, nginx's workers drop to nobody: they must reach the temp dirs.
@@ -185,11 +154,15 @@ def nginx_server(
             **(settings or {}),
         }
         conf_dir = root / "conf"
-        conf = render(env, conf_dir)
+        conf = conf_dir / "nginx.conf"
         log_path = root / "nginx.log"
-        with log_path.open("wb") as log:
+        # As the container starts: the entrypoint checks and renders, then
+        # execs nginx (the same process, so stopping it stops nginx).
+        command = [NGINX, "-p", str(root), "-c", str(conf), "-e", "stderr", "-g", "daemon off;"]
+        with log_path.open("wb") as log, executable_bit_hint():
             process = subprocess.Popen(
-                [NGINX, "-p", str(root), "-c", str(conf), "-e", "stderr", "-g", "daemon off;"],
+                [str(ENTRYPOINT), *command],
+                env=entrypoint_env(env, conf_dir),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,

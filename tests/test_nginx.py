@@ -1,14 +1,15 @@
 """nginx in front of gunicorn: the configuration the container ships, run by Debian's nginx.
 
-The e2e tests start a real ``serving-core serve`` and a real nginx configured
-the way the image's entrypoint configures it (``tests/nginx_server.render``:
-the same envsh, templates and envsubst filter), on 127.0.0.1, and stop both by
-PID when they end.
+The e2e tests start a real ``serving-core serve`` and a real nginx started by
+the image's own entrypoint (``nginx/entrypoint.sh``, which checks the settings
+and renders ``nginx/templates`` before it execs nginx), on 127.0.0.1, and stop
+both by PID when they end.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import shutil
 import socket
@@ -23,6 +24,7 @@ from pathlib import Path
 import pytest
 import requests
 
+from tests.container.dockerfile import parse
 from tests.nginx_server import (
     NGINX,
     TEMPLATES,
@@ -884,7 +886,7 @@ def test_render_refuses_a_bad_setting_and_names_it(
 ) -> None:
     with pytest.raises(RenderError) as refused:
         render(settings, tmp_path / "conf")
-    # The image's entrypoint stops with this status and message (set -e, exit 2).
+    # The image's entrypoint stops with this status and message, before nginx starts.
     assert refused.value.returncode == 2
     assert named in refused.value.stderr
     assert not (tmp_path / "conf" / "nginx.conf").exists()
@@ -957,28 +959,24 @@ def test_nginx_templates_is_the_only_nginx_configuration_in_the_repository() -> 
     assert holders == ["nginx/templates/nginx.conf.template"]
 
 
-def test_the_image_renders_the_templates_the_tests_render() -> None:
-    dockerfile = (ROOT / "nginx" / "Dockerfile").read_text()
-    copies = re.findall(r"^COPY\s+(.+)$", dockerfile, flags=re.MULTILINE)
-    # The base image's entrypoint renders /etc/nginx/templates after sourcing
-    # /docker-entrypoint.d/*.envsh: exactly what tests/nginx_server.render runs.
-    assert sorted(copies) == [
-        "docker-entrypoint.d/ /docker-entrypoint.d/",
-        "templates/ /etc/nginx/templates/",
-    ]
-    assert re.search(r"^ENTRYPOINT \[\"/docker-entrypoint.sh\"\]$", dockerfile, re.MULTILINE)
-    cmd = re.search(r"^CMD \[(.+)\]$", dockerfile, flags=re.MULTILINE)
-    assert cmd is not None
-    # The entrypoint configures nginx only for a command that starts with "nginx",
-    # and the envsh renders into NGINX_ENVSUBST_OUTPUT_DIR, where the command looks.
-    assert cmd.group(1).startswith('"nginx", "-c", "/tmp/nginx/nginx.conf"')
-    assert "NGINX_ENVSUBST_OUTPUT_DIR=/tmp/nginx" in dockerfile
+def test_the_image_runs_the_entrypoint_and_templates_the_tests_run() -> None:
+    (stage,) = parse(ROOT / "nginx" / "Dockerfile")
+    copies = {i.copy_sources()[0]: i.copy_destination() for i in stage.of("COPY")}
+    # Exactly nginx/entrypoint.sh and nginx/templates, what tests/nginx_server runs.
+    assert sorted(copies) == ["entrypoint.sh", "templates/"]
+    (entrypoint,) = stage.of("ENTRYPOINT")
+    assert json.loads(entrypoint.text) == [copies["entrypoint.sh"]]
+    env = dict(word.split("=", 1) for i in stage.of("ENV") for word in i.words)
+    assert env["NGINX_ENVSUBST_TEMPLATE_DIR"].rstrip("/") == copies["templates/"].rstrip("/")
+    # The entrypoint renders into NGINX_ENVSUBST_OUTPUT_DIR, where the command looks.
+    (cmd,) = stage.of("CMD")
+    command = json.loads(cmd.text)
+    assert command[:3] == ["nginx", "-c", f"{env['NGINX_ENVSUBST_OUTPUT_DIR']}/nginx.conf"]
 
 
 @pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck is not installed")
 def test_the_nginx_scripts_pass_shellcheck() -> None:
-    nginx_dir = ROOT / "nginx"
-    scripts = sorted(str(p) for p in [*nginx_dir.rglob("*.sh"), *nginx_dir.rglob("*.envsh")])
+    scripts = sorted(str(p) for p in (ROOT / "nginx").rglob("*.sh"))
     assert scripts
     result = subprocess.run(
         ["shellcheck", "--shell=sh", *scripts], capture_output=True, text=True, check=False

@@ -329,10 +329,11 @@ worker and batch containers serve no API. */}}
 {{- end }}
 
 {{/*
-Environment of the nginx container. The serving-core-nginx image renders its
-configuration from these at start (nginx/docker-entrypoint.d/19-serving-core.envsh
-documents and checks each), the same template the image runs everywhere else, so the chart keeps no copy
-of nginx.conf; a changed value changes the pod template and rolls the pods.
+Environment of the nginx container. The serving-core-nginx image's entrypoint
+(nginx/entrypoint.sh, which documents and checks each) renders its configuration
+from these at start, the same templates the image runs everywhere else, so the
+chart keeps no copy of nginx.conf; a changed value changes the pod template and
+rolls the pods.
 The SERVING_* names carry the app's own values: nginx derives its body limit,
 proxy timeouts and upstream keep-alive from them.
 */}}
