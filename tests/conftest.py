@@ -22,8 +22,8 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         gone = [f"handlers/{name}" for name in mark.args if not (EXAMPLES / name).is_dir()]
         if gone:
             pytest.skip(
-                f"the example {', '.join(gone)} is not in this repository (a template's"
-                " owner may delete the examples); its tests go with it"
+                f"example handler not in this repository: {', '.join(gone)} (a template's"
+                " owner may delete the examples; their tests go with them)"
             )
 
 
