@@ -88,13 +88,11 @@ def make_dry_run(*args: str) -> str:
     if make is None:
         pytest.fail("make is not installed")
     # -B: every command as if nothing were installed; -n: printed, not run. Run
-    # from `make test`, this process inherits make's MAKEFLAGS: without them, so
-    # that `make test TORCH_INDEX_URL=` does not change what is read here.
-    environ = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in {"MAKEFLAGS", "MFLAGS", "MAKELEVEL", "SERVING_HANDLER"}
-    }
+    # from `make test`, this process inherits make's MAKEFLAGS and the variables
+    # .ci/run may export: without them, so that `make test TORCH_INDEX_URL=` does
+    # not change the defaults read here.
+    ignored = {"MAKEFLAGS", "MFLAGS", "MAKELEVEL", "SERVING_HANDLER", "TORCH_INDEX_URL"}
+    environ = {k: v for k, v in os.environ.items() if k not in ignored | {"TORCH_VARIANT"}}
     result = subprocess.run(
         [make, "-n", "-B", "--no-print-directory", *args],
         cwd=ROOT,
