@@ -91,8 +91,9 @@ def make_dry_run(*args: str) -> str:
     # from `make test`, this process inherits make's MAKEFLAGS and the variables
     # .ci/run may export: without them, so that `make test TORCH_INDEX_URL=` does
     # not change the defaults read here.
-    ignored = {"MAKEFLAGS", "MFLAGS", "MAKELEVEL", "SERVING_HANDLER", "TORCH_INDEX_URL"}
-    environ = {k: v for k, v in os.environ.items() if k not in ignored | {"TORCH_VARIANT"}}
+    ignored = {"MAKEFLAGS", "MFLAGS", "MAKELEVEL", "SERVING_HANDLER"}
+    ignored |= {"TORCH_INDEX_URL", "TORCH_VARIANT"}
+    environ = {k: v for k, v in os.environ.items() if k not in ignored}
     result = subprocess.run(
         [make, "-n", "-B", "--no-print-directory", *args],
         cwd=ROOT,
