@@ -14,7 +14,7 @@ from flask import Flask, Request, Response, current_app, g, request, send_from_d
 from flask_restful import Api, Resource
 from werkzeug.exceptions import HTTPException, NotFound, RequestEntityTooLarge
 
-from . import access, arrival, context, docs, encoding, openapi
+from . import access, arrival, context, docs, encoding, liveness, openapi
 from .errors import QUOTE_CHARS, BadRequest, ServingError, quote, shorten
 from .logs import BATCH_SIZE_KEY, ROUTE_KEY
 from .metrics import CONTENT_TYPE, Metrics
@@ -103,7 +103,7 @@ def create_app(settings: Settings, service: Service, metrics: Metrics) -> Flask:
     api.add_resource(Readyz, "/readyz", resource_class_args=(service,))
     if described:
         api.add_resource(Metadata, "/metadata", resource_class_args=(service,))
-        api.add_resource(MetricsEndpoint, "/metrics", resource_class_args=(metrics,))
+        api.add_resource(MetricsEndpoint, "/metrics", resource_class_args=(metrics, service))
         document = openapi.document(
             service.name,
             service.handler.version,
@@ -214,7 +214,12 @@ class JobStatus(Resource):  # type: ignore[misc]
         self.service = service
 
     def get(self, job_id: str) -> dict[str, Any]:
-        return self.service.job(job_id).public()
+        job = self.service.job(job_id)
+        body = job.public()
+        hint = self.service.job_hint(job)
+        if hint is not None:
+            body["hint"] = hint
+        return body
 
     def delete(self, job_id: str) -> dict[str, Any]:
         return self.service.cancel_job(job_id).public()
@@ -252,11 +257,15 @@ class OpenAPI(Resource):  # type: ignore[misc]
 
 
 class MetricsEndpoint(Resource):  # type: ignore[misc]
-    def __init__(self, metrics: Metrics) -> None:
+    def __init__(self, metrics: Metrics, service: Service) -> None:
         self.metrics = metrics
+        self.service = service
 
     def get(self) -> Response:
-        return Response(self.metrics.exposition(), content_type=CONTENT_TYPE)
+        # The job queues' gauges are read from their store now, not from the workers'
+        # metric files: whichever worker answers, they are the same.
+        queues = liveness.exposition(self.service.job_queues, self.service.settings.jobs_lease_s)
+        return Response(self.metrics.exposition() + queues, content_type=CONTENT_TYPE)
 
 
 def _start_request(proxies: arrival.TrustedProxies) -> None:

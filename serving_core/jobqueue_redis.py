@@ -11,6 +11,8 @@ Cluster keeps a queue's keys in one slot and its scripts may touch them all):
   ``jobs_ttl_s``.
 - ``key:KEY``: an idempotency key's job id, for ``jobs_ttl_s``.
 - ``dead``: failed job ids scored by when they failed.
+- ``consumers``: each consumer's latest heartbeat, scored by its time; the key
+  expires ``jobs_ttl_s`` after the last one.
 
 ``take`` first reclaims entries whose lease ran out (``XAUTOCLAIM`` with
 min-idle = ``jobs_lease_s``: a consumer died holding them), then reads new
@@ -50,7 +52,16 @@ from .jobqueue_redis_scripts import (
     RENEW,
     SUBMIT,
 )
-from .jobs import Job, JobStatus, QueueFull, QueueUnavailable, lease_expired_error, new_job_id
+from .jobs import (
+    Consumers,
+    Heartbeat,
+    Job,
+    JobStatus,
+    QueueFull,
+    QueueUnavailable,
+    lease_expired_error,
+    new_job_id,
+)
 from .settings import Settings
 
 if TYPE_CHECKING:
@@ -79,6 +90,8 @@ class RedisJobQueue:
         self.prefix = f"serving-core:jobs:{{{queue}}}:"
         self.stream = self.prefix + "stream"
         self.dead = self.prefix + "dead"
+        self._consumers = self.prefix + "consumers"
+        self._heartbeat = Heartbeat(settings.jobs_lease_s)
         self._errors = (redis.RedisError, OSError)
         self.client: redis.Redis = redis.Redis.from_url(
             settings.jobs_url,
@@ -123,6 +136,7 @@ class RedisJobQueue:
         return self._job(flat) if flat else None
 
     def take(self, consumer: str, max_items: int, wait_s: float) -> list[Job]:
+        self._beat(consumer)
         deadline = time.monotonic() + wait_s
         lease = f"{consumer}:{new_job_id()}"
         jobs = self._take_scripted(self._reclaim, lease, [consumer, self.lease_ms, max_items])
@@ -196,6 +210,7 @@ class RedisJobQueue:
     def renew(self, consumer: str, jobs: Sequence[Job]) -> int:
         if not jobs:
             return 0
+        self._beat(consumer)
         argv: list[Arg] = [GROUP, self.prefix, consumer]
         for job in jobs:
             argv += [job.id, job.lease]
@@ -215,6 +230,31 @@ class RedisJobQueue:
 
     def depth(self) -> int:
         return int(self._call(lambda: self.client.xlen(self.stream)))
+
+    def consumers(self, within_s: float) -> Consumers:
+        def read() -> list[Any]:
+            pipe = self.client.pipeline(transaction=False)
+            pipe.zcount(self._consumers, time.time() - within_s, "+inf")
+            pipe.zrevrange(self._consumers, 0, 0, withscores=True)
+            return pipe.execute()
+
+        live, latest = self._call(read)
+        return Consumers(int(live), float(latest[0][1]) if latest else None)
+
+    def _beat(self, consumer: str) -> None:
+        now = time.time()
+        if not self._heartbeat.due(consumer, now):
+            return
+
+        def record() -> None:
+            pipe = self.client.pipeline(transaction=False)
+            pipe.zadd(self._consumers, {consumer: now})
+            # Consumer names are host-pid: each restart adds one, so forget old ones.
+            pipe.zremrangebyscore(self._consumers, "-inf", now - self.ttl_s)
+            pipe.pexpire(self._consumers, self.ttl_ms)
+            pipe.execute()
+
+        self._call(record)
 
     def close(self) -> None:
         self.client.close()

@@ -27,41 +27,24 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, cast
+from typing import Any
 
 from . import encoding
-from .jobs import Job, JobStatus, QueueFull, QueueUnavailable, lease_expired_error, new_job_id
+from .jobqueue_sqlite_file import connect, job_of, live, translated
+from .jobs import (
+    Consumers,
+    Heartbeat,
+    Job,
+    JobStatus,
+    QueueFull,
+    lease_expired_error,
+    new_job_id,
+)
 from .settings import Settings
 
 TAKE_POLL_S = 0.01  # how often an idle take looks again: the latency it adds to a job
-BUSY_TIMEOUT_S = 30.0  # how long a call waits for another process's write
-WAL_RETRY_S = 0.005  # how often an opening connection asks for WAL mode again
 PURGE_EVERY_S = 60.0  # how often a queue deletes expired rows
 PURGE_BATCH = 1000  # rows per purge, so a purge never holds the write lock long
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS jobs (
-    id TEXT PRIMARY KEY,
-    queue TEXT NOT NULL,
-    status TEXT NOT NULL,
-    params BLOB NOT NULL,
-    attempts INTEGER NOT NULL DEFAULT 0,
-    created_at REAL NOT NULL,
-    started_at REAL,
-    finished_at REAL,
-    result BLOB,
-    error BLOB,
-    idempotency_key TEXT,
-    lease TEXT NOT NULL DEFAULT '',
-    due REAL,
-    expires_at REAL
-);
-CREATE INDEX IF NOT EXISTS jobs_due ON jobs (queue, due) WHERE due IS NOT NULL;
-CREATE INDEX IF NOT EXISTS jobs_expiry ON jobs (expires_at) WHERE expires_at IS NOT NULL;
-CREATE INDEX IF NOT EXISTS jobs_dead ON jobs (queue, finished_at) WHERE status = 'failed';
-CREATE UNIQUE INDEX IF NOT EXISTS jobs_key ON jobs (queue, idempotency_key)
-    WHERE idempotency_key IS NOT NULL;
-"""
 
 LIVE = "(expires_at IS NULL OR expires_at > :now)"
 
@@ -82,6 +65,7 @@ class SqliteJobQueue:
         self._pid = -1
         self._db: sqlite3.Connection | None = None
         self._next_purge = 0.0
+        self._heartbeat = Heartbeat(self.lease_s)
         with self._transaction():
             pass  # connect now, so a bad path fails at start-up
 
@@ -89,13 +73,13 @@ class SqliteJobQueue:
         # A connection must not cross fork (SQLite's rule): a process that
         # inherited this object opens its own, leaving the parent's alone.
         if self._db is None or self._pid != os.getpid():
-            self._db = _connect(self.path)
+            self._db = connect(self.path)
             self._pid = os.getpid()
         return self._db
 
     @contextmanager
     def _reading(self) -> Iterator[sqlite3.Connection]:
-        with self._lock, _translated(self.path):
+        with self._lock, translated(self.path):
             yield self._connection()
 
     @contextmanager
@@ -119,8 +103,8 @@ class SqliteJobQueue:
                     (self.queue, idempotency_key),
                 ).fetchone()
                 if row is not None:
-                    job = _job(row)
-                    if job.created_at + self.ttl_s > now and _live(row, now):
+                    job = job_of(row)
+                    if job.created_at + self.ttl_s > now and live(row, now):
                         return job
                     # The key outlived its window: free it for the new job.
                     db.execute("UPDATE jobs SET idempotency_key = NULL WHERE id = ?", (job.id,))
@@ -147,7 +131,7 @@ class SqliteJobQueue:
                 f"SELECT * FROM jobs WHERE id = :id AND queue = :queue AND {LIVE}",
                 {"id": job_id, "queue": self.queue, "now": time.time()},
             ).fetchone()
-        return None if row is None else _job(row)
+        return None if row is None else job_of(row)
 
     def cancel(self, job_id: str) -> Job | None:
         now = time.time()
@@ -162,9 +146,10 @@ class SqliteJobQueue:
                 f"SELECT * FROM jobs WHERE id = :id AND queue = :queue AND {LIVE}",
                 {"id": job_id, "queue": self.queue, "now": now},
             ).fetchone()
-        return None if row is None else _job(row)
+        return None if row is None else job_of(row)
 
     def take(self, consumer: str, max_items: int, wait_s: float) -> list[Job]:
+        self._beat(consumer)
         deadline = time.monotonic() + wait_s
         while True:
             if self._anything_due():
@@ -207,7 +192,7 @@ class SqliteJobQueue:
                         " started_at = ?, due = ?, lease = ? WHERE id = ? RETURNING *",
                         (now, now + self.lease_s, lease, job_id),
                     ).fetchone()
-                    taken.append(_job(row))
+                    taken.append(job_of(row))
         return taken
 
     def _finish(
@@ -283,6 +268,7 @@ class SqliteJobQueue:
     def renew(self, consumer: str, jobs: Sequence[Job]) -> int:
         if not jobs:
             return 0
+        self._beat(consumer)
         due = time.time() + self.lease_s
         with self._transaction() as db:
             before = db.total_changes
@@ -300,7 +286,7 @@ class SqliteJobQueue:
                 " ORDER BY finished_at DESC LIMIT :limit",
                 {"queue": self.queue, "now": time.time(), "limit": limit},
             ).fetchall()
-        return [_job(row) for row in rows]
+        return [job_of(row) for row in rows]
 
     def depth(self) -> int:
         with self._reading() as db:
@@ -308,6 +294,31 @@ class SqliteJobQueue:
                 "SELECT count(*) FROM jobs WHERE queue = ? AND due IS NOT NULL", (self.queue,)
             ).fetchone()
         return int(count)
+
+    def consumers(self, within_s: float) -> Consumers:
+        with self._reading() as db:
+            live, last = db.execute(
+                "SELECT coalesce(sum(seen_at >= ?), 0), max(seen_at) FROM consumers"
+                " WHERE queue = ?",
+                (time.time() - within_s, self.queue),
+            ).fetchone()
+        return Consumers(int(live), last)
+
+    def _beat(self, consumer: str) -> None:
+        now = time.time()
+        if not self._heartbeat.due(consumer, now):
+            return
+        with self._transaction() as db:
+            db.execute(
+                "INSERT INTO consumers (queue, consumer, seen_at) VALUES (?, ?, ?)"
+                " ON CONFLICT (queue, consumer) DO UPDATE SET seen_at = excluded.seen_at",
+                (self.queue, consumer, now),
+            )
+            # Consumer names are host-pid: each restart adds one, so forget old ones.
+            db.execute(
+                "DELETE FROM consumers WHERE queue = ? AND seen_at < ?",
+                (self.queue, now - self.ttl_s),
+            )
 
     def close(self) -> None:
         with self._lock:
@@ -326,66 +337,3 @@ class SqliteJobQueue:
                 "DELETE FROM jobs WHERE id IN (SELECT id FROM jobs WHERE expires_at <= ? LIMIT ?)",
                 (now, PURGE_BATCH),
             )
-
-
-@contextmanager
-def _translated(path: str) -> Iterator[None]:
-    try:
-        yield
-    except sqlite3.OperationalError as error:
-        raise QueueUnavailable(f"the job queue's SQLite file {path}: {error}") from error
-
-
-def _connect(path: str) -> sqlite3.Connection:
-    # isolation_level=None: no implicit transactions; every write above opens
-    # its own BEGIN IMMEDIATE, which takes the write lock up front instead of
-    # failing with SQLITE_BUSY on upgrade from a read.
-    db = sqlite3.connect(
-        path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
-    )
-    db.row_factory = sqlite3.Row
-    _use_wal(db)
-    db.execute("PRAGMA synchronous = FULL")
-    db.executescript(SCHEMA)
-    return db
-
-
-def _use_wal(db: sqlite3.Connection) -> None:
-    """Switch ``db`` to WAL, waiting up to ``BUSY_TIMEOUT_S`` for another process.
-
-    Changing the journal mode takes an exclusive lock for which SQLite does not
-    call the busy handler: when a server's workers opened a new file at once,
-    one failed at once with "database is locked" (half of 300 tries with
-    three processes), and gunicorn stopped the server ("Worker failed to
-    boot"). So this retries; once the file is in WAL mode it stays so, and the
-    statement no longer needs that lock.
-    """
-    deadline = time.monotonic() + BUSY_TIMEOUT_S
-    while True:
-        try:
-            db.execute("PRAGMA journal_mode = WAL")
-            return
-        except sqlite3.OperationalError as error:
-            if error.sqlite_errorcode != sqlite3.SQLITE_BUSY or time.monotonic() >= deadline:
-                raise
-            time.sleep(WAL_RETRY_S)
-
-
-def _live(row: sqlite3.Row, now: float) -> bool:
-    return row["expires_at"] is None or row["expires_at"] > now
-
-
-def _job(row: sqlite3.Row) -> Job:
-    return Job(
-        id=row["id"],
-        queue=row["queue"],
-        status=cast(JobStatus, row["status"]),
-        params=encoding.loads(row["params"]),
-        attempts=row["attempts"],
-        created_at=row["created_at"],
-        started_at=row["started_at"],
-        finished_at=row["finished_at"],
-        result=None if row["result"] is None else encoding.loads(row["result"]),
-        error=None if row["error"] is None else encoding.loads(row["error"]),
-        lease=row["lease"],
-    )

@@ -22,6 +22,11 @@ Kubernetes deployments use). Both give the same guarantees:
   expire: the queue loses nothing it accepted.
 - An idempotency key maps to its job for ``jobs_ttl_s`` after submission, as
   long as that job is still readable.
+- A queue knows whether anyone consumes it. ``take`` and ``renew`` leave the
+  consumer's heartbeat in the store (at most every ``HEARTBEAT_S``), and
+  ``consumers`` reads them back: without it, a job submitted while no
+  ``serving-core worker`` takes from its queue (one started with another
+  handler, or none at all) would stay ``queued`` forever with no sign why.
 
 Why not a library. rq, huey, dramatiq, celery and arq were considered; none
 gives all of the above *and* batched consumption, which is what a model
@@ -55,6 +60,12 @@ from .settings import Settings
 
 JobStatus = Literal["queued", "running", "done", "failed", "cancelled"]
 FINISHED: frozenset[JobStatus] = frozenset({"done", "failed", "cancelled"})  # never change again
+
+# How often a consumer records that it polls a queue: its heartbeat. Taking (an
+# idle consumer, once a second) and renewing leases (a long batch, every third
+# of SERVING_JOBS_LEASE_S) both record it, so a live consumer is never quiet for
+# a whole lease, which is how long one may be quiet before it counts as gone.
+HEARTBEAT_S = 5.0
 
 # Told to a client refused by a full queue. The queue does not know how fast
 # its workers drain it, so this is a polite "soon", not a prediction.
@@ -119,6 +130,29 @@ def _iso(unix_s: float | None) -> str | None:
     return datetime.fromtimestamp(unix_s, UTC).isoformat(timespec="milliseconds")
 
 
+@dataclass(frozen=True)
+class Consumers:
+    """A queue's consumers, as their heartbeats in the store tell."""
+
+    live: int  # consumers heard from within the window asked for
+    last_seen: float | None  # unix seconds of the latest heartbeat; None: none kept
+
+
+class Heartbeat:
+    """When each consumer of one queue object should next record its heartbeat."""
+
+    def __init__(self, lease_s: float) -> None:
+        # Several beats per lease, however short the lease is set.
+        self.every_s = min(HEARTBEAT_S, lease_s / 3)
+        self._next: dict[str, float] = {}
+
+    def due(self, consumer: str, now: float) -> bool:
+        if now < self._next.get(consumer, 0.0):
+            return False
+        self._next[consumer] = now + self.every_s
+        return True
+
+
 class QueueFull(Exception):
     """The queue holds ``jobs_max_queue`` unfinished jobs; the client should retry later."""
 
@@ -133,6 +167,8 @@ class QueueUnavailable(Exception):
 
 class JobQueue(Protocol):
     """One handler's jobs. Every method is safe to call from any process sharing the queue."""
+
+    queue: str  # its name: the handler's
 
     def submit(self, params: dict[str, Any], *, idempotency_key: str | None = None) -> Job:
         """Queue a job. Raises QueueFull; a repeated key returns the job it first made."""
@@ -182,6 +218,12 @@ class JobQueue(Protocol):
 
     def depth(self) -> int:
         """Queued plus running jobs: the lag that metrics and autoscalers read."""
+        ...
+
+    def consumers(self, within_s: float) -> Consumers:
+        """How many consumers took from (or renewed leases on) this queue within the
+        last ``within_s`` seconds, and when one last did. Heartbeats older than
+        ``jobs_ttl_s`` are forgotten."""
         ...
 
     def close(self) -> None: ...

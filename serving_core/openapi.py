@@ -49,9 +49,14 @@ JOB = {
         "result": {"type": "object", "description": "the handler's output, once done"},
         "error": {"type": "object", "description": "the last error, once failed"},
         "attempts": {"type": "integer"},
-        "created_at": {"type": "number", "description": "unix seconds"},
-        "started_at": {"type": ["number", "null"]},
-        "finished_at": {"type": ["number", "null"]},
+        "created_at": {"type": "string", "format": "date-time", "description": "ISO 8601, UTC"},
+        "started_at": {"type": ["string", "null"], "format": "date-time"},
+        "finished_at": {"type": ["string", "null"], "format": "date-time"},
+        "hint": {
+            "type": "string",
+            "description": "while queued: no `serving-core worker` has taken from its queue "
+            "within SERVING_JOBS_LEASE_S, and which one to start",
+        },
     },
 }
 

@@ -19,7 +19,7 @@ from concurrent.futures import CancelledError, Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
-from . import context
+from . import context, liveness
 from .batching import Batcher, Observer
 from .cache import Cache, CacheObserver, CacheResult, from_settings
 from .context import Context
@@ -380,8 +380,13 @@ class Service:
         except QueueUnavailable as exc:
             raise NotReady(f"the job queue is unavailable ({exc}); retry shortly") from None
 
+    @property
+    def job_queues(self) -> list[JobQueue]:
+        """The queues this worker has opened: its own jobs' and the follow-up one."""
+        return [queue for queue in (self.jobs, self.followup) if queue is not None]
+
     def job(self, job_id: str) -> Job:
-        queues = [queue for queue in (self.jobs, self.followup) if queue is not None]
+        queues = self.job_queues
         if not queues:
             raise NotReady("this worker has not opened its job queue yet; retry shortly")
         for queue in queues:
@@ -396,9 +401,20 @@ class Service:
             f"SERVING_JOBS_TTL_S={self.settings.jobs_ttl_s:g} s ago and its result expired"
         )
 
+    def job_hint(self, job: Job) -> str | None:
+        """For a queued job whose queue no consumer polls: how to get it run."""
+        queue = self._queue_of(job)
+        if job.status != "queued" or queue is None:
+            return None
+        handler = self.settings.handler if queue is self.jobs else None
+        return liveness.hint(queue, self.settings, handler=handler)
+
+    def _queue_of(self, job: Job) -> JobQueue | None:
+        return self.followup if job.queue != self.name and self.followup else self.jobs
+
     def cancel_job(self, job_id: str) -> Job:
         job = self.job(job_id)  # 404 for an unknown id, from either queue
-        queue = self.followup if job.queue != self.name and self.followup else self.jobs
+        queue = self._queue_of(job)
         if queue is None:
             raise NotReady("this worker has not opened its job queue yet; retry shortly")
         try:

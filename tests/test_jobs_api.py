@@ -139,3 +139,41 @@ def test_time_lag_answers_now_and_queues_the_slow_handlers_job(started):
     assert job["job_id"] == body["job_id"]
     assert job["status"] == "queued"
     assert service.followup.take("slow", 1, 0.0)[0].params == {"text": "now"}
+
+
+def test_a_queued_job_nobody_consumes_says_which_worker_to_start(started):
+    app, service = started()
+    client = app.test_client()
+    url = client.post("/jobs", json={"text": "waits"}).get_json()["status_url"]
+    job = client.get(url).get_json()
+    assert job["status"] == "queued"
+    hint = job["hint"]
+    assert "no `serving-core worker` has taken jobs from queue 'probe'" in hint
+    assert f"SERVING_HANDLER={service.settings.handler}" in hint
+    assert f"SERVING_JOBS_PATH={service.settings.jobs_path}" in hint
+    consume(service)  # a consumer polls the queue: a live one
+    assert "hint" not in client.get(url).get_json()  # done
+    later = client.post("/jobs", json={"text": "next"}).get_json()["status_url"]
+    queued = client.get(later).get_json()
+    assert queued["status"] == "queued"
+    assert "hint" not in queued
+
+
+def test_metrics_name_each_queue_with_its_live_consumers_and_depth(started):
+    app, service = started(followup_queue="slow-model")
+    client = app.test_client()
+    client.post("/jobs", json={"text": "waits"})
+
+    def gauge(name, queue):
+        line = f'{name}{{queue="{queue}"}} '
+        text = client.get("/metrics").get_data(as_text=True)
+        [value] = [row[len(line) :] for row in text.splitlines() if row.startswith(line)]
+        return float(value)
+
+    assert gauge("serving_job_consumers", "probe") == 0
+    assert gauge("serving_job_queue_unpolled_seconds", "probe") == float("inf")
+    assert gauge("serving_job_queue_depth", "probe") == 1
+    assert gauge("serving_job_consumers", "slow-model") == 0  # the follow-up queue's too
+    service.jobs.take("w1", 1, 0.0)
+    assert gauge("serving_job_consumers", "probe") == 1
+    assert 0 <= gauge("serving_job_queue_unpolled_seconds", "probe") < 60

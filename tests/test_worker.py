@@ -11,9 +11,11 @@ from pathlib import Path
 import pytest
 import requests
 
+from serving_core.jobs import open_queue
+from serving_core.settings import Settings
 from tests.conftest import PROBE
 from tests.redis_server import redis_server
-from tests.servers import gunicorn_server, job_worker
+from tests.servers import ROOT, gunicorn_server, job_worker
 
 pytestmark = pytest.mark.e2e
 
@@ -198,3 +200,60 @@ def test_a_batch_running_longer_than_the_lease_renews_it_and_runs_once(queue_env
     assert job["status"] == "done", job
     assert job["attempts"] == 1
     assert seen.read_text().split() == ["long"]
+
+
+def test_a_worker_of_another_handler_leaves_the_job_queued_with_a_hint_until_the_right_one(
+    queue_env, tmp_path
+):
+    """The README's old jobs example: a worker started without the API's SERVING_HANDLER
+    consumes another handler's queue, and the job would wait silently for ever."""
+    env = {"SERVING_WORKERS": "1", **queue_env}
+    other = {"SERVING_HANDLER": str(ROOT / "tests/handlers/fuzz/handler.py")}
+    with gunicorn_server({"SERVING_HANDLER": PROBE, **env}) as server:
+        session = requests.Session()
+        job_id = submit(session, server.url, {"text": "waits"})
+
+        def gauge(name):
+            line = f'{name}{{queue="probe"}} '
+            text = session.get(server.url + "/metrics", timeout=10).text
+            [value] = [row[len(line) :] for row in text.splitlines() if row.startswith(line)]
+            return float(value)
+
+        with job_worker({**env, **other}, tmp_path):
+            # Once the wrong worker polls its own queue, the job is still queued, with a hint.
+            wait_for(
+                lambda: polled(queue_env, "fuzz"),
+                60,
+                "the other handler's worker to poll its queue",
+            )
+            job = session.get(f"{server.url}/jobs/{job_id}", timeout=10).json()
+            assert job["status"] == "queued"
+            assert "no `serving-core worker` has taken jobs from queue 'probe'" in job["hint"]
+            assert f"SERVING_HANDLER={PROBE}" in job["hint"]
+            assert gauge("serving_job_consumers") == 0
+            assert gauge("serving_job_queue_unpolled_seconds") == float("inf")
+            assert gauge("serving_job_queue_depth") == 1
+        with job_worker(env, tmp_path):
+            wait_for(
+                lambda: (
+                    session.get(f"{server.url}/jobs/{job_id}", timeout=10).json()["status"]
+                    == "done"
+                ),
+                60,
+                "the job, once its own handler's worker runs",
+            )
+            done = session.get(f"{server.url}/jobs/{job_id}", timeout=10).json()
+            assert "hint" not in done
+            assert gauge("serving_job_consumers") == 1
+            assert gauge("serving_job_queue_unpolled_seconds") < 60
+            assert gauge("serving_job_queue_depth") == 0
+
+
+def polled(queue_env, queue):
+    """Whether a consumer has polled ``queue`` in the store ``queue_env`` names."""
+    settings = Settings.from_env(queue_env)
+    opened = open_queue(settings, queue)
+    try:
+        return opened.consumers(60).live > 0
+    finally:
+        opened.close()
