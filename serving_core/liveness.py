@@ -42,21 +42,17 @@ def hint(queue: JobQueue, settings: Settings, *, handler: str | None) -> str | N
         return None  # the job itself was just read; a missing hint is no error
     if seen.live:
         return None
-    if seen.last_seen is None:
-        quiet = f"no `serving-core worker` has taken jobs from queue {queue.queue!r}"
-    else:
-        quiet = (
-            f"no `serving-core worker` has taken jobs from queue {queue.queue!r} "
-            f"for {max(0.0, time.time() - seen.last_seen):.0f} s"
-        )
+    quiet = f"no serving-core worker has taken jobs from queue {queue.queue!r}"
+    if seen.last_seen is not None:
+        quiet += f" for {max(0.0, time.time() - seen.last_seen):.0f} s"
     which = f"SERVING_HANDLER={handler}" if handler else f"the handler named {queue.queue!r}"
     if settings.jobs_url:
         store = "the same SERVING_JOBS_URL"
     else:
         store = f"the same SERVING_JOBS_PATH={settings.jobs_path}"
     return (
-        f"{quiet}, so this job waits: start one with {which} and {store} as this "
-        "server (`serving-core worker`; its queue is named after the handler)"
+        f"{quiet}, so this job waits: start serving-core worker with {which} and "
+        f"{store} as this server (a worker takes from the queue named after its handler)"
     )
 
 

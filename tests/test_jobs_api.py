@@ -148,7 +148,7 @@ def test_a_queued_job_nobody_consumes_says_which_worker_to_start(started):
     job = client.get(url).get_json()
     assert job["status"] == "queued"
     hint = job["hint"]
-    assert "no `serving-core worker` has taken jobs from queue 'probe'" in hint
+    assert "no serving-core worker has taken jobs from queue 'probe'" in hint
     assert f"SERVING_HANDLER={service.settings.handler}" in hint
     assert f"SERVING_JOBS_PATH={service.settings.jobs_path}" in hint
     consume(service)  # a consumer polls the queue: a live one

@@ -81,7 +81,7 @@ def test_the_hint_says_which_worker_to_start_until_one_polls(make_queue: MakeQue
     settings = Settings(jobs_path="/tmp/q.db")
     text = liveness.hint(queue, settings, handler="handlers/sentiment")
     assert text is not None
-    assert f"no `serving-core worker` has taken jobs from queue {queue.queue!r}," in text
+    assert f"no serving-core worker has taken jobs from queue {queue.queue!r}," in text
     assert "SERVING_HANDLER=handlers/sentiment" in text
     assert "SERVING_JOBS_PATH=/tmp/q.db" in text
     redis = liveness.hint(queue, Settings(jobs_url="redis://secret@db:6379/0"), handler=None)
