@@ -156,7 +156,20 @@ def document(
         ],
         "requestBody": body,
         "responses": {
-            "200": _json("the handler's output"),
+            "200": {
+                **_json("the handler's output"),
+                "headers": {
+                    "X-Cache": {
+                        "description": (
+                            "how the inference cache served it: hit, miss or coalesced (an "
+                            "identical request's model call). Without SERVING_CACHE_URL the "
+                            "cache is each worker's own, so a repeated request misses once "
+                            "per worker"
+                        ),
+                        "schema": {"enum": ["hit", "miss", "coalesced"]},
+                    }
+                },
+            },
             "400": _error("malformed body or invalid parameters"),
             "413": _error("body over SERVING_MAX_BODY_BYTES"),
             "415": _error("a body that is neither JSON nor a form"),

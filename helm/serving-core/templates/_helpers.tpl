@@ -56,7 +56,7 @@ app.kubernetes.io/component: {{ .component }}
 {{- end }}
 
 {{/*
-Images. The app tag defaults to the chart's appVersion, which chart.yml sets
+Images. The app tag defaults to the chart's appVersion, which image.yml sets
 to the release it packages (v1.2.3 -> 1.2.3, the tag image.yml gives that
 commit's images). The in-repo Chart.yaml carries a placeholder appVersion no
 image has: "serving-core.validate" refuses to render it, so an unpackaged
@@ -203,7 +203,7 @@ Checks that JSON Schema cannot express; each message says what to change.
 {{- end }}
 {{- $unreleased := include "serving-core.unreleased" . }}
 {{- if and (eq (include "serving-core.imageTag" .) $unreleased) (not .Values.image.digest) }}
-{{- fail (printf "image.tag is empty and this is the in-repo chart, whose appVersion (%s) is no image's tag: set image.tag to a tag image.yml pushed, sha-<full commit sha> for any pushed commit or 1.2.3 for release v1.2.3 (or install the chart chart.yml packaged for a release, which defaults to that release's images)" $unreleased) }}
+{{- fail (printf "image.tag is empty and this is the in-repo chart, whose appVersion (%s) is no image's tag: set image.tag to a tag image.yml pushed, sha-<full commit sha> for any pushed commit or 1.2.3 for release v1.2.3 (or install the chart image.yml packaged for a release, which defaults to that release's images)" $unreleased) }}
 {{- end }}
 {{- if and (eq (include "serving-core.nginxImageTag" .) $unreleased) (not .Values.nginx.image.digest) }}
 {{- fail "the nginx image has no tag: set nginx.image.tag (or image.tag, which it follows) to a tag image.yml pushed, e.g. sha-<full commit sha> or 1.2.3" }}
