@@ -9,7 +9,9 @@ through nginx.
 
 The clone is a new repository holding what ``git`` would commit of this working
 tree (tracked and untracked-not-ignored files), so a run before a commit tests
-that commit. The inner run makes its own ``.venv`` (no torch: the examples that
+that commit. This is a test of the template itself: in a repository its owner
+has made theirs, there is nothing left to make theirs, so it is not part of
+their ``make test``. The inner run makes its own ``.venv`` (no torch: the examples that
 need it are gone) and shares the container engine's image store, so the base
 images and the framework's layers come from its cache.
 """
@@ -26,36 +28,23 @@ from pathlib import Path
 
 import pytest
 
+from tests.readme import block_with, commands, put_the_readme_handler, shell_blocks
 from tests.servers import ROOT
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(2400)]
+# Apart from `make test` (pyproject's addopts leave it out): it runs the whole
+# suite once more, in the clone, which would double the suite's time. CI runs
+# it after `make test` (.ci/run); `make test-template` runs it alone.
+pytestmark = [pytest.mark.e2e, pytest.mark.template, pytest.mark.timeout(2400)]
 
 # Set in the inner run, whose own copy of this test would start a third.
 INSIDE = "SERVING_TEST_FRESH_CLONE"
-README = ROOT / "README.md"
 SERVING_CORE = Path(sys.executable).parent / "serving-core"
 NAME = "sentiment"
 
 
-def readme_blocks(language: str) -> list[str]:
-    text = README.read_text()
-    return re.findall(rf"^ *```{language}[^\n]*\n(.*?)^ *```", text, re.MULTILINE | re.DOTALL)
-
-
-def readme_handler() -> str:
-    """The handler code the README gives in "Your model", as a user pastes it."""
-    found = [b for b in readme_blocks("python") if f"class {NAME.title()}(Handler)" in b]
-    assert len(found) == 1, f"README.md has {len(found)} python blocks defining {NAME.title()}"
-    lines = found[0].splitlines()
-    indent = min(len(line) - len(line.lstrip()) for line in lines if line.strip())
-    return "\n".join(line[indent:] for line in lines) + "\n"
-
-
 def readme_says(command: str) -> None:
     """The step this test runs is the one the README tells a user to run."""
-    shell = "\n".join(readme_blocks("bash") + readme_blocks("sh") + readme_blocks("console"))
-    prose = README.read_text()
-    assert command in shell or f"`{command}`" in prose, f"README.md does not say `{command}`"
+    assert any(command in b.text for b in shell_blocks()), f"README.md does not say {command!r}"
 
 
 def git(repo: Path, *args: str) -> str:
@@ -85,20 +74,6 @@ def fresh_clone(into: Path) -> Path:
     return into
 
 
-def train_model(path: Path) -> None:
-    """What the user saves beside handler.py: a small text classifier."""
-    import joblib
-    from sklearn.feature_extraction.text import TfidfVectorizer
-    from sklearn.linear_model import LogisticRegression
-    from sklearn.pipeline import make_pipeline
-
-    positive = ["I love it", "great service", "a wonderful day", "excellent and fast"]
-    negative = ["I hate it", "terrible service", "an awful day", "slow and broken"]
-    model = make_pipeline(TfidfVectorizer(), LogisticRegression(C=10.0))
-    model.fit(positive + negative, [1] * len(positive) + [0] * len(negative))
-    joblib.dump(model, path)
-
-
 def inner_env() -> dict[str, str]:
     # Not the outer make's flags or the outer venv: the clone's make test decides.
     dropped = {"MAKEFLAGS", "MFLAGS", "MAKELEVEL", "VIRTUAL_ENV", "PYTEST_ADDOPTS"}
@@ -115,7 +90,6 @@ def test_a_fresh_clone_with_only_the_owners_handler_passes_make_test(tmp_path: P
     if os.environ.get(INSIDE):
         pytest.skip("this is the fresh clone's own make test")
     repo = fresh_clone(tmp_path / "repo")
-    examples = sorted(p.name for p in (repo / "handlers").iterdir() if p.is_dir())
 
     # 1. serving-core init sentiment
     readme_says(f"serving-core init {NAME}")
@@ -126,31 +100,29 @@ def test_a_fresh_clone_with_only_the_owners_handler_passes_make_test(tmp_path: P
     folder = repo / "handlers" / NAME
 
     # 2. the model, the README's handler code over it, its requirements and a sample
-    train_model(folder / "model.joblib")
-    (folder / "handler.py").write_text(readme_handler())
-    (folder / "requirements.txt").write_text("scikit-learn\njoblib\n")
+    put_the_readme_handler(folder)
     (folder / "sample.json").write_text(json.dumps({"text": "a wonderful, excellent day"}))
 
-    # 5. HANDLER_DIR: handlers/sentiment in image.yml
-    workflow = repo / ".github" / "workflows" / "image.yml"
-    text, count = re.subn(
-        r"^  HANDLER_DIR: .*$",
-        f"  HANDLER_DIR: handlers/{NAME}",
-        workflow.read_text(),
-        flags=re.MULTILINE,
-    )
-    assert count == 1, "image.yml has no `  HANDLER_DIR:` line under env"
-    workflow.write_text(text)
-
-    # ... and every example handler removed, all of it committed (the model too).
-    readme_says("git rm -r")
-    git(repo, "rm", "-r", "-q", *(f"handlers/{name}" for name in examples))
-    git(repo, "add", "-A")
+    # 5. the README's own lines: image.yml's HANDLER_DIR, every example removed
+    step5 = block_with(f"HANDLER_DIR: handlers/{NAME}")
+    lines = commands(step5.text)
+    assert lines[-1] == "make test", lines
+    for line in lines[:-1]:
+        done = subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", line],
+            cwd=repo,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=120,
+        )
+        assert done.returncode == 0, f"{line}\n{done.stdout}{done.stderr}"
+    assert f"HANDLER_DIR: handlers/{NAME}" in (repo / ".github/workflows/image.yml").read_text()
     git(repo, "commit", "-q", "-m", f"serve handlers/{NAME} alone")
     assert sorted(p.name for p in (repo / "handlers").iterdir()) == [NAME]
+    assert git(repo, "status", "--porcelain") == "", "the model file is committed with the rest"
 
     # make test, as the README's quick start and CI run it.
-    readme_says("make test")
     result = subprocess.run(
         ["make", "--no-print-directory", "test"],
         cwd=repo,
