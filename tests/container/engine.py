@@ -235,7 +235,7 @@ class Engine:
             print(f"--- logs of {name} ---\n{self.logs(name)}", file=sys.stderr)
             raise
         finally:
-            rm = ["rm", "--force"] + (["--time", "0"] if self.podman else [])
+            rm = ["rm", "--force"] + (["-t", "0"] if self.podman else [])
             self.call(*rm, name, check=False)
 
     def inspect(self, container: str) -> dict[str, Any]:
@@ -263,7 +263,7 @@ class Engine:
     def stop(self, container: str, grace_s: int) -> int:
         """The image's STOPSIGNAL (SIGTERM unless it names another), SIGKILL after
         ``grace_s``; returns the exit code (137: it had to be killed)."""
-        self.call("stop", "--time", str(grace_s), container, timeout_s=grace_s + 60)
+        self.call("stop", "-t", str(grace_s), container, timeout_s=grace_s + 60)
         return int(self.inspect(container)["State"]["ExitCode"])
 
     def healthy(self, container: str) -> bool:

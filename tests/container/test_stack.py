@@ -1,6 +1,6 @@
 """The two images as docker-compose.yml runs them, tested through nginx.
 
-The app image serves the handler image.yml names (conftest.handler_dir); its
+The app image serves the handler image.yml names (images.handler_dir); its
 answer to the handler's sample.json must have the shape `serving-core check`
 gives here, outside the image. Both containers run as the chart runs them:
 non-root, read-only root filesystem, /tmp a tmpfs, no capabilities.
@@ -19,14 +19,9 @@ from typing import Any
 import pytest
 import requests
 
-from tests.container.conftest import (
-    Stack,
-    compose_services,
-    compose_stack,
-    handler_dir,
-    sample,
-)
 from tests.container.engine import Engine
+from tests.container.images import handler_dir, sample
+from tests.container.stack import Stack, compose_services, compose_stack, seconds
 
 pytestmark = [pytest.mark.e2e, pytest.mark.container, pytest.mark.timeout(1800)]
 
@@ -266,7 +261,7 @@ def test_sigterm_to_the_app_finishes_every_request_in_flight(held_stack: Stack) 
         assert time.monotonic() < deadline, f"{depth} of {IN_FLIGHT} requests queued: {statuses}"
         time.sleep(0.05)
     assert statuses == [0] * IN_FLIGHT
-    grace_s = int(compose_services()["app"]["stop_grace_period"].removesuffix("s"))
+    grace_s = seconds(compose_services()["app"]["stop_grace_period"])
     exit_code = stack.engine.stop(stack.app, grace_s)
     for client in clients:
         client.join(120)

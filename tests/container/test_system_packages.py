@@ -19,8 +19,8 @@ import pytest
 import requests
 
 from tests.container import bases
-from tests.container.conftest import build_timed, torch_index_args
 from tests.container.engine import Engine, EngineError, Hardening
+from tests.container.images import build_timed, torch_index_args
 from tests.servers import ROOT
 
 pytestmark = [pytest.mark.e2e, pytest.mark.container, pytest.mark.timeout(1800)]
