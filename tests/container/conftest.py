@@ -26,7 +26,7 @@ from tests.container import bases
 from tests.container.engine import Engine, EngineError
 from tests.container.images import REPORT, app_build_args, build_timed, handler_dir
 from tests.container.stack import Stack, compose_stack
-from tests.servers import ROOT
+from tests.servers import ROOT, base_env
 
 ENGINES: list[Engine] = []  # the engine found, for the disk use at the end
 
@@ -96,6 +96,9 @@ def expected_answer() -> Any:
     result = subprocess.run(
         [str(Path(sys.executable).parent / "serving-core"), "check", handler_dir()],
         cwd=ROOT,
+        # No SERVING_* of this process (SERVING_TEST_IMAGE...): serving-core refuses
+        # names it does not know.
+        env=base_env({}),
         capture_output=True,
         text=True,
         check=False,
