@@ -20,7 +20,8 @@
 #                    requirements belong in the handler's requirements.txt ("")
 #   TORCH_VARIANT    which torch build a handler's torch resolves to: cpu, or a
 #                    CUDA build such as cu128 (cpu)
-#   TORCH_INDEX_URL  the index of that build, an extra index beside PyPI
+#   TORCH_INDEX_URL  the index of that build, an extra index beside PyPI; empty
+#                    for PyPI alone, where that index cannot be reached
 #                    (https://download.pytorch.org/whl/${TORCH_VARIANT})
 #   VERSION, REVISION, SOURCE   OCI labels: version, git commit, repository URL
 #
@@ -36,8 +37,16 @@
 #   HF_HUB_OFFLINE, TRANSFORMERS_OFFLINE = 1: the model is in the image and
 #                    start-up never reaches the network
 #
+# System packages: a handler that needs a system library (libgomp1 for
+# LightGBM, ffmpeg, libgl1 for OpenCV) names its Debian packages in
+# HANDLER_DIR/system-packages.txt, one per line (name or name=version; # starts
+# a comment). They are installed with apt-get in both stages: in the build
+# stage before the handler's requirements (which may build against them), and
+# in the image, where the handler loads them.
+#
 # Layers, least to most often changed: the framework's requirements, the
-# handler's requirements, serving_core, the handler's code (and SHARED_DIRS).
+# handler's system packages, its requirements, serving_core, the handler's code
+# (and SHARED_DIRS).
 # Editing handler.py rebuilds only the last; editing serving_core reinstalls no
 # model stack.
 #
@@ -65,14 +74,34 @@ WORKDIR /src
 COPY requirements.txt constraints.txt ./
 RUN pip install --constraint constraints.txt --requirement requirements.txt
 
+# The handler's system packages (see the top), checked as names before apt-get
+# sees them. system-packages*.txt makes the file optional: COPY fails only when
+# no source matches, and constraints.txt always does. The same step is in the
+# image stage below.
+COPY constraints.txt ${HANDLER_DIR}/system-packages*.txt /tmp/system-packages/
+# The list is split into words on purpose (set -f: no globbing), each checked
+# before apt-get sees it. Versions are the handler's to pin (name=version).
+# hadolint ignore=SC2086,DL3008
+RUN set -euf; list=/tmp/system-packages/system-packages.txt; packages=""; \
+    if [ -f "$list" ]; then packages="$(sed -e 's/#.*//' -e 's/\r$//' "$list")"; fi; \
+    rm -rf /tmp/system-packages; set -- $packages; \
+    for name do case "$name" in [!a-z0-9]*|*[!A-Za-z0-9.+:=~-]*) \
+        echo "${HANDLER_DIR}/system-packages.txt: '$name' is not a Debian package name" \
+            "(one name or name=version per line; # starts a comment)" >&2; exit 1 ;; esac; done; \
+    if [ "$#" -gt 0 ]; then \
+        apt-get update; \
+        DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "$@"; \
+        rm -rf /var/lib/apt/lists/*; \
+    fi
+
 # The handler's requirements before its code, so an edit to handler.py keeps
-# this (large) layer. requirements*.txt makes the file optional: COPY fails only
-# when no source matches, and constraints.txt always does. The torch index is an
-# extra index, so torch==2.13.0 (pinned or not by the handler) resolves to its
-# +cpu or +cuXXX build there, not to PyPI's default build.
+# this (large) layer; optional, as above. The torch index is an extra index, so
+# torch==2.13.0 (pinned or not by the handler) resolves to its +cpu or +cuXXX
+# build there, not to PyPI's default build; none when TORCH_INDEX_URL is empty.
 COPY constraints.txt ${HANDLER_DIR}/requirements*.txt handler-requirements/
 RUN if [ -f handler-requirements/requirements.txt ]; then \
-        pip install --constraint constraints.txt --extra-index-url "${TORCH_INDEX_URL}" \
+        pip install --constraint constraints.txt \
+            ${TORCH_INDEX_URL:+--extra-index-url "${TORCH_INDEX_URL}"} \
             --requirement handler-requirements/requirements.txt; \
     fi
 
@@ -114,6 +143,22 @@ LABEL org.opencontainers.image.title="serving-core" \
 RUN groupadd --system --gid 10001 serving \
     && useradd --system --uid 10001 --gid serving --no-create-home \
         --home-dir /nonexistent --shell /usr/sbin/nologin serving
+
+# The handler's system packages again, for the libraries it loads at run time:
+# the build stage's step, word for word.
+COPY constraints.txt ${HANDLER_DIR}/system-packages*.txt /tmp/system-packages/
+# hadolint ignore=SC2086,DL3008
+RUN set -euf; list=/tmp/system-packages/system-packages.txt; packages=""; \
+    if [ -f "$list" ]; then packages="$(sed -e 's/#.*//' -e 's/\r$//' "$list")"; fi; \
+    rm -rf /tmp/system-packages; set -- $packages; \
+    for name do case "$name" in [!a-z0-9]*|*[!A-Za-z0-9.+:=~-]*) \
+        echo "${HANDLER_DIR}/system-packages.txt: '$name' is not a Debian package name" \
+            "(one name or name=version per line; # starts a comment)" >&2; exit 1 ;; esac; done; \
+    if [ "$#" -gt 0 ]; then \
+        apt-get update; \
+        DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "$@"; \
+        rm -rf /var/lib/apt/lists/*; \
+    fi
 
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \

@@ -8,16 +8,25 @@ PIP := $(BIN)/python -m pip
 # fork-safe and fights the model for the cores.
 export TOKENIZERS_PARALLELISM := false
 SYSTEM_PACKAGES := nginx redis-server shellcheck gettext-base chromium
+# The container tests (tests/container) build and run the images with docker
+# when its daemon answers, else with podman as root: podman, its OCI runtime and
+# networking, and debootstrap for the stand-in base images built where no
+# registry can be reached (tests/container/bases.py).
+CONTAINER_PACKAGES := podman runc netavark aardvark-dns iptables debootstrap
 
 # Every install goes through constraints.txt, so a handler's unpinned torch gets
-# the tested version. The torch index is an extra index (PyPI stays the main
-# one): torch==2.13.0 then resolves to its +cpu build instead of PyPI's CUDA
-# build. `make serve TORCH_VARIANT=cu128` on a GPU machine; TORCH_INDEX_URL=
-# (empty) for PyPI alone.
+# the tested version. A handler's requirements also see the torch index, as an
+# extra index (PyPI stays the main one): torch==2.13.0 then resolves to its +cpu
+# build instead of PyPI's CUDA build. The framework's own requirements need no
+# torch and never ask that index (where it cannot be reached, pip retries it
+# for every package). `make serve TORCH_VARIANT=cu128` on a GPU machine;
+# TORCH_INDEX_URL= (empty) for PyPI alone, which the container tests' image
+# builds receive too (exported).
 TORCH_VARIANT ?= cpu
 TORCH_INDEX_URL ?= https://download.pytorch.org/whl/$(TORCH_VARIANT)
-PIP_INSTALL := $(PIP) install -q --constraint constraints.txt \
-	$(if $(TORCH_INDEX_URL),--extra-index-url $(TORCH_INDEX_URL))
+export TORCH_INDEX_URL
+PIP_INSTALL := $(PIP) install -q --constraint constraints.txt
+PIP_INSTALL_HANDLER := $(PIP_INSTALL) $(if $(TORCH_INDEX_URL),--extra-index-url $(TORCH_INDEX_URL))
 
 # Install stamps live in the venv (a new venv installs again) and mirror the
 # requirements file they stand for: .venv/.installed/handlers/x/requirements.txt
@@ -61,7 +70,8 @@ IMAGE ?= serving-core:$(notdir $(patsubst %/,%,$(HANDLER_DIR)))$(if $(filter-out
 serve: $(BIN)/.runtime $(call stamps,$(SERVE_DIR))
 	SERVING_HANDLER='$(SERVING_HANDLER)' $(BIN)/serving-core serve
 
-## make test: install everything, then lint, type-check, check every handler, run the suite.
+## make test: install everything, then lint, type-check, check every handler, run the suite
+## (tests/container builds both images and runs them, with docker or podman).
 test: install-dev install-handlers system-deps lint typecheck check
 	$(BIN)/pytest
 
@@ -110,13 +120,16 @@ $(BIN)/.dev: $(BIN)/.runtime requirements-dev.txt
 # One handler's requirements, under the constraints (after the framework, so
 # the framework's pins are in place first).
 $(STAMPS)/%/requirements.txt: %/requirements.txt constraints.txt | $(BIN)/.runtime
-	$(PIP_INSTALL) -r $<
+	$(PIP_INSTALL_HANDLER) -r $<
 	@mkdir -p $(@D) && touch $@
 
-# The suite starts real nginx and redis-server on 127.0.0.1; install them from
-# Debian when missing (CI runs as root; elsewhere this asks for sudo).
+# The suite starts real nginx and redis-server on 127.0.0.1, and builds and runs
+# the images; install what is missing from Debian (CI runs as root; elsewhere
+# this asks for sudo). A machine whose docker answers needs no podman.
 system-deps:
-	@missing=""; for p in $(SYSTEM_PACKAGES); do \
+	@wanted="$(SYSTEM_PACKAGES)"; \
+	docker info >/dev/null 2>&1 || wanted="$$wanted $(CONTAINER_PACKAGES)"; \
+	missing=""; for p in $$wanted; do \
 	  dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing:$$missing"; \

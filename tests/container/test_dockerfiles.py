@@ -369,8 +369,13 @@ def test_shared_dirs_are_copied_before_the_handlers_code_and_after_its_requireme
     _, handler_install, serving_core_install = pip_installs(build)
     order = [handler_install, serving_core_install, handlers_copy, step, code_copy]
     assert [build.index(i) for i in order] == sorted(build.index(i) for i in order)
-    # Only /app reaches the image: not the other handlers the build stage copied.
-    assert [c.copy_sources() for c in final.of("COPY")] == [["/opt/venv"], ["/app"]]
+    # Only /app reaches the image: not the other handlers the build stage copied
+    # (the first COPY is the handler's optional system-packages.txt).
+    assert [c.copy_sources() for c in final.of("COPY")] == [
+        ["constraints.txt", "${HANDLER_DIR}/system-packages*.txt"],
+        ["/opt/venv"],
+        ["/app"],
+    ]
 
 
 @pytest.mark.example("echo", "iris")

@@ -111,14 +111,18 @@ def pip_installs(commands: str) -> list[str]:
 
 
 @pytest.mark.parametrize("target", ["serve", "install-dev", "install-handlers", "check", "test"])
-def test_every_make_install_goes_through_the_constraints_and_the_cpu_torch_index(
+def test_every_make_install_goes_through_the_constraints_and_only_handlers_ask_the_torch_index(
     target: str,
 ) -> None:
     installs = pip_installs(make_dry_run(target))
     assert installs
     for command in installs:
         assert "--constraint constraints.txt" in command, command
-        assert "--extra-index-url https://download.pytorch.org/whl/cpu" in command, command
+        # The framework needs no torch: where the index is unreachable, asking it
+        # costs pip's retries for every package.
+        handler = re.search(r"-r handlers/[^ ]+/requirements\.txt", command) is not None
+        torch_index = "--extra-index-url https://download.pytorch.org/whl/cpu" in command
+        assert torch_index == handler, command
 
 
 def test_make_test_installs_every_handlers_requirements_and_checks_every_handler() -> None:
