@@ -63,7 +63,7 @@ HANDLER_DIR ?= $(DEFAULT_HANDLER_DIR)
 SHARED_DIRS ?=
 IMAGE ?= serving-core:$(notdir $(patsubst %/,%,$(HANDLER_DIR)))$(if $(filter-out cpu,$(TORCH_VARIANT)),-$(TORCH_VARIANT))
 
-.PHONY: serve test fuzz lint typecheck check image install install-dev install-handlers \
+.PHONY: serve test test-template fuzz lint typecheck check image install install-dev install-handlers \
 	system-deps bench clean
 
 ## make serve: install the framework and $SERVING_HANDLER's requirements, then serve it.
@@ -74,6 +74,11 @@ serve: $(BIN)/.runtime $(call stamps,$(SERVE_DIR))
 ## (tests/container builds both images and runs them, with docker or podman).
 test: install-dev install-handlers system-deps lint typecheck check
 	$(BIN)/pytest
+
+## make test-template: the template made a new owner's on a fresh clone (init a handler, point
+## image.yml at it, delete the examples) passes make test there (tests/test_template.py; CI runs it).
+test-template: install-dev system-deps
+	$(BIN)/pytest -m template tests/test_template.py
 
 ## make fuzz: tests/test_fuzz.py with 1,000 generated cases per test (make test runs 15).
 fuzz: install-dev
