@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from bench.workload import SENTENCES  # noqa: E402
-from serving_core.resources import usable_cores  # noqa: E402
+from serving_core.cores import usable_cores  # noqa: E402
 
 BATCH_SIZES = [1, 2, 4, 8, 16, 32]
 LIMIT_SIZES = [8, 16, 32]  # where the best batch size has always been; 1..4 are far below

@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.workload import SENTENCES  # noqa: E402
-from serving_core.resources import usable_cores  # noqa: E402
+from serving_core.cores import usable_cores  # noqa: E402
 from tests.redis_server import redis_server  # noqa: E402
 from tests.servers import gunicorn_server  # noqa: E402
 

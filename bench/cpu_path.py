@@ -45,7 +45,7 @@ sys.path.insert(0, str(ROOT))
 
 from flask import Flask, request  # noqa: E402
 
-from serving_core.server import WORKER_CLASSES  # noqa: E402
+from serving_core.process.server import WORKER_CLASSES  # noqa: E402
 from tests.servers import base_env, free_port, gunicorn_server, stop  # noqa: E402
 
 LUA_ARGS = ["-s", str(ROOT / "bench" / "cpu_path.lua")]
@@ -263,7 +263,7 @@ def top_entries(collapsed: Path, count: int) -> tuple[Shares, Shares]:
 
 
 def _short(frame: str) -> str:
-    # "post (serving_core/app.py:121)" -> "post (serving_core/app.py)": lines split a
+    # "post (serving_core/web/app.py:121)" -> "post (serving_core/web/app.py)": lines split a
     # function's samples; the site-packages prefix only adds width.
     frame = re.sub(r":\d+\)$", ")", frame)
     return re.sub(r"\(.*?/(site-packages|lib/python3\.\d+)/", "(", frame)

@@ -30,7 +30,7 @@ NO_PRELOAD = """
 import os, sys
 from serving_core.loading import load_handler
 from serving_core.metrics import enable_multiprocess
-from serving_core.server import ServingApplication, build, gunicorn_options
+from serving_core.process.server import ServingApplication, build, gunicorn_options
 from serving_core.threads import set_worker_threads
 from serving_core.settings import Settings
 

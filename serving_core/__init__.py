@@ -2,12 +2,12 @@
 
 The package's face is the handler contract and the settings. Importing it loads
 no Flask: a handler module, ``serving-core healthcheck`` (the pods' exec probe)
-and the batch and queue tools stay light. The web app is ``serving_core.app``.
+and the batch and queue tools stay light. The web app is ``serving_core.web.app``.
 """
 
-from .handler import Handler as Handler
-from .handler import InvalidInput as InvalidInput
-from .settings import Settings as Settings
+from serving_core.handler import Handler as Handler
+from serving_core.handler import InvalidInput as InvalidInput
+from serving_core.settings import Settings as Settings
 
 
 def __getattr__(name: str) -> str:

@@ -4,7 +4,7 @@ Accepted forms: a file (``handlers/minilm/handler.py``), a folder holding
 ``handler.py``, or a module path (``handlers.minilm.handler``); any of them may
 end in ``:ClassName`` to pick one class. A pipeline file
 (``handlers/iris-pipeline/pipeline.yaml``), or a folder holding one and no
-``handler.py``, is served by a ``serving_core.pipeline.Pipeline`` built from it.
+``handler.py``, is served by a ``serving_core.pipeline.core.Pipeline`` built from it.
 Every failure is a ``HandlerError`` whose message names the file and says how
 to fix it; ``serving-core serve`` prints it and stops before fork.
 """
@@ -24,7 +24,7 @@ from typing import Any
 
 import jsonschema
 
-from .handler import Handler, has_predict, is_batched
+from serving_core.handler import Handler, has_predict, is_batched
 
 
 class HandlerError(Exception):
@@ -57,7 +57,7 @@ def load_handler(
     """
     pipeline_file = _pipeline_file(spec)
     if pipeline_file is not None:
-        from .pipeline import load
+        from serving_core.pipeline.core import load
 
         pipeline = load(pipeline_file, environ or {})
         return LoadedHandler(pipeline, str(pipeline_file), _sample_at(pipeline_file.parent))

@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from .settings import LogFormat
+from serving_core.settings import LogFormat
 
 # Where the app leaves the route it matched, in the WSGI environ, for the access line.
 ROUTE_KEY = "serving_core.route"

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .settings import SettingsError
+from serving_core.settings import SettingsError
 
 log = logging.getLogger("serving_core.metrics")
 

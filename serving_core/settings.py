@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from .resources import usable_cores
+from serving_core.cores import usable_cores
 
 PREFIX = "SERVING_"
 DEFAULT_HANDLER = "handlers/minilm/handler.py"
@@ -85,7 +85,7 @@ class Settings:
     dtype: Dtype = "float32"
     # Who runs the model: a model thread in each worker (per-worker), or one
     # process fed by every worker (shared: one model copy and one CUDA context,
-    # batches across workers; see serving_core.modelprocess). auto: shared on a
+    # batches across workers; see serving_core.online.modelprocess). auto: shared on a
     # cuda device, per-worker otherwise (on 2 CPU cores, MiniLM at c=32: 203
     # req/s per-worker against 110 shared, whose model gets the core the two
     # workers leave; bench/gpu.py --device cpu).
@@ -114,7 +114,7 @@ class Settings:
     # queues the same request for the (slow) handler whose name is this queue;
     # `serving-core worker` running that handler fills in its result.
     followup_queue: str = ""
-    # Who may call (serving_core.access). With keys, every route but /healthz
+    # Who may call (serving_core.web.access). With keys, every route but /healthz
     # and /readyz needs one; the keys file (one per line, from a Secret) is read
     # when the app is built and re-read when it changes. Never in a repr.
     api_keys: tuple[str, ...] = field(default=(), repr=False)

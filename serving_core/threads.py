@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 
-from .resources import usable_cores
+from serving_core.cores import usable_cores
 
 
 def limit_master_threads() -> None:

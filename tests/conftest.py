@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from serving_core.loading import load_handler
-from serving_core.server import build
+from serving_core.process.server import build
 from serving_core.settings import Settings
 
 HANDLERS = Path(__file__).parent / "handlers"

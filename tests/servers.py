@@ -21,7 +21,7 @@ from pathlib import Path
 import requests
 import yaml
 
-from serving_core.resources import usable_cores
+from serving_core.cores import usable_cores
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVING_CORE = Path(sys.executable).parent / "serving-core"

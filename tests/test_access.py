@@ -15,11 +15,11 @@ import pytest
 import requests
 from flask import Flask
 
-from serving_core import access
-from serving_core.engine import MAX_FIELD_ERRORS, Engine
+from serving_core.engine.core import MAX_FIELD_ERRORS, Engine
 from serving_core.errors import InvalidParams
 from serving_core.handler import Handler
 from serving_core.settings import SettingsError
+from serving_core.web import access
 from tests.conftest import make_app
 from tests.servers import gunicorn_server
 

@@ -6,7 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from serving_core import arrival
+from serving_core.web import arrival
 from tests.conftest import PROBE, make_app
 from tests.servers import gunicorn_server
 

@@ -88,8 +88,16 @@ def read_jsonl(path):
 
 
 def test_the_batch_modules_load_no_web_stack():
-    modules = "serving_core.batch, serving_core.records, serving_core.textfiles, " + (
-        "serving_core.parquetfiles, serving_core.sqltables, serving_core.engine"
+    modules = ", ".join(
+        f"serving_core.{name}"
+        for name in (
+            "batch.run",
+            "batch.records",
+            "batch.textfiles",
+            "batch.parquetfiles",
+            "batch.sqltables",
+            "engine.core",
+        )
     )
     probe = f"import sys, {modules}; print(sorted(sys.modules))"
     result = subprocess.run(

@@ -5,11 +5,11 @@ import time
 
 import pytest
 
-from serving_core.batching import Batcher
 from serving_core.context import Context
-from serving_core.costmodel import CostModel
-from serving_core.dispatch import FixedWindow, make_policy
-from serving_core.engine import Engine
+from serving_core.engine.batcher import Batcher
+from serving_core.engine.core import Engine
+from serving_core.engine.costmodel import CostModel
+from serving_core.engine.policy import FixedWindow, make_policy
 from serving_core.errors import DeadlineExceeded, InvalidParams, ModelError, NotReady, Overloaded
 from serving_core.handler import Handler, InvalidInput
 

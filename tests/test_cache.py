@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from serving_core import encoding
-from serving_core.cache import Cache, from_settings
-from serving_core.cachekey import PREFIX, key
-from serving_core.cachestore import MemoryStore, RedisStore, StoreError
+from serving_core.cache.core import Cache, from_settings
+from serving_core.cache.key import PREFIX, key
+from serving_core.cache.store import MemoryStore, RedisStore, StoreError
 from serving_core.handler import Handler
 from serving_core.metrics import Metrics
 from serving_core.settings import Settings
@@ -468,8 +468,8 @@ SLOW_REDIS = """
 from gevent import monkey
 monkey.patch_all(thread=False)
 import json, socket, gevent
-from serving_core.cache import Cache
-from serving_core.cachestore import RedisStore
+from serving_core.cache.core import Cache
+from serving_core.cache.store import RedisStore
 
 silent = socket.socket()
 silent.bind(("127.0.0.1", 0))
@@ -521,7 +521,7 @@ def test_a_silent_redis_does_not_block_the_gevent_hub():
 
 def test_the_cache_imports_no_flask_and_redis_only_when_used():
     code = (
-        "import sys, serving_core.cache; "
+        "import sys, serving_core.cache.core; "
         "print(sorted(m for m in ('flask', 'flask_restful', 'redis') if m in sys.modules))"
     )
     done = subprocess.run(

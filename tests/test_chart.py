@@ -33,9 +33,9 @@ import pytest
 import requests
 import yaml
 
-from serving_core.cli import main as serving_core_main
-from serving_core.jobqueue_redis import GROUP, RedisJobQueue
-from serving_core.pipelineconfig import read as read_pipeline
+from serving_core.commands.cli import main as serving_core_main
+from serving_core.jobs.redis_queue import GROUP, RedisJobQueue
+from serving_core.pipeline.config import read as read_pipeline
 from serving_core.settings import PREFIX, Settings, SettingsError
 from tests.nginx_server import render as render_nginx
 from tests.servers import free_port, gunicorn_server
@@ -2160,7 +2160,7 @@ def test_the_scaled_object_schema_refuses_what_keda_would(
 
 def test_the_worker_command_and_its_health_routes_exist() -> None:
     assert "worker" in serving_core_commands()
-    consumer = (ROOT / "serving_core" / "consumer.py").read_text()
+    consumer = (ROOT / "serving_core" / "process" / "jobworker.py").read_text()
     assert '"/healthz"' in consumer
     assert '"/metrics"' in consumer
 

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from serving_core.costmodel import CostModel
+from serving_core.engine.costmodel import CostModel
 
 
 def test_nothing_observed_predicts_zero():

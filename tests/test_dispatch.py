@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from serving_core.costmodel import CostModel
-from serving_core.dispatch import Adaptive, ArrivalGaps, FixedWindow
+from serving_core.engine.costmodel import CostModel
+from serving_core.engine.policy import Adaptive, ArrivalGaps, FixedWindow
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""End to end: SIGTERM drains a real server (serving_core.drain). /readyz turns 503 while
+"""End to end: SIGTERM drains a real server (serving_core.process.drain). /readyz turns 503 while
 requests are still served for SERVING_DRAIN_S, then the socket closes; nothing accepted
 before the signal fails; every worker leaves promptly, whenever the signal comes."""
 

@@ -17,12 +17,12 @@ import gevent
 import pytest
 from gevent.event import Event
 
-from serving_core import greenworker
-from serving_core.batching import Batcher
 from serving_core.context import Context
-from serving_core.dispatch import make_policy
-from serving_core.engine import Ran
-from serving_core.greenworker import ConnectionShares, GreenFuture
+from serving_core.engine.batcher import Batcher
+from serving_core.engine.core import Ran
+from serving_core.engine.policy import make_policy
+from serving_core.process.workers import green as greenworker
+from serving_core.process.workers.green import ConnectionShares, GreenFuture
 
 
 def resolve_later(future, delay_s, value=None, exc=None):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from serving_core.consumer import Consumer
+from serving_core.process.jobworker import Consumer
 from tests.conftest import make_app
 from tests.test_app import assert_error
 

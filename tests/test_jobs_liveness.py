@@ -10,8 +10,8 @@ import time
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from serving_core import liveness
-from serving_core.jobs import Consumers, Heartbeat
+from serving_core.jobs import liveness
+from serving_core.jobs.base import Consumers, Heartbeat
 from serving_core.settings import Settings
 from tests.test_jobs import MakeQueue, make_queue, redis_url, wait_for
 

@@ -21,7 +21,9 @@ KEYS = {"time", "level", "logger", "message"}
 
 
 def record(message: str, *args: object, **extra: object) -> logging.LogRecord:
-    made = logging.LogRecord("serving_core.app", logging.WARNING, __file__, 1, message, args, None)
+    made = logging.LogRecord(
+        "serving_core.web.app", logging.WARNING, __file__, 1, message, args, None
+    )
     made.__dict__.update(extra)
     return made
 
@@ -30,7 +32,7 @@ def test_a_json_line_has_time_level_logger_message_and_the_fields():
     line = JsonFormatter().format(record("request %s failed", "r1", fields={"request_id": "r1"}))
     entry = json.loads(line)
     assert entry.keys() >= KEYS
-    assert (entry["level"], entry["logger"]) == ("warning", "serving_core.app")
+    assert (entry["level"], entry["logger"]) == ("warning", "serving_core.web.app")
     assert (entry["message"], entry["request_id"]) == ("request r1 failed", "r1")
     assert entry["time"].endswith("+00:00")
 
@@ -49,7 +51,7 @@ def test_a_traceback_stays_inside_the_one_json_line():
 def test_text_stays_the_default_format():
     assert not isinstance(formatter("text"), JsonFormatter)
     line = formatter("text").format(record("plain"))
-    assert "[WARNING] serving_core.app: plain" in line
+    assert "[WARNING] serving_core.web.app: plain" in line
 
 
 def parse_lines(output: str) -> list[dict[str, object]]:
@@ -121,7 +123,7 @@ def test_every_line_of_a_server_under_load_is_json_and_access_lines_carry_the_re
     assert any(e["batch_size"] and e["batch_size"] > 1 for e in access)  # 8 clients batch
     loggers = {e["logger"] for e in entries}
     # gunicorn's own lines, serving-core's and the handler's are JSON alike.
-    assert {"gunicorn.error", "serving_core.server", "probe"} <= loggers
+    assert {"gunicorn.error", "serving_core.process.server", "probe"} <= loggers
 
 
 def test_every_line_of_a_job_worker_is_json(tmp_path):
@@ -134,4 +136,4 @@ def test_every_line_of_a_job_worker_is_json(tmp_path):
             assert time.monotonic() < deadline, log_path.read_text()
             time.sleep(0.05)
     entries = parse_lines(log_path.read_text())
-    assert any(e["logger"] == "serving_core.consumer" for e in entries)
+    assert any(e["logger"] == "serving_core.process.jobworker" for e in entries)

@@ -14,10 +14,10 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.mmap_dict import MmapedDict, mmap_key
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from serving_core.batching import Batcher
 from serving_core.context import Context
-from serving_core.dispatch import make_policy
-from serving_core.engine import Engine
+from serving_core.engine.batcher import Batcher
+from serving_core.engine.core import Engine
+from serving_core.engine.policy import make_policy
 from serving_core.handler import Handler
 from serving_core.metrics import FLUSH_S, Metrics, archive_dead_worker
 from tests.conftest import PROBE

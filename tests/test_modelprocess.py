@@ -19,10 +19,10 @@ import requests
 
 from serving_core.context import Context
 from serving_core.device import model_devices
-from serving_core.engine import Engine
+from serving_core.engine.core import Engine
 from serving_core.errors import DeadlineExceeded, NotReady, Overloaded
 from serving_core.loading import load_handler
-from serving_core.modelprocess import ModelProcess, RemoteBatcher, socket_path
+from serving_core.online.modelprocess import ModelProcess, RemoteBatcher, socket_path
 from serving_core.settings import Settings
 from tests.servers import gunicorn_server
 

@@ -29,7 +29,7 @@ def loaded_after(code: str, heavy: list[str] = WEB) -> list[str]:
         # A handler module, loaded as serve, check, batch and worker load it.
         "from serving_core.loading import load_handler; load_handler('tests/handlers/probe')",
         # The engine: check, batch and the worker run it with no web stack.
-        "import serving_core.engine, serving_core.consumer, serving_core.batch",
+        "import serving_core.engine.core, serving_core.process.jobworker, serving_core.batch.run",
     ],
 )
 def test_the_package_and_the_cli_load_no_web_stack(code):
@@ -38,7 +38,9 @@ def test_the_package_and_the_cli_load_no_web_stack(code):
 
 def test_the_cli_stays_light_for_the_pods_exec_probe():
     # Started every few seconds by the kubelet: not even the schema validator.
-    assert loaded_after("from serving_core import cli", [*WEB, "jsonschema", "redis"]) == []
+    assert (
+        loaded_after("from serving_core.commands import cli", [*WEB, "jsonschema", "redis"]) == []
+    )
 
 
 def test_the_package_says_its_version():

@@ -7,7 +7,7 @@ from werkzeug.test import EnvironBuilder
 from werkzeug.wrappers import Request
 
 from serving_core.errors import BadRequest, UnsupportedMediaType
-from serving_core.params import request_params
+from serving_core.web.params import request_params
 
 
 def make(data=None, content_type=None, query=None, **kwargs):

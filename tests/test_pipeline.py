@@ -14,7 +14,7 @@ import pytest
 import requests
 import yaml
 
-from serving_core import pipeline
+from serving_core.pipeline import core as pipeline
 from tests.conftest import PROBE
 from tests.servers import ROOT, Server, free_port, gunicorn_server
 
@@ -267,7 +267,7 @@ def test_prep_then_pred_gives_the_single_minilm_services_embeddings():
     import numpy as np
 
     from serving_core.context import Context
-    from serving_core.engine import Engine
+    from serving_core.engine.core import Engine
     from serving_core.loading import load_handler
 
     texts = [

@@ -11,8 +11,8 @@ import yaml
 
 from serving_core.errors import Overloaded
 from serving_core.loading import HandlerError, load_handler
-from serving_core.pipeline import Pipeline
-from serving_core.pipelineconfig import PipelineError, parse, read
+from serving_core.pipeline.config import PipelineError, parse, read
+from serving_core.pipeline.core import Pipeline
 from tests.conftest import make_app
 from tests.servers import ROOT, SERVING_CORE, base_env
 

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from serving_core import encoding
-from serving_core.records import (
+from serving_core.batch.records import (
     Record,
     RecordsError,
     Row,

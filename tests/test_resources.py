@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import os
 
-from serving_core.resources import cgroup_quota, usable_cores
+from serving_core.cores import cgroup_quota, usable_cores
 
 
 def test_cgroup_v2_quota_is_read(tmp_path):

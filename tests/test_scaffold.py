@@ -9,8 +9,8 @@ import subprocess
 import pytest
 
 from serving_core import InvalidInput
+from serving_core.commands.init import ScaffoldError, create
 from serving_core.loading import load_handler
-from serving_core.scaffold import ScaffoldError, create
 from tests.servers import ROOT, SERVING_CORE, base_env
 
 

@@ -181,7 +181,7 @@ def test_a_raising_handler_is_a_json_500_logged_once_and_the_next_request_works(
     assert log.count("request ids: boom-1") == 1
     assert "RuntimeError: the probe was asked to fail" in log
     assert failed.headers["X-Request-ID"] == "boom-1"
-    # The access line (serving_core.accesslog), one per request.
+    # The access line (serving_core.process.accesslog), one per request.
     line = r'^127\.0\.0\.1 "POST /predict HTTP/1\.1" 500 \d+ \d+ms request_id=boom-1$'
     assert re.search(line, log, re.M)
 

@@ -21,7 +21,7 @@ import pytest
 import requests
 from gevent.event import Event
 
-from serving_core import uploads
+from serving_core.process.workers import uploads
 from tests.conftest import PROBE
 from tests.nginx_server import nginx_server
 from tests.servers import gunicorn_server

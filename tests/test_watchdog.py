@@ -5,11 +5,11 @@ import time
 
 import pytest
 
-from serving_core.batching import Batcher
 from serving_core.context import Context
-from serving_core.dispatch import make_policy
+from serving_core.engine.batcher import Batcher
+from serving_core.engine.policy import make_policy
+from serving_core.engine.watchdog import Verdict, Watchdog, resident_bytes
 from serving_core.errors import ModelError, NotReady
-from serving_core.watchdog import Verdict, Watchdog, resident_bytes
 from tests.test_batching import Model, run_with
 
 

@@ -8,7 +8,7 @@ import pytest
 from gunicorn.config import Config
 from gunicorn.http import RequestParser, wsgi
 
-from serving_core import wire
+from serving_core.process import wire
 
 wire.install()
 

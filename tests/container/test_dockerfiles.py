@@ -17,7 +17,7 @@ import pytest
 import yaml
 from docker.utils.build import exclude_paths
 
-from serving_core.pipelineconfig import read as read_pipeline
+from serving_core.pipeline.config import read as read_pipeline
 from serving_core.settings import PREFIX, Settings
 from tests.container.dockerfile import Instruction, Stage, expand, parse
 from tests.servers import ROOT, served_handler_dir

@@ -1,0 +1,237 @@
+"""Records in and results out of ``serving-core batch``: ids, shards, and where they live.
+
+A *location* is a JSONL, CSV or Parquet path (by suffix), a SQLAlchemy URL
+with a table or a query, or a bare ``.db``/``.sqlite`` path (SQLite). Every
+format has a ``Source`` (records in, with a count for the progress bar when
+one is cheap) and a ``Sink`` (rows out, in chunks, each chunk durable before
+``write`` returns, and ``written()`` for resuming). The formats live in
+``textfiles`` (JSONL, CSV), ``parquetfiles`` and ``sqltables``; their heavy
+libraries are imported when a location of theirs is opened.
+
+Ids: a record's id is its ``id_field`` value, or else its 0-based position in
+the input. Resume and shards compare ids as text (``id_key``), so ``7`` and
+``"7"`` are the same record.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from serving_core import encoding
+from serving_core.handler import Params
+
+Kind = Literal["jsonl", "csv", "parquet", "sql"]
+SUFFIXES: dict[str, Kind] = {
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".csv": "csv",
+    ".parquet": "parquet",
+    ".pq": "parquet",
+}
+SQLITE_SUFFIXES = (".db", ".sqlite", ".sqlite3")
+DEFAULT_OUTPUT_TABLE = "results"
+
+
+class RecordsError(Exception):
+    """A location cannot be read or written; the message says which and how to fix it."""
+
+
+@dataclass(frozen=True)
+class Record:
+    """One input record. ``params`` is the record without its id field (so an id never
+    reaches the handler, its schema or a cache key); ``error`` marks a record that
+    could not be read as parameters (a bad JSON line): it is written with that error."""
+
+    id: Any
+    key: str
+    params: Params
+    error: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Row:
+    """One output row: the id, and the output or the error as JSON, never both."""
+
+    id: Any
+    key: str
+    output: bytes | None = None
+    error: bytes | None = None
+
+
+def id_key(value: Any) -> str:
+    """The id as text: what resume and shards compare."""
+    return value if isinstance(value, str) else encoding.dumps(value).decode()
+
+
+def make_record(fields: dict[str, Any], position: int, id_field: str) -> Record:
+    params = dict(fields)
+    value = params.pop(id_field, None)
+    if value is None:
+        value = position
+    return Record(value, id_key(value), params)
+
+
+def bad_record(position: int, message: str) -> Record:
+    error = {"type": "bad_request", "message": message}
+    return Record(position, id_key(position), {}, error)
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Shard ``index`` of ``count``: owns the records whose id hashes to ``index``.
+
+    By a stable hash of the id, not by position: every pod then agrees on who
+    owns a record even when the input's order is not stable (a SQL query with
+    no ORDER BY, a Parquet directory that gained a file), and the split does
+    not move when a rerun skips what is written. blake2b, not ``hash()``,
+    which Python salts per process."""
+
+    index: int = 0
+    count: int = 1
+
+    @classmethod
+    def parse(cls, text: str) -> Shard:
+        match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text)
+        if match is None:
+            raise RecordsError(f"--shard {text!r} is not I/N; use e.g. --shard 0/4 (0-based)")
+        return cls.of(int(match[1]), int(match[2]))
+
+    @classmethod
+    def of(cls, index: int, count: int) -> Shard:
+        if count < 1 or not 0 <= index < count:
+            raise RecordsError(
+                f"shard {index}/{count} does not exist; the index runs from 0 to count - 1"
+            )
+        return cls(index, count)
+
+    def owns(self, key: str) -> bool:
+        if self.count == 1:
+            return True
+        digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
+        return int.from_bytes(digest, "big") % self.count == self.index
+
+
+class Source(Protocol):
+    def count(self) -> int | None:
+        """How many records the input holds, when that is cheap to know."""
+
+    def __iter__(self) -> Iterator[Record]: ...
+
+    def close(self) -> None: ...
+
+
+class Sink(Protocol):
+    where: str  # the path or table written, for messages
+
+    def written(self) -> dict[str, bool]:
+        """The keys already written, each True when it is an output (False: an error).
+        Repairs what a kill left half-written first (a torn last line)."""
+
+    def write(self, rows: Sequence[Row]) -> None:
+        """Write one chunk: all of it durably, or (after a kill) none of it."""
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Location:
+    kind: Kind
+    target: str  # a path, or a SQLAlchemy URL
+    table: str | None = None
+    query: str | None = None
+
+    def describe(self) -> str:
+        if self.kind != "sql":
+            return self.target
+        return f"{self.target} ({'query' if self.query else 'table ' + str(self.table)})"
+
+
+def input_location(value: str, table: str | None = None, query: str | None = None) -> Location:
+    kind, target = _kind(value, "--input")
+    if kind == "sql":
+        if (table is None) == (query is None):
+            raise RecordsError(
+                f"--input {value} is a database: give one of --input-table TABLE "
+                "or --input-query 'SELECT ...'"
+            )
+        return Location("sql", target, table, query)
+    if table is not None or query is not None:
+        raise RecordsError(
+            f"--input-table and --input-query are for databases; --input {value} is a file"
+        )
+    if not Path(target).exists():
+        raise RecordsError(f"--input {value} does not exist")
+    return Location(kind, target)
+
+
+def output_location(value: str, table: str | None = None) -> Location:
+    kind, target = _kind(value, "--output")
+    if kind == "sql":
+        return Location("sql", target, table or DEFAULT_OUTPUT_TABLE)
+    if table is not None:
+        raise RecordsError(f"--output-table is for databases; --output {value} is a file")
+    return Location(kind, target)
+
+
+def sharded_path(path: str, shard: Shard) -> str:
+    """An append-only file per shard: pods appending to one file would interleave."""
+    if shard.count == 1:
+        return path
+    file = Path(path)
+    return str(file.with_name(f"{file.stem}.shard-{shard.index}-of-{shard.count}{file.suffix}"))
+
+
+def _kind(value: str, flag: str) -> tuple[Kind, str]:
+    if "://" in value:
+        return "sql", value
+    suffix = Path(value).suffix.lower()
+    if suffix in SQLITE_SUFFIXES:
+        return "sql", f"sqlite:///{Path(value).resolve()}"
+    if suffix in SUFFIXES:
+        return SUFFIXES[suffix], value
+    known = ", ".join([*SUFFIXES, *SQLITE_SUFFIXES])
+    raise RecordsError(
+        f"{flag} {value}: cannot tell its format from the suffix; use one of {known}, "
+        "or a SQLAlchemy URL such as postgresql://host/db"
+    )
+
+
+def open_source(location: Location, id_field: str) -> Source:
+    if location.kind == "jsonl":
+        from serving_core.batch.textfiles import JsonlSource
+
+        return JsonlSource(location.target, id_field)
+    if location.kind == "csv":
+        from serving_core.batch.textfiles import CsvSource
+
+        return CsvSource(location.target, id_field)
+    if location.kind == "parquet":
+        from serving_core.batch.parquetfiles import ParquetSource
+
+        return ParquetSource(location.target, id_field)
+    from serving_core.batch.sqltables import SqlSource
+
+    return SqlSource(location.target, id_field, table=location.table, query=location.query)
+
+
+def open_sink(location: Location, id_field: str, shard: Shard) -> Sink:
+    if location.kind == "jsonl":
+        from serving_core.batch.textfiles import JsonlSink
+
+        return JsonlSink(sharded_path(location.target, shard), id_field)
+    if location.kind == "csv":
+        from serving_core.batch.textfiles import CsvSink
+
+        return CsvSink(sharded_path(location.target, shard), id_field)
+    if location.kind == "parquet":
+        from serving_core.batch.parquetfiles import ParquetSink
+
+        return ParquetSink(location.target, id_field, shard)
+    from serving_core.batch.sqltables import SqlSink
+
+    return SqlSink(location.target, id_field, location.table or DEFAULT_OUTPUT_TABLE)

@@ -1,0 +1,1 @@
+"""The inference cache: its key, its store (memory or Redis) and the cache over a handler."""

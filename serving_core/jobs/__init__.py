@@ -1,0 +1,1 @@
+"""Asynchronous jobs: the record and queue types, the SQLite and Redis queues, liveness."""

@@ -1,0 +1,243 @@
+"""Asynchronous jobs: the record, the queue interface, and the choice of backend.
+
+``open_queue(settings, queue)`` returns a :class:`JobQueue` for one handler's
+jobs: SQLite in WAL mode when ``SERVING_JOBS_URL`` is empty (one file shared by
+the gunicorn workers and ``serving-core worker`` processes of one machine), or
+Redis Streams when it is a ``redis://``, ``rediss://`` or ``unix://`` URL (what
+Kubernetes deployments use). Both give the same guarantees:
+
+- At-least-once delivery. ``take`` leases jobs to a consumer for
+  ``jobs_lease_s``; a job not completed, failed or released by then (its
+  consumer was killed) is handed out again. Each hand-out counts one attempt.
+- A job completed twice (a slow consumer whose lease expired while another ran
+  it too) keeps the first result: later ``complete`` calls change nothing.
+- ``fail`` puts the job back for another attempt, or, once ``attempts`` has
+  reached ``jobs_max_attempts``, ends it ``failed`` with its last error: a dead
+  letter listed by ``dead_letters``. A job whose lease expires on its last
+  attempt is failed the same way (``lease_expired``) instead of being handed
+  out forever, so a job that kills every worker that runs it stops.
+- A job cancelled while queued never runs. A running job cannot be cancelled.
+- Finished jobs (done, failed, cancelled) and their results are readable for
+  ``jobs_ttl_s``, then ``get`` answers None. Queued and running jobs never
+  expire: the queue loses nothing it accepted.
+- An idempotency key maps to its job for ``jobs_ttl_s`` after submission, as
+  long as that job is still readable.
+- A queue knows whether anyone consumes it. ``take`` and ``renew`` leave the
+  consumer's heartbeat in the store (at most every ``HEARTBEAT_S``), and
+  ``consumers`` reads them back: without it, a job submitted while no
+  ``serving-core worker`` takes from its queue (one started with another
+  handler, or none at all) would stay ``queued`` forever with no sign why.
+
+Why not a library. rq, huey, dramatiq, celery and arq were considered; none
+gives all of the above *and* batched consumption, which is what a model
+worker needs (take up to ``max_batch_size`` jobs, run them as one batch).
+rq, huey and dramatiq hand a worker one job at a time; celery batches only
+through the separate ``celery-batches`` task class, which buffers in the
+worker's memory with acks tied to prefetch; arq is asyncio-only, which does
+not fit gevent workers and a native model thread. Every one would also own the
+worker process and its own retry and result stores, where serving-core needs a
+queue it can drive from its own worker and HTTP layer. The layer here is thin:
+Redis Streams consumer groups (XREADGROUP COUNT/BLOCK, XAUTOCLAIM for expired
+leases, XACK) and one SQLite table.
+
+Room for later backends: the interface speaks only of jobs, leases and
+consumers. A Kafka or RabbitMQ backend would keep the job records (status,
+result) in a store with a TTL and use the broker for delivery (RabbitMQ:
+basic.get/prefetch with manual acks and a consumer timeout as the lease;
+Kafka: a consumer group with committed offsets); ``open_queue`` chooses it by
+URL scheme.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Literal, Protocol
+
+from serving_core.settings import Settings
+
+JobStatus = Literal["queued", "running", "done", "failed", "cancelled"]
+FINISHED: frozenset[JobStatus] = frozenset({"done", "failed", "cancelled"})  # never change again
+
+# How often a consumer records that it polls a queue: its heartbeat. Taking (an
+# idle consumer, once a second) and renewing leases (a long batch, every third
+# of SERVING_JOBS_LEASE_S) both record it, so a live consumer is never quiet for
+# a whole lease, which is how long one may be quiet before it counts as gone.
+HEARTBEAT_S = 5.0
+
+# Told to a client refused by a full queue. The queue does not know how fast
+# its workers drain it, so this is a polite "soon", not a prediction.
+QUEUE_FULL_RETRY_AFTER_S = 1.0
+
+
+def new_job_id() -> str:
+    """128 random bits, URL-safe: unguessable, so a job id is its own capability."""
+    return uuid.uuid4().hex
+
+
+def lease_expired_error(attempts: int) -> dict[str, Any]:
+    return {
+        "type": "lease_expired",
+        "message": (
+            f"the job's consumer did not finish it within its lease, {attempts} times "
+            "(SERVING_JOBS_MAX_ATTEMPTS); a worker may be crashing on it or the lease "
+            "(SERVING_JOBS_LEASE_S) is shorter than a batch takes"
+        ),
+    }
+
+
+@dataclass(frozen=True)
+class Job:
+    """One job as the queue last stored it."""
+
+    id: str
+    queue: str  # the handler the job is for
+    status: JobStatus
+    params: dict[str, Any]
+    attempts: int  # hand-outs to a consumer so far (a release gives one back)
+    created_at: float  # unix seconds
+    started_at: float | None  # when the latest attempt was handed out
+    finished_at: float | None
+    result: Any  # the handler's output, any JSON value; None until done
+    error: dict[str, Any] | None  # {"type", "message"}; on a queued job, the last failure
+    # Which hand-out this record came from (opaque, empty unless from take):
+    # fail and release act only on the current lease, so a consumer whose lease
+    # expired cannot fail or requeue a job another consumer now holds.
+    lease: str = ""
+
+    def public(self) -> dict[str, Any]:
+        """What ``GET /jobs/<id>`` answers; timestamps are ISO-8601 UTC strings or null."""
+        body: dict[str, Any] = {
+            "job_id": self.id,
+            "status": self.status,
+            "attempts": self.attempts,
+            "created_at": _iso(self.created_at),
+            "started_at": _iso(self.started_at),
+            "finished_at": _iso(self.finished_at),
+        }
+        if self.status == "done":
+            body["result"] = self.result
+        if self.status == "failed" and self.error is not None:
+            body["error"] = self.error
+        return body
+
+
+def _iso(unix_s: float | None) -> str | None:
+    if unix_s is None:
+        return None
+    return datetime.fromtimestamp(unix_s, UTC).isoformat(timespec="milliseconds")
+
+
+@dataclass(frozen=True)
+class Consumers:
+    """A queue's consumers, as their heartbeats in the store tell."""
+
+    live: int  # consumers heard from within the window asked for
+    last_seen: float | None  # unix seconds of the latest heartbeat; None: none kept
+
+
+class Heartbeat:
+    """When each consumer of one queue object should next record its heartbeat."""
+
+    def __init__(self, lease_s: float) -> None:
+        # Several beats per lease, however short the lease is set.
+        self.every_s = min(HEARTBEAT_S, lease_s / 3)
+        self._next: dict[str, float] = {}
+
+    def due(self, consumer: str, now: float) -> bool:
+        if now < self._next.get(consumer, 0.0):
+            return False
+        self._next[consumer] = now + self.every_s
+        return True
+
+
+class QueueFull(Exception):
+    """The queue holds ``jobs_max_queue`` unfinished jobs; the client should retry later."""
+
+    def __init__(self, message: str, *, retry_after_s: float = QUEUE_FULL_RETRY_AFTER_S) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class QueueUnavailable(Exception):
+    """The backend could not answer (Redis unreachable, the SQLite file locked or unwritable)."""
+
+
+class JobQueue(Protocol):
+    """One handler's jobs. Every method is safe to call from any process sharing the queue."""
+
+    queue: str  # its name: the handler's
+
+    def submit(self, params: dict[str, Any], *, idempotency_key: str | None = None) -> Job:
+        """Queue a job. Raises QueueFull; a repeated key returns the job it first made."""
+        ...
+
+    def get(self, job_id: str) -> Job | None:
+        """The job, or None when unknown or expired."""
+        ...
+
+    def cancel(self, job_id: str) -> Job | None:
+        """Cancel a queued job; a job past queued is left as it is. None when unknown."""
+        ...
+
+    def take(self, consumer: str, max_items: int, wait_s: float) -> list[Job]:
+        """Lease up to ``max_items`` jobs to ``consumer``; wait up to ``wait_s`` for the first."""
+        ...
+
+    def complete(self, job: Job, result: Any) -> None:
+        """Store the result, any JSON value (the first one stored wins), and finish the job."""
+        ...
+
+    def complete_many(self, finished: Sequence[tuple[Job, Any]]) -> None:
+        """``complete`` for each (job, result) pair, in one transaction or round trip:
+        a consumer stores its whole batch at once, not a commit per job."""
+        ...
+
+    def fail(self, job: Job, error: dict[str, Any], *, retry: bool = True) -> None:
+        """This attempt failed: queue the job again, or dead-letter it after its last attempt.
+
+        ``retry=False`` (the job itself is wrong, e.g. invalid input) fails it now.
+        """
+        ...
+
+    def renew(self, consumer: str, jobs: Sequence[Job]) -> int:
+        """Start the lease of ``consumer``'s jobs over (a long batch still running them),
+        so that they are not handed out again meanwhile. Jobs no longer held under
+        their lease are left alone; returns how many were renewed."""
+        ...
+
+    def release(self, jobs: Sequence[Job]) -> None:
+        """Hand leased jobs back at once (shutdown), giving back the attempt they counted."""
+        ...
+
+    def dead_letters(self, limit: int = 100) -> list[Job]:
+        """Failed jobs still within ``jobs_ttl_s``, the most recent first."""
+        ...
+
+    def depth(self) -> int:
+        """Queued plus running jobs: the lag that metrics and autoscalers read."""
+        ...
+
+    def consumers(self, within_s: float) -> Consumers:
+        """How many consumers took from (or renewed leases on) this queue within the
+        last ``within_s`` seconds, and when one last did. Heartbeats older than
+        ``jobs_ttl_s`` are forgotten."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def open_queue(settings: Settings, queue: str) -> JobQueue:
+    """The queue of ``queue``'s jobs on the backend ``settings.jobs_url`` names."""
+    if not queue or not all(c.isalnum() or c in "-_." for c in queue):
+        raise ValueError(f"queue name {queue!r}: use letters, digits, '-', '_' or '.'")
+    if settings.jobs_url:
+        # Imported here so that a SQLite deployment never imports redis.
+        from serving_core.jobs.redis_queue import RedisJobQueue
+
+        return RedisJobQueue(settings, queue)
+    from serving_core.jobs.sqlite_queue import SqliteJobQueue
+
+    return SqliteJobQueue(settings, queue)

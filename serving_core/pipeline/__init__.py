@@ -1,0 +1,1 @@
+"""Pipelines: a handler whose stages are other services, read from ``pipeline.yaml``."""

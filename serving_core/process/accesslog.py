@@ -1,0 +1,115 @@
+"""gunicorn's logger with a cheaper access line.
+
+gunicorn builds its access line from an "atoms" dict holding every request
+header, every response header and every WSGI environ entry, for each request,
+whatever the format uses: 21.5 us per request in a micro-benchmark, against
+6.5 us for this logger, which writes the one line we use from the few values
+it needs:
+
+    127.0.0.1 "POST /predict HTTP/1.1" 200 412 9ms request_id=3f2a...
+
+Everything else (the error log, files, syslog, ``--log-config``, reopening on
+``USR1``) is gunicorn's, unchanged; the line still goes through the
+``gunicorn.access`` logger, so a logging config may route or silence it.
+
+``JsonAccessLogger`` (``SERVING_LOG_FORMAT=json``) writes gunicorn's error log
+and the access line as JSON objects (``serving_core.logs.JsonFormatter``); the
+access line's fields are the same few values, plus the route the app matched
+and the size of the batch the model ran the request in (the app leaves them in
+the WSGI environ under ``ROUTE_KEY`` and ``BATCH_SIZE_KEY``).
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from datetime import timedelta
+from typing import Any
+
+from gunicorn.glogging import Logger
+
+from serving_core.logs import BATCH_SIZE_KEY, ROUTE_KEY, JsonFormatter
+
+_FORMAT = '%s "%s %s %s" %s %s %dms request_id=%s'
+_JSON_MESSAGE = "%s %s %s"
+
+
+class AccessLogger(Logger):  # type: ignore[misc]
+    def access(self, resp: Any, req: Any, environ: dict[str, Any], request_time: timedelta) -> None:
+        if not self.access_log_enabled:
+            return
+        request_id = _request_id(resp)
+        status = resp.status
+        if isinstance(status, str):
+            status = status.split(None, 1)[0]
+        sent = resp.sent if getattr(resp, "sent", None) is not None else "-"
+        try:
+            _log(
+                self.access_log,
+                _FORMAT,
+                (
+                    environ.get("REMOTE_ADDR", "-"),
+                    environ["REQUEST_METHOD"],
+                    environ["RAW_URI"],
+                    environ["SERVER_PROTOCOL"],
+                    status,
+                    sent,
+                    request_time.seconds * 1000 + request_time.microseconds // 1000,
+                    request_id,
+                ),
+            )
+        except Exception:
+            self.error(traceback.format_exc())
+
+
+def _log(logger: logging.Logger, message: str, args: tuple[Any, ...], **extra: Any) -> None:
+    """``logger.info(message, *args)`` without looking up the caller's file and line,
+    which ``Logger.info`` does on every call (a walk up the stack) and no format here
+    uses; levels, filters and handlers apply as usual."""
+    if logger.isEnabledFor(logging.INFO):
+        record = logger.makeRecord(
+            logger.name, logging.INFO, "(unknown file)", 0, message, args, None, extra=extra
+        )
+        logger.handle(record)
+
+
+def _request_id(resp: Any) -> str:
+    for name, value in resp.headers:
+        if len(name) == 12 and name.lower() == "x-request-id":
+            return str(value)
+    return "-"
+
+
+class JsonAccessLogger(Logger):  # type: ignore[misc]
+    def setup(self, cfg: Any) -> None:
+        super().setup(cfg)
+        formatter = JsonFormatter()
+        for log in (self.error_log, self.access_log):
+            for handler in log.handlers:
+                if getattr(handler, "_gunicorn", False):
+                    handler.setFormatter(formatter)
+
+    def access(self, resp: Any, req: Any, environ: dict[str, Any], request_time: timedelta) -> None:
+        if not self.access_log_enabled:
+            return
+        status = resp.status
+        if isinstance(status, str):
+            status = status.split(None, 1)[0]
+        method = environ["REQUEST_METHOD"]
+        path = environ["RAW_URI"]
+        try:
+            status = int(status)
+            fields = {
+                "request_id": _request_id(resp),
+                "method": method,
+                "path": path,
+                "route": environ.get(ROUTE_KEY),
+                "batch_size": environ.get(BATCH_SIZE_KEY),
+                "status": status,
+                "duration_ms": round(request_time.total_seconds() * 1000, 3),
+                "bytes": getattr(resp, "sent", None),
+                "remote_addr": environ.get("REMOTE_ADDR"),
+            }
+            _log(self.access_log, _JSON_MESSAGE, (method, path, status), fields=fields)
+        except Exception:
+            self.error(traceback.format_exc())

@@ -1,0 +1,1 @@
+"""gunicorn worker classes: gevent (the default) and gthread."""

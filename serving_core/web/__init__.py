@@ -1,0 +1,1 @@
+"""The HTTP layer (Flask): app and routes, params, access (keys, CORS), OpenAPI, docs page."""

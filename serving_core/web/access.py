@@ -1,0 +1,188 @@
+"""Who may call: API keys, private endpoints and CORS, as hooks on the Flask app.
+
+- Keys (``SERVING_API_KEYS``, ``SERVING_API_KEYS_FILE``): when there are any,
+  every request but ``/healthz``, ``/readyz`` and a CORS preflight needs one,
+  as ``Authorization: Bearer <key>`` or ``X-API-Key: <key>``; otherwise 401
+  with ``WWW-Authenticate``. A key is compared with every key, in constant
+  time, as SHA-256 digests (so neither the match nor the length shows in the
+  timing); only the digests are kept. The keys file is re-read when it
+  changes (a Kubernetes Secret volume is updated in place).
+- ``/metadata``, ``/openapi.json`` and ``/metrics`` are open to anyone, keys
+  or not, unless ``SERVING_PRIVATE_ENDPOINTS``: then they need a key, or are
+  not served at all when there are no keys (``/docs`` with them).
+- CORS (``SERVING_CORS_ORIGINS``) is flask-cors over the listed origins;
+  without origins the app sends no CORS headers.
+
+No key is ever logged or echoed: messages name the header, never its value.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import os
+import re
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+from flask import Flask, request
+from flask_cors import CORS
+from werkzeug.datastructures import Headers
+
+from serving_core.errors import Unauthorized
+from serving_core.settings import Settings, SettingsError, api_keys
+
+log = logging.getLogger("serving_core.web.access")
+
+OPEN_PATHS = frozenset({"/healthz", "/readyz"})
+PRIVATE_PATHS = frozenset({"/metadata", "/openapi.json", "/metrics"})
+KEY_HEADER = "X-API-Key"
+# How often a worker looks at the keys file's mtime: a rotated Secret is taken
+# within this long, and a request costs no stat.
+RELOAD_S = 10.0
+# What a browser may send and read across origins: the API's own headers.
+CORS_HEADERS = [
+    "Authorization",
+    KEY_HEADER,
+    "Content-Type",
+    "X-Request-ID",
+    "X-Request-Timeout",
+    "Idempotency-Key",
+]
+CORS_EXPOSED = ["X-Request-ID", "X-Cache", "Retry-After", "Location", "WWW-Authenticate"]
+CORS_MAX_AGE_S = 600
+_FILE_VAR = "SERVING_API_KEYS_FILE"
+
+
+def _digest(key: bytes) -> bytes:
+    return hashlib.sha256(key).digest()
+
+
+class ApiKeys:
+    """The keys a caller may present: from the setting, plus the file's (re-read on change)."""
+
+    def __init__(self, keys: Iterable[str], path: str = "") -> None:
+        self._fixed = [_digest(key.encode("ascii")) for key in keys]
+        self._path = path
+        self._from_file: list[bytes] = []
+        self._stamp: tuple[int, int] | None = None
+        self._checked = 0.0
+        if path:
+            self._load(first=True)
+
+    def __bool__(self) -> bool:
+        return bool(self._fixed or self._from_file)
+
+    def allows(self, presented: str | None) -> bool:
+        if presented is None:
+            return False
+        if self._path and time.monotonic() - self._checked > RELOAD_S:
+            self._load(first=False)
+        # Header values are latin-1 strings (WSGI); any byte string hashes.
+        given = _digest(presented.encode("latin-1", "replace"))
+        matched = False
+        # Every key, whatever matched first: the time does not say which.
+        for digest in self._fixed + self._from_file:
+            matched |= hmac.compare_digest(digest, given)
+        return matched
+
+    def _load(self, *, first: bool) -> None:
+        self._checked = time.monotonic()
+        try:
+            info = os.stat(self._path)
+            stamp = (info.st_mtime_ns, info.st_size)
+            if stamp == self._stamp:
+                return
+            keys = api_keys(_FILE_VAR, Path(self._path).read_text(encoding="ascii"))
+            if not keys:
+                raise SettingsError(f"{_FILE_VAR}={self._path!r} holds no keys; one per line")
+        except (OSError, UnicodeDecodeError, SettingsError) as exc:
+            message = str(exc) if isinstance(exc, SettingsError) else f"{exc.__class__.__name__}"
+            if first:
+                raise SettingsError(
+                    f"{_FILE_VAR}={self._path!r} cannot be used: {message}; mount a file of "
+                    "keys, one per line (the chart mounts serving.apiKeysSecret)"
+                ) from None
+            # Keep the keys there were: a half-written or removed file never opens the API.
+            log.warning("%s: kept the previous keys: %s", _FILE_VAR, message)
+            return
+        self._from_file = [_digest(key.encode("ascii")) for key in keys]
+        self._stamp = stamp
+        if not first:
+            log.info("%s changed: %d keys now", _FILE_VAR, len(keys))
+
+
+def presented_key(headers: Headers) -> str | None:
+    """The key a request carries: ``Authorization: Bearer <key>``, else ``X-API-Key``."""
+    scheme, _, token = headers.get("Authorization", "").strip().partition(" ")
+    if scheme.lower() == "bearer" and token.strip():
+        return token.strip()
+    return headers.get(KEY_HEADER) or None
+
+
+class Guard:
+    """The keys check and the private endpoints of one app, built from ``settings``."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.keys = ApiKeys(settings.api_keys, settings.api_keys_file)
+        self.private = settings.private_endpoints
+        self.cors = bool(settings.cors_origins)
+
+    @property
+    def serves_private_paths(self) -> bool:
+        """Whether /metadata, /openapi.json, /metrics (and /docs) exist at all."""
+        return not self.private or bool(self.keys)
+
+    def check(self) -> None:
+        """A ``before_request`` hook: raises ``Unauthorized`` unless the request may pass."""
+        if not self.keys:
+            return
+        path = request.path
+        if path in OPEN_PATHS or (not self.private and path in PRIVATE_PATHS):
+            return
+        if self.cors and _is_preflight():
+            return  # a browser never sends credentials on a preflight
+        presented = presented_key(request.headers)
+        if presented is None:
+            raise Unauthorized(
+                f"this API needs a key: send Authorization: Bearer <key> or {KEY_HEADER}: <key>"
+            )
+        if not self.keys.allows(presented):
+            raise Unauthorized("the API key is not one this server accepts; check the key")
+
+
+def _is_preflight() -> bool:
+    return (
+        request.method == "OPTIONS"
+        and "Origin" in request.headers
+        and "Access-Control-Request-Method" in request.headers
+    )
+
+
+def enable_cors(app: Flask, origins: tuple[str, ...]) -> None:
+    """CORS headers for ``origins`` (exact matches, or ``*``); nothing when empty."""
+    if not origins:
+        return
+    allowed: list[str | re.Pattern[str]] = (
+        ["*"]
+        if origins == ("*",)
+        # Compiled, anchored and escaped: flask-cors would read a string with
+        # regex characters (an IPv6 origin's brackets) as a pattern.
+        else [re.compile(re.escape(origin) + r"\Z", re.IGNORECASE) for origin in origins]
+    )
+    CORS(
+        app,
+        origins=allowed,
+        methods=["GET", "POST", "DELETE"],
+        allow_headers=CORS_HEADERS,
+        expose_headers=CORS_EXPOSED,
+        max_age=CORS_MAX_AGE_S,
+        send_wildcard=origins == ("*",),
+        # Keys travel in headers, not cookies: no credentialed requests.
+        supports_credentials=False,
+        always_send=False,
+        vary_header=True,
+        intercept_exceptions=False,
+    )
