@@ -49,7 +49,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from bench.bare_model import Bare  # noqa: E402
 from bench.quiet import wait_quiet  # noqa: E402
 from bench.workload import SENTENCES  # noqa: E402
-from serving_core.jobs.base import JobQueue, open_queue  # noqa: E402
+from serving_core.jobs.backend import open_queue  # noqa: E402
+from serving_core.jobs.base import JobQueue  # noqa: E402
 from serving_core.settings import Settings  # noqa: E402
 from tests.redis_server import redis_server  # noqa: E402
 from tests.servers import job_worker  # noqa: E402

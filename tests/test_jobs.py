@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from serving_core.jobs.base import Job, JobQueue, QueueFull, open_queue
+from serving_core.jobs.backend import open_queue
+from serving_core.jobs.base import Job, JobQueue, QueueFull
 from serving_core.settings import Settings
 from tests.redis_server import redis_server
 
@@ -446,7 +447,7 @@ def test_queue_names_are_checked(tmp_path: Any) -> None:
 def test_the_job_modules_import_no_flask_and_sqlite_imports_no_redis(tmp_path: Any) -> None:
     code = (
         "import sys\n"
-        "from serving_core.jobs.base import open_queue\n"
+        "from serving_core.jobs.backend import open_queue\n"
         "from serving_core.settings import Settings\n"
         "import serving_core.jobs.sqlite_queue\n"
         f"open_queue(Settings(jobs_path={str(tmp_path / 'j.db')!r}), 'q').depth()\n"

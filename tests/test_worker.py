@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from serving_core.jobs.base import open_queue
+from serving_core.jobs.backend import open_queue
 from serving_core.settings import Settings
 from tests.conftest import PROBE
 from tests.redis_server import redis_server

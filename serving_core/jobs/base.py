@@ -1,6 +1,6 @@
-"""Asynchronous jobs: the record, the queue interface, and the choice of backend.
+"""Asynchronous jobs: the record and the queue interface, which every backend implements.
 
-``open_queue(settings, queue)`` returns a :class:`JobQueue` for one handler's
+``jobs.backend.open_queue(settings, queue)`` returns a :class:`JobQueue` for one handler's
 jobs: SQLite in WAL mode when ``SERVING_JOBS_URL`` is empty (one file shared by
 the gunicorn workers and ``serving-core worker`` processes of one machine), or
 Redis Streams when it is a ``redis://``, ``rediss://`` or ``unix://`` URL (what
@@ -44,8 +44,8 @@ Room for later backends: the interface speaks only of jobs, leases and
 consumers. A Kafka or RabbitMQ backend would keep the job records (status,
 result) in a store with a TTL and use the broker for delivery (RabbitMQ:
 basic.get/prefetch with manual acks and a consumer timeout as the lease;
-Kafka: a consumer group with committed offsets); ``open_queue`` chooses it by
-URL scheme.
+Kafka: a consumer group with committed offsets); ``jobs.backend.open_queue``
+chooses it by URL scheme.
 """
 
 from __future__ import annotations
@@ -55,8 +55,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal, Protocol
-
-from serving_core.settings import Settings
 
 JobStatus = Literal["queued", "running", "done", "failed", "cancelled"]
 FINISHED: frozenset[JobStatus] = frozenset({"done", "failed", "cancelled"})  # never change again
@@ -227,17 +225,3 @@ class JobQueue(Protocol):
         ...
 
     def close(self) -> None: ...
-
-
-def open_queue(settings: Settings, queue: str) -> JobQueue:
-    """The queue of ``queue``'s jobs on the backend ``settings.jobs_url`` names."""
-    if not queue or not all(c.isalnum() or c in "-_." for c in queue):
-        raise ValueError(f"queue name {queue!r}: use letters, digits, '-', '_' or '.'")
-    if settings.jobs_url:
-        # Imported here so that a SQLite deployment never imports redis.
-        from serving_core.jobs.redis_queue import RedisJobQueue
-
-        return RedisJobQueue(settings, queue)
-    from serving_core.jobs.sqlite_queue import SqliteJobQueue
-
-    return SqliteJobQueue(settings, queue)

@@ -36,7 +36,8 @@ from serving_core.errors import (
 )
 from serving_core.handler import Output, Params
 from serving_core.jobs import liveness
-from serving_core.jobs.base import Job, JobQueue, QueueFull, QueueUnavailable, open_queue
+from serving_core.jobs.backend import open_queue
+from serving_core.jobs.base import Job, JobQueue, QueueFull, QueueUnavailable
 from serving_core.loading import LoadedHandler
 from serving_core.online.modelprocess import RemoteBatcher
 from serving_core.settings import Settings

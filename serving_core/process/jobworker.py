@@ -35,7 +35,8 @@ from types import FrameType
 from serving_core.context import Context
 from serving_core.engine.core import Engine, Result
 from serving_core.errors import ServingError
-from serving_core.jobs.base import Job, JobQueue, open_queue
+from serving_core.jobs.backend import open_queue
+from serving_core.jobs.base import Job, JobQueue
 from serving_core.loading import LoadedHandler
 from serving_core.metrics import CONTENT_TYPE, Metrics, exposition
 from serving_core.settings import Settings
