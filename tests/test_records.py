@@ -11,6 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from serving_core import encoding
+from serving_core.batch.formats import open_sink, open_source
 from serving_core.batch.records import (
     Record,
     RecordsError,
@@ -18,8 +19,6 @@ from serving_core.batch.records import (
     Shard,
     id_key,
     input_location,
-    open_sink,
-    open_source,
     output_location,
 )
 

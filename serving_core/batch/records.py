@@ -5,8 +5,8 @@ with a table or a query, or a bare ``.db``/``.sqlite`` path (SQLite). Every
 format has a ``Source`` (records in, with a count for the progress bar when
 one is cheap) and a ``Sink`` (rows out, in chunks, each chunk durable before
 ``write`` returns, and ``written()`` for resuming). The formats live in
-``textfiles`` (JSONL, CSV), ``parquetfiles`` and ``sqltables``; their heavy
-libraries are imported when a location of theirs is opened.
+``textfiles`` (JSONL, CSV), ``parquetfiles`` and ``sqltables``, below
+``formats``, which opens a location with the right one.
 
 Ids: a record's id is its ``id_field`` value, or else its 0-based position in
 the input. Resume and shards compare ids as text (``id_key``), so ``7`` and
@@ -199,39 +199,3 @@ def _kind(value: str, flag: str) -> tuple[Kind, str]:
         f"{flag} {value}: cannot tell its format from the suffix; use one of {known}, "
         "or a SQLAlchemy URL such as postgresql://host/db"
     )
-
-
-def open_source(location: Location, id_field: str) -> Source:
-    if location.kind == "jsonl":
-        from serving_core.batch.textfiles import JsonlSource
-
-        return JsonlSource(location.target, id_field)
-    if location.kind == "csv":
-        from serving_core.batch.textfiles import CsvSource
-
-        return CsvSource(location.target, id_field)
-    if location.kind == "parquet":
-        from serving_core.batch.parquetfiles import ParquetSource
-
-        return ParquetSource(location.target, id_field)
-    from serving_core.batch.sqltables import SqlSource
-
-    return SqlSource(location.target, id_field, table=location.table, query=location.query)
-
-
-def open_sink(location: Location, id_field: str, shard: Shard) -> Sink:
-    if location.kind == "jsonl":
-        from serving_core.batch.textfiles import JsonlSink
-
-        return JsonlSink(sharded_path(location.target, shard), id_field)
-    if location.kind == "csv":
-        from serving_core.batch.textfiles import CsvSink
-
-        return CsvSink(sharded_path(location.target, shard), id_field)
-    if location.kind == "parquet":
-        from serving_core.batch.parquetfiles import ParquetSink
-
-        return ParquetSink(location.target, id_field, shard)
-    from serving_core.batch.sqltables import SqlSink
-
-    return SqlSink(location.target, id_field, location.table or DEFAULT_OUTPUT_TABLE)

@@ -117,11 +117,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace, settings: Settings, environ: Mapping[str, str]) -> int:
     """``serving-core batch``; ``environ`` only for Kubernetes' JOB_COMPLETION_INDEX."""
+    from serving_core.batch.formats import open_sink, open_source
     from serving_core.batch.records import (
         RecordsError,
         input_location,
-        open_sink,
-        open_source,
         output_location,
     )
     from serving_core.loading import HandlerError, load_handler
