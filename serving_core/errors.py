@@ -126,3 +126,12 @@ class NotFound(ServingError):
 class Conflict(ServingError):
     status = 409
     type = "conflict"
+
+
+class HandlerError(Exception):
+    """The handler cannot be served; the message says why and how to fix it.
+
+    Not a ``ServingError``: it stops ``serve``, ``check``, ``batch`` and
+    ``worker`` before anything is served. Here, below ``loading`` and
+    ``pipeline``, so that both raise it without importing each other.
+    """

@@ -24,11 +24,9 @@ from typing import Any
 
 import jsonschema
 
+from serving_core.errors import HandlerError
 from serving_core.handler import Handler, has_predict, is_batched
-
-
-class HandlerError(Exception):
-    """The handler cannot be served; the message says why and how to fix it."""
+from serving_core.pipeline.core import load as load_pipeline
 
 
 @dataclass(frozen=True)
@@ -57,9 +55,7 @@ def load_handler(
     """
     pipeline_file = _pipeline_file(spec)
     if pipeline_file is not None:
-        from serving_core.pipeline.core import load
-
-        pipeline = load(pipeline_file, environ or {})
+        pipeline = load_pipeline(pipeline_file, environ or {})
         return LoadedHandler(pipeline, str(pipeline_file), _sample_at(pipeline_file.parent))
     target, _, class_name = spec.partition(":")
     module, source = _import(target)

@@ -5,8 +5,9 @@ import textwrap
 
 import pytest
 
+from serving_core.errors import HandlerError
 from serving_core.handler import InvalidInput, call_batch
-from serving_core.loading import HandlerError, load_handler
+from serving_core.loading import load_handler
 
 GOOD = """
 from serving_core import Handler

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from serving_core.errors import Overloaded
-from serving_core.loading import HandlerError, load_handler
+from serving_core.errors import HandlerError, Overloaded
+from serving_core.loading import load_handler
 from serving_core.pipeline.config import PipelineError, parse, read
 from serving_core.pipeline.core import Pipeline
 from tests.conftest import make_app

@@ -123,7 +123,8 @@ def main(args: argparse.Namespace, settings: Settings, environ: Mapping[str, str
         input_location,
         output_location,
     )
-    from serving_core.loading import HandlerError, load_handler
+    from serving_core.errors import HandlerError
+    from serving_core.loading import load_handler
 
     with contextlib.ExitStack() as closing:
         try:

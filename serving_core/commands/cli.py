@@ -78,7 +78,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _load_and_run(args: argparse.Namespace, settings: Settings) -> int:
     # Imported here, not at the top: the healthcheck above is the pods' exec
     # probe, started every few seconds, and needs none of this (nor Flask).
-    from serving_core.loading import HandlerError, load_handler
+    from serving_core.errors import HandlerError
+    from serving_core.loading import load_handler
     from serving_core.metrics import enable_multiprocess
 
     try:

@@ -40,7 +40,7 @@ from typing import Any
 import jsonschema
 import yaml
 
-from serving_core.loading import HandlerError
+from serving_core.errors import HandlerError
 
 KINDS = ("serial", "parallel")
 AGGREGATES = ("all", "best_label")
