@@ -87,6 +87,7 @@ fuzz: install-dev
 lint: $(BIN)/.dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports --no-cache --no-logo
 
 typecheck: $(BIN)/.dev
 	$(BIN)/mypy

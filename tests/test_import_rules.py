@@ -1,0 +1,83 @@
+"""The import rules in pyproject.toml bite: each, reversed on a scratch copy, fails lint-imports."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
+
+
+VERDICT = re.compile(r"^(?P<name>.+) (?P<verdict>KEPT|BROKEN)( \(\d+ ignored imports?\))?$")
+
+
+def verdicts(output: str) -> dict[str, str]:
+    """Each contract's name and KEPT or BROKEN, from lint-imports' summary."""
+    found = (VERDICT.match(line) for line in output.splitlines())
+    return {m["name"]: m["verdict"] for m in found if m}
+
+
+def lint_imports(tree: Path) -> subprocess.CompletedProcess[str]:
+    # PYTHONPATH puts the copy ahead of the editable install's finder, so the
+    # graph is built from the copy's files.
+    return subprocess.run(
+        [str(LINT_IMPORTS), "--no-cache", "--no-logo"],
+        cwd=tree,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tree)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Path:
+    shutil.copytree(ROOT / "serving_core", tmp_path / "serving_core")
+    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    return tmp_path
+
+
+def add_line(path: Path, line: str) -> None:
+    # After the module's docstring and its `from __future__` line.
+    text = path.read_text()
+    marker = "from __future__ import annotations\n"
+    assert marker in text, path
+    path.write_text(text.replace(marker, marker + line + "\n", 1))
+
+
+def test_the_package_keeps_every_rule(tree: Path) -> None:
+    result = lint_imports(tree)
+    assert result.returncode == 0, result.stdout + result.stderr
+    found = verdicts(result.stdout)
+    assert len(found) == 5, result.stdout
+    assert set(found.values()) == {"KEPT"}, result.stdout
+
+
+@pytest.mark.parametrize(
+    ("module", "line", "broken"),
+    [
+        ("engine/core.py", "import flask", "Flask and werkzeug are imported only in web"),
+        ("online/service.py", "import gunicorn", "gunicorn and gevent are imported only in"),
+        ("engine/core.py", "import serving_core.web.app", "The layers point down only"),
+        ("handler.py", "import serving_core.encoding", "The handler contract imports nothing"),
+        ("jobs/base.py", "import serving_core.jobs.sqlite_queue", "No import cycles"),
+    ],
+)
+def test_a_reversed_rule_fails(tree: Path, module: str, line: str, broken: str) -> None:
+    add_line(tree / "serving_core" / module, line)
+    result = lint_imports(tree)
+    assert result.returncode != 0, result.stdout
+    # That contract (a reversed layer may break others too, e.g. make a cycle),
+    # and the report names the module we changed.
+    found = verdicts(result.stdout)
+    assert len(found) == 5, result.stdout
+    assert [v for name, v in found.items() if name.startswith(broken)] == ["BROKEN"], result.stdout
+    leaf = module.removesuffix(".py").replace("/", ".")
+    assert f"serving_core.{leaf}" in result.stdout or f".{leaf.split('.')[-1]}" in result.stdout
