@@ -74,25 +74,12 @@ WORKDIR /src
 COPY requirements.txt constraints.txt ./
 RUN pip install --constraint constraints.txt --requirement requirements.txt
 
-# The handler's system packages (see the top), checked as names before apt-get
-# sees them. system-packages*.txt makes the file optional: COPY fails only when
-# no source matches, and constraints.txt always does. The same step is in the
-# image stage below.
-COPY constraints.txt ${HANDLER_DIR}/system-packages*.txt /tmp/system-packages/
-# The list is split into words on purpose (set -f: no globbing), each checked
-# before apt-get sees it. Versions are the handler's to pin (name=version).
-# hadolint ignore=SC2086,DL3008
-RUN set -euf; list=/tmp/system-packages/system-packages.txt; packages=""; \
-    if [ -f "$list" ]; then packages="$(sed -e 's/#.*//' -e 's/\r$//' "$list")"; fi; \
-    rm -rf /tmp/system-packages; set -- $packages; \
-    for name do case "$name" in [!a-z0-9]*|*[!A-Za-z0-9.+:=~-]*) \
-        echo "${HANDLER_DIR}/system-packages.txt: '$name' is not a Debian package name" \
-            "(one name or name=version per line; # starts a comment)" >&2; exit 1 ;; esac; done; \
-    if [ "$#" -gt 0 ]; then \
-        apt-get update; \
-        DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "$@"; \
-        rm -rf /var/lib/apt/lists/*; \
-    fi
+# The handler's system packages (see the top): docker/install-system-packages.sh
+# checks each name, then apt-get installs them. system-packages*.txt makes the
+# file optional (COPY fails only when no source matches; the script always
+# does). The same step is in the image stage below.
+COPY docker/install-system-packages.sh ${HANDLER_DIR}/system-packages*.txt /tmp/system-packages/
+RUN /tmp/system-packages/install-system-packages.sh "${HANDLER_DIR}"
 
 # The handler's requirements before its code, so an edit to handler.py keeps
 # this (large) layer; optional, as above. The torch index is an extra index, so
@@ -144,21 +131,9 @@ RUN groupadd --system --gid 10001 serving \
     && useradd --system --uid 10001 --gid serving --no-create-home \
         --home-dir /nonexistent --shell /usr/sbin/nologin serving
 
-# The handler's system packages again, for the libraries it loads at run time:
-# the build stage's step, word for word.
-COPY constraints.txt ${HANDLER_DIR}/system-packages*.txt /tmp/system-packages/
-# hadolint ignore=SC2086,DL3008
-RUN set -euf; list=/tmp/system-packages/system-packages.txt; packages=""; \
-    if [ -f "$list" ]; then packages="$(sed -e 's/#.*//' -e 's/\r$//' "$list")"; fi; \
-    rm -rf /tmp/system-packages; set -- $packages; \
-    for name do case "$name" in [!a-z0-9]*|*[!A-Za-z0-9.+:=~-]*) \
-        echo "${HANDLER_DIR}/system-packages.txt: '$name' is not a Debian package name" \
-            "(one name or name=version per line; # starts a comment)" >&2; exit 1 ;; esac; done; \
-    if [ "$#" -gt 0 ]; then \
-        apt-get update; \
-        DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "$@"; \
-        rm -rf /var/lib/apt/lists/*; \
-    fi
+# The handler's system packages again, for the libraries it loads at run time.
+COPY docker/install-system-packages.sh ${HANDLER_DIR}/system-packages*.txt /tmp/system-packages/
+RUN /tmp/system-packages/install-system-packages.sh "${HANDLER_DIR}"
 
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \

@@ -137,10 +137,27 @@ def image_scripts() -> dict[str, set[str]]:
     return scripts
 
 
-def test_the_nginx_entrypoint_is_found_from_its_dockerfile() -> None:
-    # The search below is only as good as what it finds: it must see the one
-    # script we know every nginx container runs.
-    assert image_scripts()["nginx/entrypoint.sh"] == {"nginx/Dockerfile"}
+def test_the_known_scripts_are_found_from_their_dockerfiles() -> None:
+    # The search below is only as good as what it finds: it must see the
+    # scripts we know every container, or every app image build, runs.
+    found = image_scripts()
+    assert found["nginx/entrypoint.sh"] == {"nginx/Dockerfile"}
+    assert found["docker/install-system-packages.sh"] == {"Dockerfile"}
+
+
+def test_every_shell_script_an_image_runs_passes_shellcheck() -> None:
+    # /bin/sh in the images: busybox ash (alpine) or dash (Debian), POSIX only.
+    scripts = sorted(s for s in image_scripts() if s.endswith(".sh"))
+    assert scripts
+    result = subprocess.run(
+        ["shellcheck", "--shell=sh", *scripts],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stdout
 
 
 @pytest.mark.parametrize("script", sorted(image_scripts()))

@@ -972,13 +972,3 @@ def test_the_image_runs_the_entrypoint_and_templates_the_tests_run() -> None:
     (cmd,) = stage.of("CMD")
     command = json.loads(cmd.text)
     assert command[:3] == ["nginx", "-c", f"{env['NGINX_ENVSUBST_OUTPUT_DIR']}/nginx.conf"]
-
-
-@pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck is not installed")
-def test_the_nginx_scripts_pass_shellcheck() -> None:
-    scripts = sorted(str(p) for p in (ROOT / "nginx").rglob("*.sh"))
-    assert scripts
-    result = subprocess.run(
-        ["shellcheck", "--shell=sh", *scripts], capture_output=True, text=True, check=False
-    )
-    assert result.returncode == 0, result.stdout

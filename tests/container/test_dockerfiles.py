@@ -372,7 +372,7 @@ def test_shared_dirs_are_copied_before_the_handlers_code_and_after_its_requireme
     # Only /app reaches the image: not the other handlers the build stage copied
     # (the first COPY is the handler's optional system-packages.txt).
     assert [c.copy_sources() for c in final.of("COPY")] == [
-        ["constraints.txt", "${HANDLER_DIR}/system-packages*.txt"],
+        ["docker/install-system-packages.sh", "${HANDLER_DIR}/system-packages*.txt"],
         ["/opt/venv"],
         ["/app"],
     ]
