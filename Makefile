@@ -89,8 +89,11 @@ lint: $(BIN)/.dev
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports --no-cache --no-logo
 
+# mypy strict on serving_core (pyproject), and on the example handlers users
+# copy while they are there (a template's owner may delete them).
+TYPED_EXAMPLES := $(wildcard handlers/echo handlers/minilm)
 typecheck: $(BIN)/.dev
-	$(BIN)/mypy
+	$(BIN)/mypy serving_core $(TYPED_EXAMPLES)
 
 ## make check: `serving-core check` (load, run sample.json) on each of $(HANDLERS).
 check: $(BIN)/.runtime $(call stamps,$(HANDLERS))
