@@ -27,11 +27,16 @@ ROOT = Path(__file__).resolve().parent.parent
 SERVING_CORE = Path(sys.executable).parent / "serving-core"
 
 
+def image_workflow_env() -> dict[str, str]:
+    """The env of .github/workflows/image.yml: HANDLER_DIR and SHARED_DIRS of the images."""
+    workflow = yaml.safe_load((ROOT / ".github" / "workflows" / "image.yml").read_text())
+    return {k: str(v) for k, v in workflow["env"].items()}
+
+
 def served_handler_dir() -> str:
     """The handler the images serve: image.yml's ``env: HANDLER_DIR``, the one place a
     template's owner names it (README, "Your model", step 5)."""
-    workflow = yaml.safe_load((ROOT / ".github" / "workflows" / "image.yml").read_text())
-    return str(workflow["env"]["HANDLER_DIR"]).rstrip("/")
+    return image_workflow_env()["HANDLER_DIR"].rstrip("/")
 
 
 def free_port() -> int:

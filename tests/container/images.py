@@ -14,23 +14,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from tests.container.engine import Engine
-from tests.servers import ROOT
+from tests.servers import ROOT, image_workflow_env, served_handler_dir
 
 REPORT: list[str] = []  # the run's engine, bases, images and build times, printed at the end
 
 
-def image_workflow_env() -> dict[str, str]:
-    """The env of .github/workflows/image.yml: HANDLER_DIR and SHARED_DIRS of the images."""
-    workflow = yaml.safe_load((ROOT / ".github" / "workflows" / "image.yml").read_text())
-    return {k: str(v) for k, v in workflow["env"].items()}
-
-
 def handler_dir() -> str:
     """The handler the app image serves, relative to the repository root."""
-    return os.environ.get("SERVING_TEST_HANDLER_DIR") or image_workflow_env()["HANDLER_DIR"]
+    return os.environ.get("SERVING_TEST_HANDLER_DIR") or served_handler_dir()
 
 
 def sample() -> dict[str, Any]:
