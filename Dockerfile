@@ -48,7 +48,7 @@
 # handler's system packages, its requirements, serving_core, the handler's code
 # (and SHARED_DIRS).
 # Editing handler.py rebuilds only the last; editing serving_core reinstalls no
-# model stack.
+# model stack, and the image it makes differs only by the package's own layer.
 #
 # The handler is loaded and its sample.json run at build time
 # (`serving-core check`), so a broken handler or a missing model fails the
@@ -92,10 +92,14 @@ RUN if [ -f handler-requirements/requirements.txt ]; then \
             --requirement handler-requirements/requirements.txt; \
     fi
 
-# Dependencies are installed and pinned above; this adds serving-core itself.
+# Dependencies are installed and pinned above; serving-core itself becomes a
+# wheel that the image installs on top of the copied environment. Installed into
+# /opt/venv here, an edit to serving_core would change that whole copy (torch
+# included, about 2 GB) instead of one layer the size of the package: every
+# commit would push, and every build would store, the model stack again.
 COPY pyproject.toml README.md ./
 COPY serving_core/ serving_core/
-RUN pip install --no-deps .
+RUN pip wheel --no-deps --wheel-dir /wheels .
 
 # Last: the layers an edit to the handler rebuilds. A handler may import code
 # from a sibling folder (the iris classifiers put handlers/ on sys.path and
@@ -150,6 +154,12 @@ ENV PATH=/opt/venv/bin:$PATH \
 ENV TOKENIZERS_PARALLELISM=false
 
 COPY --from=build /opt/venv /opt/venv
+COPY --from=build /wheels /tmp/wheels
+# The wheel only: its dependencies are in the environment above, and pip asks
+# no index.
+RUN PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore \
+        pip install --no-deps --no-index /tmp/wheels/*.whl \
+    && rm -rf /tmp/wheels
 COPY --from=build /app /app
 WORKDIR /app
 USER 10001:10001

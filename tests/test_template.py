@@ -37,7 +37,7 @@ from tests.servers import ROOT
 pytestmark = [pytest.mark.e2e, pytest.mark.template, pytest.mark.timeout(2400)]
 
 # Set in the inner run, whose own copy of this test would start a third.
-INSIDE = "SERVING_TEST_FRESH_CLONE"
+INSIDE = "TEMPLATE_TEST_INSIDE_CLONE"  # not SERVING_*: the app refuses unknown ones
 SERVING_CORE = Path(sys.executable).parent / "serving-core"
 NAME = "sentiment"
 

@@ -161,18 +161,40 @@ def pip_installs(stage: Stage) -> list[Instruction]:
     return [r for r in stage.of("RUN") if "pip install" in r.text]
 
 
+def wheel_build(stage: Stage) -> Instruction:
+    (wheel,) = [r for r in stage.of("RUN") if "pip wheel" in r.text]
+    return wheel
+
+
 def test_every_dependency_is_installed_under_the_constraints() -> None:
-    build, _ = app_stages()
+    build, final = app_stages()
     installs = pip_installs(build)
-    assert len(installs) == 3
+    assert len(installs) == 2
     for run in installs:
-        text = run.text
-        assert "--constraint constraints.txt" in text or "--no-deps" in text, text
+        assert "--constraint constraints.txt" in run.text, run.text
+    # serving-core itself: its wheel alone, no resolver and no index.
+    assert "--no-deps" in wheel_build(build).text
+    (package,) = pip_installs(final)
+    assert "--no-deps --no-index /tmp/wheels/*.whl" in package.text
+
+
+def test_serving_core_is_a_layer_of_its_own_above_the_environment() -> None:
+    # An edit to serving_core changes that small layer, not the copy of /opt/venv
+    # (torch and the rest of the model stack).
+    build, final = app_stages()
+    (venv_copy,) = [c for c in final.of("COPY") if c.copy_sources() == ["/opt/venv"]]
+    (wheels_copy,) = [c for c in final.of("COPY") if c.copy_sources() == ["/wheels"]]
+    (package,) = pip_installs(final)
+    order = [venv_copy, wheels_copy, package]
+    assert [final.index(i) for i in order] == sorted(final.index(i) for i in order)
+    assert "/wheels" in wheel_build(build).text
+    assert not [r for r in pip_installs(build) if "--no-deps" in r.text]
 
 
 def test_the_handlers_requirements_get_their_own_layer_before_its_code() -> None:
     build, _ = app_stages()
-    framework, handler, serving_core = pip_installs(build)
+    framework, handler = pip_installs(build)
+    serving_core = wheel_build(build)
     (requirements_copy,) = [
         c for c in build.of("COPY") if "${HANDLER_DIR}/requirements*.txt" in c.copy_sources()
     ]
@@ -366,7 +388,8 @@ def test_shared_dirs_are_copied_before_the_handlers_code_and_after_its_requireme
     step = shared_dirs_step()
     (handlers_copy,) = [c for c in build.of("COPY") if c.copy_sources() == ["handlers/"]]
     (code_copy,) = [c for c in build.of("COPY") if c.copy_sources() == ["${HANDLER_DIR}/"]]
-    _, handler_install, serving_core_install = pip_installs(build)
+    _, handler_install = pip_installs(build)
+    serving_core_install = wheel_build(build)
     order = [handler_install, serving_core_install, handlers_copy, step, code_copy]
     assert [build.index(i) for i in order] == sorted(build.index(i) for i in order)
     # Only /app reaches the image: not the other handlers the build stage copied
@@ -374,6 +397,7 @@ def test_shared_dirs_are_copied_before_the_handlers_code_and_after_its_requireme
     assert [c.copy_sources() for c in final.of("COPY")] == [
         ["docker/install-system-packages.sh", "${HANDLER_DIR}/system-packages*.txt"],
         ["/opt/venv"],
+        ["/wheels"],
         ["/app"],
     ]
 
