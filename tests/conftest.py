@@ -1,7 +1,9 @@
 from __future__ import annotations
 
+import importlib
 import tempfile
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -17,14 +19,29 @@ PROBE = str(HANDLERS / "probe" / "handler.py")
 EXAMPLES = Path(__file__).resolve().parent.parent / "handlers"
 
 
+def _without(names: tuple[str, ...]) -> str:
+    """Why tests of the examples ``names`` skip, or "" while all of them are here."""
+    gone = [f"handlers/{name}" for name in names if not (EXAMPLES / name).is_dir()]
+    if not gone:
+        return ""
+    return (
+        f"example handler not in this repository: {', '.join(gone)} (a template's"
+        " owner may delete the examples; their tests go with them)"
+    )
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
     for mark in item.iter_markers("example"):
-        gone = [f"handlers/{name}" for name in mark.args if not (EXAMPLES / name).is_dir()]
-        if gone:
-            pytest.skip(
-                f"example handler not in this repository: {', '.join(gone)} (a template's"
-                " owner may delete the examples; their tests go with them)"
-            )
+        if reason := _without(mark.args):
+            pytest.skip(reason)
+
+
+def example_module(example: str, module: str) -> ModuleType:
+    """``module``, which only handlers/``example``'s requirements install, imported at
+    the top of that example's test module; the whole module skips once it is deleted."""
+    if reason := _without((example,)):
+        pytest.skip(reason, allow_module_level=True)
+    return importlib.import_module(module)
 
 
 def make_app(handler=PROBE, **env):

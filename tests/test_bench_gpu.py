@@ -12,7 +12,7 @@ import pytest
 
 from tests.servers import ROOT, base_env
 
-pytestmark = [pytest.mark.e2e, pytest.mark.model]
+pytestmark = [pytest.mark.e2e, pytest.mark.model, pytest.mark.example("minilm")]
 
 
 def test_the_gpu_bench_measures_the_bare_model_both_modes_and_the_noop_ceiling_on_the_cpu():

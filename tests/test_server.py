@@ -187,6 +187,7 @@ def test_a_raising_handler_is_a_json_500_logged_once_and_the_next_request_works(
 
 
 def test_computing_with_torch_in_setup_does_not_hang_the_forked_workers():
+    pytest.importorskip("torch", reason="no handler here installs torch")
     # One worker gets both cores, so its torch uses OpenMP threads after fork.
     env = {"SERVING_HANDLER": str(HANDLERS / "forkwarm" / "handler.py"), "SERVING_WORKERS": "1"}
     with gunicorn_server(env, ready_timeout_s=30) as server:
