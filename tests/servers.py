@@ -27,6 +27,19 @@ ROOT = Path(__file__).resolve().parent.parent
 SERVING_CORE = Path(sys.executable).parent / "serving-core"
 
 
+def git_ls_files(*options: str) -> list[str]:
+    """``git ls-files -z OPTIONS`` in the repository: one entry per file."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", *options],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
+    ).stdout
+    return [entry for entry in listed.split("\0") if entry]
+
+
 def image_workflow_env() -> dict[str, str]:
     """The env of .github/workflows/image.yml: HANDLER_DIR and SHARED_DIRS of the images."""
     workflow = yaml.safe_load((ROOT / ".github" / "workflows" / "image.yml").read_text())

@@ -22,7 +22,7 @@ from pathlib import PurePosixPath
 import pytest
 
 from tests.container.dockerfile import Instruction, Stage, expand, parse
-from tests.servers import ROOT
+from tests.servers import ROOT, git_ls_files
 
 # Where a bare command name is looked up in the images (Debian's and alpine's PATH).
 PATH = ["/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"]
@@ -31,16 +31,8 @@ WORD = re.compile(r"[^\s;|&()<>'\"`]+")
 
 def git_modes() -> dict[str, str]:
     """Each tracked file's mode as git records it (100644, 100755, 120000 ...)."""
-    listed = subprocess.run(
-        ["git", "ls-files", "-s", "-z"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=30,
-    ).stdout
     modes = {}
-    for entry in filter(None, listed.split("\0")):
+    for entry in git_ls_files("-s"):
         meta, _, path = entry.partition("\t")
         modes[path] = meta.split()[0]
     return modes

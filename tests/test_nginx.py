@@ -35,7 +35,7 @@ from tests.nginx_server import (
     render,
     wait_until_ready,
 )
-from tests.servers import ROOT, Server, free_port, gunicorn_server
+from tests.servers import ROOT, Server, free_port, git_ls_files, gunicorn_server
 
 ECHO = "handlers/echo/handler.py"
 SLOW = "tests/handlers/nginx_slow/handler.py"
@@ -935,15 +935,8 @@ def test_every_rendered_form_passes_nginx_t(tmp_path: Path, settings: dict[str, 
 
 def repository_files() -> list[Path]:
     """Every file git would commit: tracked and untracked, less the ignored."""
-    listed = subprocess.run(
-        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=30,
-    ).stdout
-    return [ROOT / name for name in listed.split("\0") if name and (ROOT / name).is_file()]
+    listed = git_ls_files("--cached", "--others", "--exclude-standard")
+    return [ROOT / name for name in listed if (ROOT / name).is_file()]
 
 
 def test_nginx_templates_is_the_only_nginx_configuration_in_the_repository() -> None:

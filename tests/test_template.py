@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from tests.readme import block_with, commands, put_the_readme_handler, shell_blocks
-from tests.servers import ROOT
+from tests.servers import ROOT, git_ls_files
 
 # Apart from `make test` (pyproject's addopts leave it out): it runs the whole
 # suite once more, in the clone, which would double the suite's time. CI runs
@@ -62,8 +62,7 @@ def git(repo: Path, *args: str) -> str:
 
 def fresh_clone(into: Path) -> Path:
     """A new repository with this working tree's committable files, modes kept."""
-    listed = git(ROOT, "ls-files", "-z", "--cached", "--others", "--exclude-standard")
-    for name in filter(None, listed.split("\0")):
+    for name in git_ls_files("--cached", "--others", "--exclude-standard"):
         source = ROOT / name
         if source.is_file():  # a tracked file deleted in the working tree is left out
             (into / name).parent.mkdir(parents=True, exist_ok=True)

@@ -16,9 +16,9 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -28,19 +28,22 @@ from tests.container.images import REPORT, app_build_args, build_timed, handler_
 from tests.container.stack import Stack, compose_stack
 from tests.servers import ROOT, base_env
 
+T = TypeVar("T")
 ENGINES: list[Engine] = []  # the engine found, for the disk use at the end
+
+
+def _or_fail(call: Callable[[], T]) -> T:
+    """``call()``; an EngineError fails the test with its message alone (it says what to do)."""
+    try:
+        return call()
+    except EngineError as exc:
+        message = str(exc)
+    pytest.fail(message, pytrace=False)
 
 
 @pytest.fixture(scope="session")
 def engine() -> Engine:
-    try:
-        found = Engine.find()
-    except EngineError as exc:
-        missing = str(exc)
-    else:
-        missing = ""
-    if missing:
-        pytest.fail(missing, pytrace=False)
+    found = _or_fail(Engine.find)
     REPORT.append(f"container engine: {found.why}")
     ENGINES.append(found)
     return found
@@ -48,14 +51,7 @@ def engine() -> Engine:
 
 def _resolved(engine: Engine, base: bases.Base) -> bases.Resolved:
     started = time.monotonic()
-    try:
-        resolved = bases.resolve(engine, base)
-    except EngineError as exc:
-        failed = str(exc)
-    else:
-        failed = ""
-    if failed:
-        pytest.fail(failed, pytrace=False)
+    resolved = _or_fail(lambda: bases.resolve(engine, base))
     REPORT.append(f"base {resolved.describe()}, ready in {time.monotonic() - started:.0f} s")
     return resolved
 
