@@ -14,7 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +25,14 @@ from serving_core.cores import usable_cores
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVING_CORE = Path(sys.executable).parent / "serving-core"
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 10.0) -> None:
+    """Poll ``condition`` until it holds; fail naming ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out after {timeout_s} s waiting for {what}"
+        time.sleep(0.02)
 
 
 def git_ls_files(*options: str) -> list[str]:

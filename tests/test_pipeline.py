@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -16,7 +15,7 @@ import yaml
 
 from serving_core.pipeline import core as pipeline
 from tests.conftest import PROBE
-from tests.servers import ROOT, Server, free_port, gunicorn_server
+from tests.servers import ROOT, Server, free_port, gunicorn_server, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -26,14 +25,6 @@ ONE_WORKER = {"SERVING_WORKERS": "1"}
 
 def post(server: Server, payload: dict, **kwargs) -> requests.Response:
     return requests.post(server.url + "/predict", json=payload, timeout=30, **kwargs)
-
-
-def wait_for(condition, what: str, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout_s} s: {what}")
-        time.sleep(0.05)
 
 
 def write_pipeline(folder: Path, spec: dict) -> str:

@@ -64,9 +64,10 @@ def fresh_clone(into: Path) -> Path:
     """A new repository with this working tree's committable files, modes kept."""
     for name in git_ls_files("--cached", "--others", "--exclude-standard"):
         source = ROOT / name
-        if source.is_file():  # a tracked file deleted in the working tree is left out
+        # A tracked file deleted in the working tree is left out; a link stays a link.
+        if source.is_file() or source.is_symlink():
             (into / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, into / name)
+            shutil.copy2(source, into / name, follow_symlinks=False)
     git(into, "init", "-q", "-b", "main")
     git(into, "add", "-A")
     git(into, "commit", "-q", "-m", "the template, as cloned")
