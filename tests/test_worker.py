@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+import redis
 import requests
 
 from serving_core.jobs.backend import open_queue
@@ -32,8 +33,13 @@ def queue_env(request, tmp_path):
         # One file for the web server and the worker: the embedded backend.
         return {"SERVING_JOBS_PATH": str(tmp_path / "jobs.db")}
     url = request.getfixturevalue("redis_url")
-    # A queue of its own per test: the probe's queue name is shared.
-    return {"SERVING_JOBS_URL": url.replace("/0", f"/{abs(hash(request.node.name)) % 15 + 1}")}
+    # A queue of its own per test, since the probe's queue name is shared: an empty
+    # database (a name's hash picked one, and two tests could meet in it; a
+    # consumer's heartbeat left by another test hid a missing one's hint).
+    own = url.replace("/0", "/1")
+    with redis.Redis.from_url(own) as client:
+        client.flushdb()
+    return {"SERVING_JOBS_URL": own}
 
 
 def wait_for(condition, timeout_s, what):
