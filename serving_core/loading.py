@@ -27,6 +27,7 @@ import jsonschema
 from serving_core.errors import HandlerError
 from serving_core.handler import Handler, has_predict, is_batched
 from serving_core.pipeline.core import load as load_pipeline
+from serving_core.runtime import THREADS, Runtime
 
 
 @dataclass(frozen=True)
@@ -45,17 +46,19 @@ def load_handler(
     device: str = "cpu",
     dtype: str = "float32",
     environ: Mapping[str, str] | None = None,
+    runtime: Runtime = THREADS,
 ) -> LoadedHandler:
     """Import the module named by ``spec`` and instantiate its one ``Handler`` subclass.
 
     ``device`` and ``dtype`` (``SERVING_DEVICE``, ``SERVING_DTYPE``) become the
     handler's ``self.device`` and ``self.dtype``, read from ``setup()`` on.
     ``environ`` is where a pipeline file's stage URL variables are looked up
-    (the CLI passes ``os.environ``); without it they are all unset.
+    (the CLI passes ``os.environ``); without it they are all unset. ``runtime``:
+    how a pipeline's stage calls wait (the gevent worker's, under ``serve``).
     """
     pipeline_file = _pipeline_file(spec)
     if pipeline_file is not None:
-        pipeline = load_pipeline(pipeline_file, environ or {})
+        pipeline = load_pipeline(pipeline_file, environ or {}, runtime)
         return LoadedHandler(pipeline, str(pipeline_file), _sample_at(pipeline_file.parent))
     target, _, class_name = spec.partition(":")
     module, source = _import(target)

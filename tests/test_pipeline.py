@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import http.server
 import os
 import signal
+import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -199,6 +201,65 @@ def test_a_required_stage_that_is_down_gives_a_json_502_naming_it(probe, tmp_pat
     assert error["type"] == "bad_gateway"
     assert error["message"].startswith("stage 'ranker' failed: connection failed")
     assert [s["status"] for s in error["details"]["stages"]] == ["ran", "failed"]
+
+
+class _Rendezvous(http.server.BaseHTTPRequestHandler):
+    """A stage that answers only once both stages' calls have arrived."""
+
+    barrier: threading.Barrier
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        try:
+            self.server.barrier.wait()  # type: ignore[attr-defined]
+            status, body = 200, b'{"score": 1}'
+        except threading.BrokenBarrierError:
+            status, body = 503, b'{"error": {"type": "alone", "message": "called alone"}}'
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+# The runtime the server passes down: greenlets on the gevent worker's hub, the
+# pipeline's threads under gthread. Called one after the other, the first stage
+# would wait at the rendezvous alone until it breaks.
+@pytest.mark.parametrize("worker_class", ["gevent", "gthread"])
+def test_a_parallel_pipeline_calls_its_stages_at_the_same_time(tmp_path, worker_class):
+    stage = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Rendezvous)
+    stage.barrier = threading.Barrier(2, timeout=5)  # type: ignore[attr-defined]
+    threading.Thread(target=stage.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{stage.server_address[1]}"
+    folder = write_pipeline(
+        tmp_path / "rendezvous",
+        {
+            "kind": "parallel",
+            "aggregate": "all",
+            "stages": [
+                {"name": "left", "url_env": "LEFT_URL", "retries": 0, "timeout_s": 20},
+                {"name": "right", "url_env": "RIGHT_URL", "retries": 0, "timeout_s": 20},
+            ],
+        },
+    )
+    env = {
+        "SERVING_HANDLER": folder,
+        "LEFT_URL": url,
+        "RIGHT_URL": url,
+        "SERVING_WORKER_CLASS": worker_class,
+        **ONE_WORKER,
+    }
+    try:
+        with gunicorn_server(env) as server:
+            answer = post(server, {"text": "hello"})
+    finally:
+        stage.shutdown()
+        stage.server_close()
+    assert answer.status_code == 200, answer.text
+    assert [s["status"] for s in answer.json()["stages"]] == ["ran", "ran"]
 
 
 def test_a_stage_that_wants_an_api_key_gets_the_one_its_key_env_holds(tmp_path):

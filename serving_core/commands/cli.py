@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from serving_core.batch import run as batch
 from serving_core.commands import healthcheck as probe
 from serving_core.commands import init as scaffold
+from serving_core.runtime import THREADS
 from serving_core.settings import Settings, SettingsError
 
 if TYPE_CHECKING:
@@ -89,8 +90,17 @@ def _load_and_run(args: argparse.Namespace, settings: Settings) -> int:
         if args.command in ("serve", "worker"):
             # Before the handler is imported: it might import prometheus_client.
             enable_multiprocess(settings.metrics_dir)
+        runtime = THREADS
+        if args.command == "serve":
+            from serving_core.process.server import runtime_for
+
+            runtime = runtime_for(settings)  # a gevent worker's pipeline calls: greenlets
         loaded = load_handler(
-            settings.handler, device=settings.device, dtype=settings.dtype, environ=os.environ
+            settings.handler,
+            device=settings.device,
+            dtype=settings.dtype,
+            environ=os.environ,
+            runtime=runtime,
         )
     except (SettingsError, HandlerError) as exc:
         print(f"serving-core: error: {exc}", file=sys.stderr)

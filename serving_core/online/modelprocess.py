@@ -61,6 +61,7 @@ from serving_core.engine.batcher import Batcher, Observer, Pending
 from serving_core.engine.core import Engine
 from serving_core.engine.policy import make_policy
 from serving_core.errors import NotReady, ServingError
+from serving_core.runtime import THREADS, Runtime
 from serving_core.settings import Settings
 
 log = logging.getLogger("serving_core.online.modelprocess")
@@ -428,23 +429,25 @@ class RemoteBatcher:
         max_queue: int = 1 << 30,
         observer: Observer | None = None,
         open_connections: Callable[[], int | None] = lambda: None,
+        runtime: Runtime = THREADS,
     ) -> None:
         paths = [paths] if isinstance(paths, str) else list(paths)
+        self.runtime = runtime
         self.max_queue = max_queue
         self.policy = SharedPolicy(paths)
         self.fault: str | None = None  # a worker-side model thread's; never set here
-        self.new_future: Callable[[], Future[Any]] = Future
         self._observer = observer
         self._open_connections = open_connections
         self._seq = itertools.count()
         self._stopping = False
-        self._links = [_Link(path, lambda: self._stopping) for path in paths]
+        self._links = [_Link(path, lambda: self._stopping, runtime) for path in paths]
 
     # -- the Batcher interface the service uses -------------------------------
 
     def start(self) -> None:
         for link in self._links:
-            _spawn(link.run)
+            # A greenlet under gevent: the worker's sockets are gevent's, read on its hub.
+            self.runtime.spawn(link.run)
 
     def wait_connected(self, timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s
@@ -483,7 +486,7 @@ class RemoteBatcher:
     def submit(self, item: Any, context: Context, *, arrival: float) -> Pending:
         link = self._pick()
         pending = Pending(
-            item, context, arrival, enqueued=time.monotonic(), future=self.new_future()
+            item, context, arrival, enqueued=time.monotonic(), future=self.runtime.new_future()
         )
         message = (
             next(self._seq),
@@ -525,7 +528,7 @@ class RemoteBatcher:
 class _Link:
     """One worker's connection to one model process, and its requests in flight."""
 
-    def __init__(self, path: str, stopping: Callable[[], bool]) -> None:
+    def __init__(self, path: str, stopping: Callable[[], bool], runtime: Runtime) -> None:
         self.path = path
         self.stopping = stopping
         self.sock: socket.socket | None = None
@@ -534,7 +537,7 @@ class _Link:
         # A sendall may wait for room in the socket (the model process slow to read);
         # under gevent it yields to the hub meanwhile, so the lock must be gevent's:
         # a native one would block the hub for the next greenlet that sends.
-        self._send_lock = _new_lock()
+        self._send_lock = runtime.new_lock()
 
     def send(self, message: tuple[Any, ...], pending: Pending) -> None:
         sock = self.sock
@@ -617,35 +620,6 @@ class _Link:
                             f"retry (request id {one.request_id})"
                         )
                     )
-
-
-def _gevent_sockets() -> bool:
-    if "gevent.monkey" not in sys.modules:
-        return False
-    from gevent import monkey
-
-    return bool(monkey.is_module_patched("socket"))
-
-
-def _new_lock() -> contextlib.AbstractContextManager[Any]:
-    """A lock for greenlets when the worker's sockets are gevent's, else a thread lock."""
-    if _gevent_sockets():
-        from gevent.lock import Semaphore
-
-        lock: contextlib.AbstractContextManager[Any] = Semaphore()
-        return lock
-    return threading.Lock()
-
-
-def _spawn(target: Callable[[], None]) -> None:
-    """A greenlet under gevent (the worker's sockets are gevent's, read on its hub),
-    else a thread."""
-    if _gevent_sockets():
-        import gevent
-
-        gevent.spawn(target)
-        return
-    threading.Thread(target=target, name="serving-model-reader", daemon=True).start()
 
 
 def socket_path(directory: str, index: int = 0) -> str:

@@ -15,7 +15,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import CancelledError, Future
+from concurrent.futures import CancelledError
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
@@ -40,6 +40,7 @@ from serving_core.jobs.backend import open_queue
 from serving_core.jobs.base import Job, JobQueue, QueueFull, QueueUnavailable
 from serving_core.loading import LoadedHandler
 from serving_core.online.modelprocess import RemoteBatcher
+from serving_core.runtime import THREADS, Runtime
 from serving_core.settings import Settings
 
 log = logging.getLogger("serving_core.online.service")
@@ -59,10 +60,14 @@ class Service:
         observer: Observer | None = None,
         cache_observer: CacheObserver | None = None,
         model_sockets: Sequence[str] = (),
+        runtime: Runtime = THREADS,
     ) -> None:
         """``model_sockets``: the shared model processes' sockets (SERVING_MODEL_PROCESS=
-        shared; one per GPU); the model runs there, not on a model thread of this worker."""
+        shared; one per GPU); the model runs there, not on a model thread of this worker.
+        ``runtime``: how this worker's requests wait (threads, or the gevent worker's
+        greenlets)."""
         self.settings = settings
+        self.runtime = runtime
         self.loaded = loaded
         self.engine = engine
         self.handler = loaded.handler
@@ -93,23 +98,20 @@ class Service:
         *,
         warm_up: bool = True,
         open_connections: Callable[[], int | None] = lambda: None,
-        new_future: Callable[[], Future[Any]] = Future,
         on_verdict: Callable[[Verdict], None] | None = None,
         watch_client: WatchClient | None = None,
-        defer_wake: Callable[[Callable[[], None]], object] | None = None,
     ) -> None:
         """Per-worker start: ``setup_worker``, the model thread, then the sample as warm-up.
 
         ``open_connections``: the worker's open client connections (each may still
-        send a request), for the adaptive policy; ``new_future``: what a waiting
-        request waits on (the gevent worker's greenlet-friendly future);
-        ``on_verdict``: how the worker leaves when its watchdog says it should
-        (None: no watchdog); ``defer_wake``: how the worker's requests wake the
-        model thread (``Batcher.defer_wake``; None: each submit at once).
+        send a request), for the adaptive policy; ``on_verdict``: how the worker
+        leaves when its watchdog says it should (None: no watchdog).
         """
         self._watch_client = watch_client
         self.handler.setup_worker()
-        self.cache = from_settings(self.settings, self.handler, self._cache_observer, new_future)
+        self.cache = from_settings(
+            self.settings, self.handler, self._cache_observer, self.runtime.new_future
+        )
         if self.settings.jobs_enabled:
             self.jobs = open_queue(self.settings, self.name)
         if self.settings.followup_queue:
@@ -128,8 +130,8 @@ class Service:
                 max_queue=self.settings.max_queue,
                 observer=self._observer,
                 open_connections=open_connections,
+                runtime=self.runtime,
             )
-            self.batcher.new_future = new_future
             self.batcher.start()
             self._watch(on_verdict)
             return
@@ -146,8 +148,8 @@ class Service:
             max_queue=self.settings.max_queue,
             observer=self._observer,
         )
-        self.batcher.new_future = new_future
-        self.batcher.defer_wake = defer_wake
+        self.batcher.new_future = self.runtime.new_future
+        self.batcher.defer_wake = self.runtime.defer_wake
         self.batcher.start()
         if warm_up and self.loaded.sample is not None:
             # Runs in the worker after fork: the first real request does not pay

@@ -28,11 +28,12 @@ sockets are gevent's, so a waiting call yields to the worker's other requests.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,7 @@ from serving_core.context import Context
 from serving_core.errors import BadGateway, DeadlineExceeded, InvalidParams
 from serving_core.handler import Handler, Output, Params
 from serving_core.pipeline.config import PipelineError, PipelineSpec, StageSpec, read
+from serving_core.runtime import THREADS, Runtime
 
 log = logging.getLogger("serving_core.pipeline.core")
 
@@ -97,6 +99,7 @@ class Pipeline(Handler):
     spec: PipelineSpec
 
     def __init__(self) -> None:
+        self.runtime = THREADS
         self._http: urllib3.PoolManager | None = None
         self._threads: ThreadPoolExecutor | None = None
         self._ready_at = -float("inf")
@@ -196,18 +199,23 @@ class Pipeline(Handler):
 
     def _fan_out(self, params: Params, ctx: Context) -> list[Outcome]:
         stages = self.spec.stages
-        from gevent import monkey
-
-        if monkey.is_module_patched("socket"):
-            import gevent
-
-            calls = [gevent.spawn(self._call, stage, params, ctx) for stage in stages]
-            gevent.joinall(calls)
-            return [call.get() for call in calls]
+        if self.runtime.green:
+            # A greenlet per stage on this worker's hub; the request's greenlet waits
+            # on futures that yield to the hub (a native wait would stall the worker).
+            futures = [self.runtime.new_future() for _ in stages]
+            for stage, future in zip(stages, futures, strict=True):
+                self.runtime.spawn(functools.partial(self._settle, future, stage, params, ctx))
+            return [future.result() for future in futures]
         if self._threads is None:
             return [self._call(stage, params, ctx) for stage in stages]
         futures = [self._threads.submit(self._call, stage, params, ctx) for stage in stages]
         return [future.result() for future in futures]
+
+    def _settle(self, future: Future[Any], stage: StageSpec, params: Params, ctx: Context) -> None:
+        try:
+            future.set_result(self._call(stage, params, ctx))
+        except BaseException as exc:  # the request's greenlet re-raises it
+            future.set_exception(exc)
 
     def _scored(self, outcome: Outcome) -> Outcome:
         """best_label: an answer without a numeric score is a stage failure too."""
@@ -335,8 +343,9 @@ def _reason(exc: Exception) -> str:
     return f"connection failed: {reason}"
 
 
-def load(path: Path, environ: Mapping[str, str]) -> Pipeline:
-    """A ``Pipeline`` for the file at ``path``, stage URLs looked up in ``environ``."""
+def load(path: Path, environ: Mapping[str, str], runtime: Runtime = THREADS) -> Pipeline:
+    """A ``Pipeline`` for the file at ``path``, stage URLs looked up in ``environ``;
+    its stage calls wait as ``runtime`` says (greenlets in a gevent worker)."""
     spec = read(path, environ)
     cls = type(
         "Pipeline",
@@ -350,4 +359,5 @@ def load(path: Path, environ: Mapping[str, str]) -> Pipeline:
         },
     )
     pipeline: Pipeline = cls()
+    pipeline.runtime = runtime
     return pipeline

@@ -48,6 +48,7 @@ from serving_core.online.modelprocess import ModelProcess, socket_path
 from serving_core.online.service import Service
 from serving_core.process import recycle, wire
 from serving_core.process.drain import DrainingArbiter
+from serving_core.runtime import THREADS, Runtime
 from serving_core.settings import Settings
 from serving_core.threads import limit_master_threads, set_worker_threads
 from serving_core.web.app import create_app
@@ -89,9 +90,7 @@ def gunicorn_options(
             # and how it leaves.
             service.start(
                 open_connections=worker.open_connections,
-                new_future=worker.new_future,
                 watch_client=getattr(worker, "watch_client", None),
-                defer_wake=getattr(worker, "defer_wake", None),
                 on_verdict=functools.partial(recycle.leave, worker),
             )
         except Exception as exc:
@@ -211,6 +210,16 @@ def say_where(bind: str) -> None:
         )
 
 
+def runtime_for(settings: Settings) -> Runtime:
+    """How the configured worker's requests wait: greenlets (gevent) or threads."""
+    if settings.worker_class == "gevent":
+        # Imported only for gevent: a gthread server never imports gevent.
+        from serving_core.process.workers import green as greenworker
+
+        return greenworker.RUNTIME
+    return THREADS
+
+
 def build(settings: Settings, loaded: LoadedHandler) -> tuple[Flask, Service, list[ModelProcess]]:
     """The objects of one server, built here and passed down: metrics, the engine
     over the handler, the online service around it, the app over that, and the
@@ -242,6 +251,7 @@ def build(settings: Settings, loaded: LoadedHandler) -> tuple[Flask, Service, li
         observer=observer,
         cache_observer=observer,
         model_sockets=[model.path for model in models],
+        runtime=runtime_for(settings),
     )
     return create_app(settings, service, observer), service, models
 

@@ -56,12 +56,14 @@ from typing import Any, cast
 import gevent
 from gevent import monkey
 from gevent.hub import Waiter, get_hub
+from gevent.lock import Semaphore
 from gevent.server import StreamServer
 from gunicorn.workers import ggevent
 from gunicorn.workers.ggevent import GeventWorker
 
 from serving_core.process.drain import DrainingWorker
 from serving_core.process.workers.uploads import Connections, TimedBody
+from serving_core.runtime import Runtime
 
 ACCEPT_PAUSE_S = 0.005  # how often a paused worker looks again
 ACCEPT_PAUSE_MAX_S = 0.05  # the longest it leaves new connections to its siblings
@@ -293,9 +295,8 @@ class _FairServer(StreamServer):  # type: ignore[misc]
 
 
 class GreenWorker(DrainingWorker, GeventWorker):  # type: ignore[misc]
-    # What a request greenlet waits on (see GreenFuture), and how it notices that its
-    # client has gone (watch_client); handed to the service in post_fork.
-    new_future = GreenFuture
+    # How a request greenlet notices that its client has gone; handed to the service
+    # in post_fork. What it waits on is RUNTIME's.
     watch_client = staticmethod(watch_client)
     # SERVING_BODY_TIMEOUT_S; post_fork sets the configured value.
     body_timeout_s = 10.0
@@ -325,13 +326,6 @@ class GreenWorker(DrainingWorker, GeventWorker):  # type: ignore[misc]
         """This worker's open client connections, each of which may still send a
         request: the adaptive batcher stops waiting once all of theirs are queued."""
         return _FairServer.open_connections
-
-    @staticmethod
-    def defer_wake(wake: Callable[[], None]) -> object:
-        """Run ``wake`` once the hub has run every greenlet that is ready now
-        (``Batcher.defer_wake``): the requests read in this turn of the loop reach
-        the model thread with one wake-up."""
-        return get_hub().loop.run_callback(wake)
 
     # -- slow clients (``uploads``); each runs in the connection's greenlet ------
 
@@ -376,3 +370,20 @@ class GreenWorker(DrainingWorker, GeventWorker):  # type: ignore[misc]
             # hub while the others' requests waited up to seconds (wrk c=32 on cached
             # answers: p99 1.1 s, timeouts).
             gevent.sleep(0)
+
+
+def defer_wake(wake: Callable[[], None]) -> object:
+    """Run ``wake`` once the hub has run every greenlet that is ready now
+    (``Batcher.defer_wake``): the requests read in this turn of the loop reach
+    the model thread with one wake-up."""
+    return get_hub().loop.run_callback(wake)
+
+
+def _spawn(target: Callable[[], None]) -> None:
+    gevent.spawn(target)
+
+
+# How the gevent worker's requests wait: on GreenFuture, gevent's lock, greenlets.
+RUNTIME = Runtime(
+    "gevent", new_future=GreenFuture, new_lock=Semaphore, spawn=_spawn, defer_wake=defer_wake
+)

@@ -7,14 +7,13 @@
   may still send.
 
 ``serving-core serve`` installs ``wire`` for it (one send per response, and
-gunicorn's own protocol errors as JSON) and hands ``open_connections`` and
-``new_future`` to the service in ``post_fork``.
+gunicorn's own protocol errors as JSON) and hands ``open_connections`` to the
+service in ``post_fork``. Its requests wait on native threads: ``THREADS``.
 """
 
 from __future__ import annotations
 
 import time
-from concurrent.futures import Future
 from typing import Any
 
 from gunicorn.workers.gthread import ThreadWorker
@@ -24,9 +23,6 @@ from serving_core.web import arrival
 
 
 class StampingThreadWorker(DrainingWorker, ThreadWorker):  # type: ignore[misc]
-    # Request threads wait natively: a plain future will do.
-    new_future = Future
-
     def open_connections(self) -> int:
         """Client connections open, each of which may still send one request
         (HTTP/1.1 carries one at a time): the adaptive batcher stops waiting
