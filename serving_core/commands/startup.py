@@ -8,7 +8,7 @@ from serving_core import logs
 from serving_core.commands.failure import Failure
 from serving_core.errors import HandlerError
 from serving_core.loading import LoadedHandler, load_handler
-from serving_core.metrics import enable_multiprocess
+from serving_core.metrics.directory import enable_multiprocess
 from serving_core.settings import Settings, SettingsError
 
 

@@ -18,7 +18,7 @@ from serving_core import context, encoding
 from serving_core.errors import QUOTE_CHARS, BadRequest, ServingError, quote, shorten
 from serving_core.jobs import liveness
 from serving_core.logs import BATCH_SIZE_KEY, ROUTE_KEY
-from serving_core.metrics import CONTENT_TYPE, Metrics
+from serving_core.metrics.core import CONTENT_TYPE, Metrics
 from serving_core.online.service import Service, status_url
 from serving_core.settings import Settings
 from serving_core.web import access, arrival, docs, openapi
