@@ -157,6 +157,7 @@ def test_the_app_counts_requests_by_route_and_status(client):
     client.post("/predict", json={"text": "a"})
     client.post("/predict", json={"n": -1})
     client.get("/no/such/path")
+    client.get("/predict")  # a 405: counted under its route, not with the 404s
     response = client.get("/metrics")
     assert response.status_code == 200
     assert response.content_type.startswith("text/plain")
@@ -164,6 +165,8 @@ def test_the_app_counts_requests_by_route_and_status(client):
     assert sample(text, "serving_requests_total", route="/predict", status="200") == 1
     assert sample(text, "serving_requests_total", route="/predict", status="400") == 1
     assert sample(text, "serving_requests_total", route="unmatched", status="404") == 1
+    assert sample(text, "serving_requests_total", route="/predict", status="405") == 1
+    assert sample(text, "serving_requests_total", route="unmatched", status="405") is None
     assert sample(text, "serving_batch_size_count") >= 1
 
 

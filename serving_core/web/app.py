@@ -3,12 +3,13 @@ error funnel (``responses``)."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from typing import Any
 
-from flask import Flask, Response, g, send_from_directory
-from werkzeug.exceptions import HTTPException, NotFound
+from flask import Flask, Request, Response, current_app, g, send_from_directory
+from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
 
 from serving_core.logs import ROUTE_KEY
 from serving_core.metrics.core import Metrics
@@ -118,8 +119,7 @@ def create_app(settings: Settings, service: Service, metrics: Metrics) -> Flask:
     def _count(response: Response) -> Response:
         req = incoming.this_request()
         rule = req.url_rule
-        # Unmatched paths share one label: a scanner must not create series.
-        route = rule.rule if rule is not None else "unmatched"
+        route = rule.rule if rule is not None else _unmatched_route(req)
         req.environ[ROUTE_KEY] = route  # for the JSON access line
         now = time.monotonic()
         metrics.request(route, response.status_code, now - g.get("arrival", now))
@@ -129,6 +129,21 @@ def create_app(settings: Settings, service: Service, metrics: Metrics) -> Flask:
     app.register_error_handler(HTTPException, error_response)
     app.register_error_handler(Exception, error_response)
     return app
+
+
+def _unmatched_route(req: Request) -> str:
+    """The label of a request that no rule took. A wrong method (405) names the route
+    whose path it matched; every other path shares "unmatched" (the 404s: a scanner
+    must not create series)."""
+    refused = req.routing_exception
+    if isinstance(refused, MethodNotAllowed) and refused.valid_methods:
+        adapter = current_app.create_url_adapter(req)
+        if adapter is not None:
+            with contextlib.suppress(HTTPException):
+                method = next(iter(refused.valid_methods))
+                rule, _ = adapter.match(method=method, return_rule=True)
+                return rule.rule
+    return "unmatched"
 
 
 def _add_docs(app: Flask, html: str) -> None:
