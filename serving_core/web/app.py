@@ -153,6 +153,11 @@ def _add_docs(app: Flask, html: str) -> None:
     def docs_page() -> Response:
         return Response(html, mimetype="text/html")
 
+    @app.get("/docs/")
+    def docs_slash() -> Response:
+        # Relative, as every URL on the page is: it works under a proxy's prefix too.
+        return Response(status=308, headers={"Location": "../docs"})
+
     @app.get("/docs/<name>")
     def docs_asset(name: str) -> Response:
         if name not in docs.ASSETS:
