@@ -29,7 +29,7 @@ from tests.servers import base_env, free_port, gunicorn_server, stop  # noqa: E4
 NO_PRELOAD = """
 import os, sys
 from serving_core.loading import load_handler
-from serving_core.metrics import enable_multiprocess
+from serving_core.metrics.directory import enable_multiprocess
 from serving_core.process.server import ServingApplication, build, gunicorn_options
 from serving_core.threads import set_worker_threads
 from serving_core.settings import Settings

@@ -10,8 +10,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from serving_core.context import Context
-from serving_core.web.app import _REQUEST_ID_OK as REQUEST_ID_OK
-from serving_core.web.app import new_request_id
+from serving_core.web.incoming import REQUEST_ID_OK, new_request_id
 from tests.conftest import make_app
 
 

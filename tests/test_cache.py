@@ -16,7 +16,7 @@ from serving_core.cache.core import Cache, from_settings
 from serving_core.cache.key import PREFIX, key
 from serving_core.cache.store import MemoryStore, RedisStore, StoreError
 from serving_core.handler import Handler
-from serving_core.metrics import Metrics
+from serving_core.metrics.core import Metrics
 from serving_core.settings import Settings
 from tests.redis_server import redis_server
 from tests.servers import ROOT

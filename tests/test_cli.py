@@ -75,6 +75,32 @@ def test_check_reports_invalid_params():
 
 
 @pytest.mark.example("echo")
+@pytest.mark.parametrize(
+    ("args", "env", "message"),
+    [
+        (["healthcheck"], {"SERVING_WORKERS": "zero"}, "SERVING_WORKERS='zero' is not an integer"),
+        (["serve"], {"SERVING_HANDLER": "nowhere"}, "handler module 'nowhere' was not found"),
+        (["check", "handlers/echo", "--params", "{"], {}, "--params is not JSON: "),
+        (["check", "handlers/echo", "--params", "[1]"], {}, "must be a JSON object"),
+    ],
+)
+def test_a_command_that_cannot_start_exits_2_with_one_line_saying_why(args, env, message):
+    result = subprocess.run(
+        [str(SERVING_CORE), *args],
+        cwd=ROOT,
+        env=base_env(env),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert result.stderr.startswith("serving-core: error: ")
+    assert message in result.stderr
+    assert result.stdout == ""
+
+
+@pytest.mark.example("echo")
 @pytest.mark.e2e
 @pytest.mark.parametrize("unix", [False, True])
 def test_healthcheck_follows_the_bind_tcp_or_unix_socket(tmp_path, unix):

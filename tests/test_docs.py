@@ -23,6 +23,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urljoin
 
 import requests
 
@@ -49,15 +50,24 @@ def test_docs_page_and_its_assets_are_served_by_the_app(client):
 
 
 def test_docs_serves_no_other_file_of_the_package(client):
-    for path in ("/docs/index.html", "/docs/LICENSE", "/docs/..%2F__init__.py", "/docs/"):
+    for path in ("/docs/index.html", "/docs/LICENSE", "/docs/..%2F__init__.py"):
         response = client.get(path)
         assert response.status_code == 404, path
         assert response.get_json()["error"]["type"] == "not_found"
 
 
+def test_docs_with_a_trailing_slash_redirects_to_the_page(client):
+    response = client.get("/docs/")
+    assert response.status_code == 308
+    # Relative, so it keeps a proxy's prefix; resolved as a browser does (RFC 3986;
+    # werkzeug's test client joins it otherwise).
+    assert response.headers["Location"] == "../docs"
+    assert client.get(urljoin("/docs/", "../docs")).mimetype == "text/html"
+
+
 def test_docs_is_404_json_when_disabled():
     client = make_app(docs_enabled="false").test_client()
-    for path in ("/docs", "/docs/swagger-ui-bundle.js"):
+    for path in ("/docs", "/docs/", "/docs/swagger-ui-bundle.js"):
         response = client.get(path)
         assert response.status_code == 404
         assert response.get_json()["error"]["type"] == "not_found"

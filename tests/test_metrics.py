@@ -19,7 +19,8 @@ from serving_core.engine.batcher import Batcher
 from serving_core.engine.core import Engine
 from serving_core.engine.policy import make_policy
 from serving_core.handler import Handler
-from serving_core.metrics import FLUSH_S, Metrics, archive_dead_worker
+from serving_core.metrics.archive import archive_dead_worker
+from serving_core.metrics.core import FLUSH_S, Metrics
 from tests.conftest import PROBE
 from tests.servers import ROOT, SERVING_CORE, base_env, gunicorn_server, wait_for_worker_pids
 
@@ -95,7 +96,7 @@ def test_a_flushed_tally_writes_what_observe_would_have():
 
 
 def test_an_idle_model_thread_writes_its_metrics_within_the_flush_interval(monkeypatch):
-    monkeypatch.setattr("serving_core.metrics.FLUSH_S", 0.2)
+    monkeypatch.setattr("serving_core.metrics.core.FLUSH_S", 0.2)
     metrics = Metrics()
     batcher = Batcher(
         Engine(Echo(), max_batch_size=4).run,
@@ -135,7 +136,7 @@ class Clock:
 
 def test_under_steady_load_the_tallies_are_written_within_the_flush_interval(monkeypatch):
     clock = Clock()
-    monkeypatch.setattr("serving_core.metrics.time", clock)
+    monkeypatch.setattr("serving_core.metrics.core.time", clock)
     metrics = Metrics()
 
     def written():
@@ -156,6 +157,7 @@ def test_the_app_counts_requests_by_route_and_status(client):
     client.post("/predict", json={"text": "a"})
     client.post("/predict", json={"n": -1})
     client.get("/no/such/path")
+    client.get("/predict")  # a 405: counted under its route, not with the 404s
     response = client.get("/metrics")
     assert response.status_code == 200
     assert response.content_type.startswith("text/plain")
@@ -163,6 +165,8 @@ def test_the_app_counts_requests_by_route_and_status(client):
     assert sample(text, "serving_requests_total", route="/predict", status="200") == 1
     assert sample(text, "serving_requests_total", route="/predict", status="400") == 1
     assert sample(text, "serving_requests_total", route="unmatched", status="404") == 1
+    assert sample(text, "serving_requests_total", route="/predict", status="405") == 1
+    assert sample(text, "serving_requests_total", route="unmatched", status="405") is None
     assert sample(text, "serving_batch_size_count") >= 1
 
 

@@ -1,1 +1,1 @@
-"""The command line: one module per ``serving-core`` verb that needs more than a few lines."""
+"""The command line: ``cli`` parses and dispatches; one module per ``serving-core`` verb."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import http.client
 import socket
+import sys
 
 
 class _UnixConnection(http.client.HTTPConnection):
@@ -32,7 +33,14 @@ def connection(bind: str, timeout_s: float) -> http.client.HTTPConnection:
     return http.client.HTTPConnection(host, int(port), timeout=timeout_s)
 
 
-def check(bind: str, path: str, timeout_s: float) -> tuple[bool, str]:
+def main(bind: str, path: str, timeout_s: float) -> int:
+    """0 if ``path`` answered 200; what was seen goes to stdout, or to stderr if not."""
+    healthy, seen = ask(bind, path, timeout_s)
+    print(f"serving-core: {seen}", file=sys.stdout if healthy else sys.stderr)
+    return 0 if healthy else 1
+
+
+def ask(bind: str, path: str, timeout_s: float) -> tuple[bool, str]:
     """(healthy, what was seen): healthy means the route answered 200."""
     conn = connection(bind, timeout_s)
     try:

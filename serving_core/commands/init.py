@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from serving_core.commands.failure import Failure
+
 NAME = re.compile(r"[a-z][a-z0-9_-]{0,62}")
 
 HANDLER = '''\
@@ -102,3 +104,21 @@ def create(name: str, parent: Path) -> Path:
     (folder / "sample.json").write_text(SAMPLE, encoding="utf-8")
     (folder / "requirements.txt").write_text(REQUIREMENTS, encoding="utf-8")
     return folder
+
+
+def main(name: str, parent: Path) -> int:
+    """Create the handler and print what to run next."""
+    try:
+        folder = create(name, parent)
+    except (ScaffoldError, OSError) as exc:
+        raise Failure(str(exc)) from exc
+    steps = [
+        (f"serving-core check {folder}", "run its sample.json (make test does too)"),
+        (f"SERVING_HANDLER={folder} make serve", "serve it on 127.0.0.1:8000"),
+        (f"make image HANDLER_DIR={folder}", "build its image"),
+    ]
+    width = max(len(command) for command, _ in steps)
+    print(f"created {folder}/: handler.py, sample.json, requirements.txt")
+    for command, why in steps:
+        print(f"  {command:<{width}}  # {why}")
+    return 0

@@ -1,90 +1,30 @@
-"""The per-worker batcher: one model thread that owns every call into the handler.
+"""The per-worker batcher: a queue in front of one model thread that owns every call
+into the handler.
 
 Request threads ``submit`` prepared items with their context (id, deadline)
-and wait on a future; the model thread forms batches (when, decided by a
-dispatch policy), drops items whose deadline has passed before they reach the
-handler, runs the batch through the engine and resolves each future. It is
-ours rather than a library's because batching, admission and the handler
-contract are the product. Imports no Flask.
+and wait on a future (``pending.Pending``), or are refused at once when they
+cannot be served in time; the model thread (``modelthread``) takes the next
+batch when the dispatch policy says, runs it through the engine and resolves
+each future. It is ours rather than a library's because batching, admission
+and the handler contract are the product. Imports no Flask.
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
-from concurrent.futures import Future, InvalidStateError
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
 
 from serving_core.context import Context
-from serving_core.engine.core import Ran
+from serving_core.engine.modelthread import Clock, ModelThread, RunBatch
+from serving_core.engine.observer import NoObserver, Observer
+from serving_core.engine.pending import Pending, resolve
 from serving_core.engine.policy import Policy
-from serving_core.errors import DeadlineExceeded, ModelError, NotReady, Overloaded
-
-log = logging.getLogger("serving_core.engine.batcher")
-
-Clock = Callable[[], float]
-# ``Engine.run``: a result (or a ServingError) per item, and the handler calls it took.
-RunBatch = Callable[[Sequence[Any], Sequence[Context]], Ran]
-
-
-@dataclass(eq=False)
-class Pending:
-    """One request waiting for the model thread."""
-
-    item: Any
-    context: Context  # its id, and the monotonic deadline after which the answer is useless
-    arrival: float  # monotonic seconds, when the request reached the server
-    enqueued: float = 0.0
-    future: Future[Any] = field(default_factory=Future)
-    batch_size: int = 0  # the size of the batch that ran it, once it ran (for the log)
-
-    @property
-    def request_id(self) -> str:
-        return self.context.request_id
-
-    @property
-    def deadline(self) -> float:
-        return self.context.deadline if self.context.deadline is not None else float("inf")
-
-
-class Observer(Protocol):
-    """Receives what the batcher does; metrics implement it."""
-
-    def batch(self, size: int, duration_s: float, queue_waits_s: Sequence[float]) -> None: ...
-
-    def rejected(self, reason: str) -> None: ...
-
-    def depth(self, depth: int) -> None: ...
-
-    def flush(self) -> None:
-        """Write what was added up."""
-        ...
-
-    def flush_in(self) -> float | None:
-        """Seconds until what was added up is due to be written; None: nothing is."""
-        ...
-
-
-class _NoObserver:
-    def batch(self, size: int, duration_s: float, queue_waits_s: Sequence[float]) -> None:
-        pass
-
-    def rejected(self, reason: str) -> None:
-        pass
-
-    def depth(self, depth: int) -> None:
-        pass
-
-    def flush(self) -> None:
-        pass
-
-    def flush_in(self) -> float | None:
-        return None
+from serving_core.errors import NotReady, Overloaded
 
 
 class Batcher:
@@ -99,11 +39,10 @@ class Batcher:
         clock: Clock = time.monotonic,
         name: str = "serving-batcher",
     ) -> None:
-        self._run_batch = run_batch
         self.policy = policy
         self.max_batch_size = max_batch_size
         self.max_queue = max_queue
-        self._observer: Observer = observer or _NoObserver()
+        self._observer: Observer = observer or NoObserver()
         self._clock = clock
         self._queue: deque[Pending] = deque()
         self._cond = threading.Condition()
@@ -112,11 +51,12 @@ class Batcher:
         self._running: list[Pending] = []  # the batch the handler has now
         self._running_since = 0.0
         # Why this worker must be replaced now (its model thread hung or died:
-        # nothing queued will run), or once it has finished its queue (the
-        # handler raised SystemExit, say). Read by the watchdog.
+        # nothing queued will run). Read by the watchdog, as is ``recycle``.
         self.fault: str | None = None
-        self.recycle: str | None = None
-        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._model = ModelThread(
+            self, run_batch, policy=policy, observer=self._observer, clock=clock
+        )
+        self._thread = threading.Thread(target=self._model.run, name=name, daemon=True)
         # What a request waits on; the gevent worker swaps in futures its
         # greenlets can wait on (``greenworker.GreenFuture``).
         self.new_future: Callable[[], Future[Any]] = Future
@@ -248,7 +188,7 @@ class Batcher:
             self._observer.depth(0)
             self._cond.notify_all()
         for pending in dropped:
-            _resolve(
+            resolve(
                 pending.future,
                 NotReady(
                     f"request {pending.request_id}: this worker's model stopped answering and "
@@ -271,72 +211,21 @@ class Batcher:
         )
 
     @property
+    def recycle(self) -> str | None:
+        """Why this worker must be replaced once it has finished its queue (the handler
+        raised SystemExit, say); None while it may go on."""
+        return self._model.recycle
+
+    @property
     def depth(self) -> int:
         return len(self._queue)
 
     def _busy_left(self, now: float) -> float:
         return max(0.0, self._busy_until - now)
 
-    # -- the model thread ---------------------------------------------------
+    # -- the model thread (``modelthread.Source``) -------------------------------
 
-    def _loop(self) -> None:
-        try:
-            while True:
-                batch = self._next_batch()
-                if batch is None:
-                    self._flush()
-                    return
-                if batch:
-                    self._run_guarded(batch)
-                else:
-                    self._flush()  # idle, and the observer's sums are due
-        except BaseException as exc:
-            # Forming batches failed (a dispatch policy's bug, say): the thread cannot
-            # go on safely. Say so, fail what is queued now, and let the watchdog
-            # replace the worker instead of answering 503 forever.
-            log.critical("the model thread failed and stops: %r", exc, exc_info=exc)
-            self.abandon(f"the model thread failed: {exc!r}")
-
-    def _run_guarded(self, batch: list[Pending]) -> None:
-        try:
-            self._run(batch)
-        except Exception:
-            # A bug outside the handler (an observer, say) must not kill the
-            # model thread: every later request would wait for its deadline.
-            log.exception("the batcher failed around a batch of %d", len(batch))
-            self._fail(batch, "internal error")
-        except BaseException as exc:
-            # SystemExit (or KeyboardInterrupt) out of the handler: this batch fails,
-            # the thread serves what is queued, and the worker is replaced after,
-            # since the handler asked to stop or is in a state nobody knows.
-            ids = ", ".join(p.request_id for p in batch)
-            log.error(
-                "the handler raised %r on a batch of %d (request ids: %s); "
-                "this worker will be replaced",
-                exc,
-                len(batch),
-                ids,
-                exc_info=exc,
-            )
-            self._fail(batch, "the model failed on this request")
-            self.recycle = f"the handler raised {type(exc).__name__}"
-        finally:
-            with self._cond:
-                self._busy_until = 0.0
-                self._running = []
-                self.policy.answered(self._clock())
-
-    def _flush(self) -> None:
-        try:
-            self._observer.flush()
-        except Exception:
-            log.exception("the batcher's observer failed to flush")
-
-    def _fail(self, batch: list[Pending], what: str) -> None:
-        for pending in batch:
-            _resolve(pending.future, ModelError(f"{what}; request id {pending.request_id}"))
-
-    def _next_batch(self) -> list[Pending] | None:
+    def take(self) -> list[Pending] | None:
         """The next batch to run; [] when idle with the observer's sums due; None to stop."""
         with self._cond:
             while True:
@@ -364,46 +253,8 @@ class Batcher:
             self._observer.depth(len(self._queue))
             return batch
 
-    def _run(self, batch: list[Pending]) -> None:
-        now = self._clock()
-        live: list[Pending] = []
-        for pending in batch:
-            if not pending.future.set_running_or_notify_cancel():
-                continue  # its request thread gave up at the deadline
-            if pending.deadline <= now:
-                _resolve(pending.future, DeadlineExceeded(_deadline_message(pending)))
-                self._observer.rejected("deadline_passed")
-                continue
-            live.append(pending)
-        if live:
-            started = self._clock()
-            ran = self._run_batch([p.item for p in live], [p.context for p in live])
-            duration = self._clock() - started
-            for pending, result in zip(live, ran.results, strict=True):
-                pending.batch_size = len(live)
-                _resolve(pending.future, result)
-            # Re-runs in halves (an InvalidInput to isolate) are not one batch of
-            # this size: their total time would skew the cost model, so only a
-            # batch that ran in one call teaches it.
-            if ran.calls == 1:
-                self.policy.observe(len(live), duration)
-            self._observer.batch(len(live), duration, [started - p.arrival for p in live])
-
-
-def _resolve(future: Future[Any], result: Any) -> None:
-    """Set a result or an exception, unless the future is done already (failed by
-    ``abandon`` while the model thread was away)."""
-    if future.done():
-        return
-    with contextlib.suppress(InvalidStateError):
-        if isinstance(result, BaseException):
-            future.set_exception(result)
-        else:
-            future.set_result(result)
-
-
-def _deadline_message(pending: Pending) -> str:
-    return (
-        f"request {pending.request_id} waited past its deadline before the model could run it; "
-        "retry later or raise SERVING_REQUEST_TIMEOUT_S"
-    )
+    def finished(self) -> None:
+        with self._cond:
+            self._busy_until = 0.0
+            self._running = []
+            self.policy.answered(self._clock())

@@ -27,7 +27,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from serving_core.engine.batcher import Batcher, Clock
+from serving_core.engine.batcher import Batcher
+from serving_core.engine.modelthread import Clock
 
 log = logging.getLogger("serving_core.engine.watchdog")
 

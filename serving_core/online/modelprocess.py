@@ -57,8 +57,10 @@ from typing import Any
 
 from serving_core import errors
 from serving_core.context import Context
-from serving_core.engine.batcher import Batcher, Observer, Pending
+from serving_core.engine.batcher import Batcher
 from serving_core.engine.core import Engine
+from serving_core.engine.observer import Observer
+from serving_core.engine.pending import Pending
 from serving_core.engine.policy import make_policy
 from serving_core.errors import NotReady, ServingError
 from serving_core.runtime import THREADS, Runtime

@@ -22,8 +22,9 @@ from typing import Any
 from serving_core import context
 from serving_core.cache.core import Cache, CacheObserver, CacheResult, from_settings
 from serving_core.context import Context
-from serving_core.engine.batcher import Batcher, Observer
+from serving_core.engine.batcher import Batcher
 from serving_core.engine.core import Engine
+from serving_core.engine.observer import Observer
 from serving_core.engine.policy import make_policy
 from serving_core.engine.watchdog import Verdict, Watchdog
 from serving_core.errors import (

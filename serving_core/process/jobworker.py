@@ -38,7 +38,8 @@ from serving_core.errors import ServingError
 from serving_core.jobs.backend import open_queue
 from serving_core.jobs.base import Job, JobQueue
 from serving_core.loading import LoadedHandler
-from serving_core.metrics import CONTENT_TYPE, Metrics, exposition
+from serving_core.metrics.core import CONTENT_TYPE, Metrics
+from serving_core.metrics.directory import exposition
 from serving_core.settings import Settings
 from serving_core.threads import limit_master_threads, set_worker_threads
 

@@ -40,10 +40,11 @@ from typing import Any
 from flask import Flask
 from gunicorn.app.base import BaseApplication
 
-from serving_core import metrics
 from serving_core.device import model_devices
 from serving_core.engine.core import Engine
 from serving_core.loading import LoadedHandler
+from serving_core.metrics.core import Metrics
+from serving_core.metrics.directory import remove_metrics_dir, worker_exited
 from serving_core.online.modelprocess import ModelProcess, socket_path
 from serving_core.online.service import Service
 from serving_core.process import recycle, wire
@@ -105,7 +106,7 @@ def gunicorn_options(
             log.warning("worker %s: the model thread did not finish in time", worker.pid)
 
     def child_exit(server: Any, worker: Any) -> None:
-        metrics.worker_exited(worker.pid)
+        worker_exited(worker.pid)
         if settings.worker_class == "gevent":
             from serving_core.process.workers import green as greenworker
 
@@ -114,7 +115,7 @@ def gunicorn_options(
     def on_exit(server: Any) -> None:
         for model in models:
             model.stop()
-        metrics.remove_metrics_dir()
+        remove_metrics_dir()
 
     return {
         "bind": [settings.bind],
@@ -224,7 +225,7 @@ def build(settings: Settings, loaded: LoadedHandler) -> tuple[Flask, Service, li
     """The objects of one server, built here and passed down: metrics, the engine
     over the handler, the online service around it, the app over that, and the
     shared model processes when there are any (forked later, by the master)."""
-    observer = metrics.Metrics()
+    observer = Metrics()
     engine = Engine(
         loaded.handler, max_batch_size=settings.max_batch_size, on_failure=observer.failed
     )
