@@ -287,6 +287,14 @@ def test_the_job_queue_url_says_what_an_empty_one_means():
     assert "leave it empty for each worker's memory" in str(info.value)
 
 
+@pytest.mark.parametrize("name", ["SERVING_CACHE_URL", "SERVING_JOBS_URL"])
+def test_a_bad_redis_url_is_quoted_without_its_password(name):
+    with pytest.raises(SettingsError) as info:
+        Settings.from_env({name: "redis://user:s3cret@cache:99999/0"}, cores=1)
+    assert "'redis://user:***@cache:99999/0' has a port that is not" in str(info.value)
+    assert "s3cret" not in str(info.value)
+
+
 @pytest.mark.parametrize("url", ["redis://q:6379/1", "rediss://[::1]:6380", "unix:///r.sock"])
 def test_redis_urls_that_redis_py_takes_are_taken(url):
     assert Settings.from_env({"SERVING_JOBS_URL": url}, cores=1).jobs_url == url
