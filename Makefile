@@ -64,7 +64,7 @@ SHARED_DIRS ?=
 IMAGE ?= serving-core:$(notdir $(patsubst %/,%,$(HANDLER_DIR)))$(if $(filter-out cpu,$(TORCH_VARIANT)),-$(TORCH_VARIANT))
 
 .PHONY: serve test test-template fuzz lint typecheck check image install install-dev install-handlers \
-	system-deps bench clean
+	system-deps bench clean docs-settings
 
 ## make serve: install the framework and $SERVING_HANDLER's requirements, then serve it.
 serve: $(BIN)/.runtime $(call stamps,$(SERVE_DIR))
@@ -88,6 +88,10 @@ lint: $(BIN)/.dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports --no-cache --no-logo
+
+## make docs-settings: regenerate docs/settings.md's table from Settings (a test keeps them equal).
+docs-settings: $(BIN)/.runtime
+	$(BIN)/python -m serving_core.settings.doc docs/settings.md
 
 # mypy strict on serving_core (pyproject), and on the example handlers users
 # copy while they are there (a template's owner may delete them).

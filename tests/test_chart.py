@@ -34,7 +34,8 @@ import requests
 import yaml
 
 from serving_core.commands.cli import main as serving_core_main
-from serving_core.jobs.redis_queue import GROUP, RedisJobQueue
+from serving_core.jobs.redis_connection import GROUP
+from serving_core.jobs.redis_queue import RedisJobQueue
 from serving_core.pipeline.config import read as read_pipeline
 from serving_core.settings import PREFIX, Settings, SettingsError
 from tests.nginx_server import render as render_nginx

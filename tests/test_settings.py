@@ -1,8 +1,17 @@
 from __future__ import annotations
 
+import dataclasses
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from serving_core.settings import Settings, SettingsError
+from serving_core.settings import doc as settingsdoc
+from serving_core.settings.parsers import TEXT, setting
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_defaults_resolve_workers_from_cores_and_threads_from_batch_size():
@@ -106,7 +115,12 @@ def test_non_serving_variables_are_ignored():
         ("SERVING_BIND", "localhost:99999", "is not HOST:PORT"),
         ("SERVING_BIND", "unix:", "names no socket path"),
         ("SERVING_LOG_LEVEL", "loud", "is not one of"),
-        ("SERVING_CACHE_URL", "http://cache:6379", "is not a Redis URL"),
+        ("SERVING_CACHE_URL", "http://cache:6379", "is not a Redis URL; "),
+        ("SERVING_CACHE_URL", "redis://cache:99999", "has a port that is not 0..65535"),
+        ("SERVING_CACHE_URL", "unix://", "names no socket path"),
+        ("SERVING_JOBS_URL", "http://queue:6379", "is not a Redis URL for the job queue"),
+        ("SERVING_JOBS_URL", "redis:/queue", "for the job queue (Redis Streams)"),
+        ("SERVING_JOBS_URL", "redis://queue:port/0", "has a port that is not"),
         ("SERVING_CACHE_SIZE", "-1", "out of range"),
         ("SERVING_JOBS_ENABLED", "maybe", "is not a boolean"),
         ("SERVING_DRAIN_S", "-1", "out of range"),
@@ -261,3 +275,102 @@ def test_a_bad_body_limit_or_proxy_names_itself(name, value, expected):
     with pytest.raises(SettingsError, match=expected) as caught:
         Settings.from_env({name: value}, cores=1)
     assert name in str(caught.value)
+
+
+def test_the_job_queue_url_says_what_an_empty_one_means():
+    # Not the cache's wording: empty is the SQLite file here, not each worker's memory.
+    with pytest.raises(SettingsError) as info:
+        Settings.from_env({"SERVING_JOBS_URL": "sqlite:///jobs.db"}, cores=1)
+    assert "leave it empty for the SQLite file at SERVING_JOBS_PATH" in str(info.value)
+    with pytest.raises(SettingsError) as info:
+        Settings.from_env({"SERVING_CACHE_URL": "sqlite:///jobs.db"}, cores=1)
+    assert "leave it empty for each worker's memory" in str(info.value)
+
+
+@pytest.mark.parametrize("name", ["SERVING_CACHE_URL", "SERVING_JOBS_URL"])
+def test_a_bad_redis_url_is_quoted_without_its_password(name):
+    with pytest.raises(SettingsError) as info:
+        Settings.from_env({name: "redis://user:s3cret@cache:99999/0"}, cores=1)
+    assert "'redis://user:***@cache:99999/0' has a port that is not" in str(info.value)
+    assert "s3cret" not in str(info.value)
+
+
+@pytest.mark.parametrize("url", ["redis://q:6379/1", "rediss://[::1]:6380", "unix:///r.sock"])
+def test_redis_urls_that_redis_py_takes_are_taken(url):
+    assert Settings.from_env({"SERVING_JOBS_URL": url}, cores=1).jobs_url == url
+
+
+@pytest.mark.parametrize(
+    ("name", "choices"),
+    [
+        ("worker_class", ("gevent", "gthread")),
+        ("log_level", ("debug", "info", "warning", "error", "critical")),
+        ("model_process", ("auto", "per-worker", "shared")),
+    ],
+)
+def test_a_field_with_choices_takes_them_from_its_type(name, choices):
+    field = {f.name: f for f in dataclasses.fields(Settings)}[name]
+    assert field.metadata["spec"].parser.choices == choices
+    with pytest.raises(SettingsError, match=f"is not one of: {', '.join(choices)}"):
+        Settings.from_env({f"SERVING_{name.upper()}": "nope"}, cores=1)
+
+
+def test_the_settings_doc_has_the_table_settings_generates():
+    text = (ROOT / "docs" / "settings.md").read_text(encoding="utf-8")
+    assert settingsdoc.with_table(text, settingsdoc.table()) == text, (
+        "docs/settings.md's table differs from Settings: run `make docs-settings`"
+    )
+
+
+def test_the_table_has_a_row_per_setting_with_its_default_and_what_it_accepts():
+    rows = settingsdoc.table().splitlines()[2:]
+    assert len(rows) == len(dataclasses.fields(Settings))
+    assert "| `SERVING_MAX_BATCH_SIZE` | `16` | integer, 1 to 4,096 |" in rows[6]
+    by_name = {row.split(" | ")[0]: row for row in rows}
+    assert "| usable cores |" in by_name["| `SERVING_WORKERS`"]
+    assert "| `127.0.0.1,::1` |" in by_name["| `SERVING_TRUSTED_PROXIES`"]
+    assert "| `gevent`, `gthread` |" in by_name["| `SERVING_WORKER_CLASS`"]
+    assert "| empty |" in by_name["| `SERVING_API_KEYS`"]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Undocumented(Settings):
+    extra: int = 1  # declared without setting(): no parser, no doc
+
+
+def test_a_field_without_a_parser_and_a_doc_is_named():
+    with pytest.raises(TypeError, match=r"Settings.extra is not declared with setting\("):
+        settingsdoc.table(_Undocumented)
+    with pytest.raises(TypeError, match=r"Settings.extra is not declared with setting\("):
+        _Undocumented.from_env({}, cores=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Grown(Settings):
+    extra: str = setting("", TEXT, "a setting added later")
+
+
+def test_the_generator_rewrites_only_the_table_and_check_says_when_it_is_stale(tmp_path):
+    doc = tmp_path / "settings.md"
+    stale = f"# Title\n\nprose\n\n{settingsdoc.START}\n| old |\n{settingsdoc.END}\n\nmore prose\n"
+    doc.write_text(stale)
+    command = [sys.executable, "-m", "serving_core.settings.doc", str(doc)]
+    checked = subprocess.run([*command, "--check"], capture_output=True, text=True, check=False)
+    assert checked.returncode == 1
+    assert "stale; run python -m serving_core.settings.doc" in checked.stderr
+    assert doc.read_text() == stale
+    subprocess.run(command, check=True, capture_output=True)
+    text = doc.read_text()
+    assert text.startswith("# Title\n\nprose\n\n")
+    assert text.endswith(f"{settingsdoc.END}\n\nmore prose\n")
+    assert settingsdoc.table() in text
+    assert "| old |" not in text
+    assert subprocess.run([*command, "--check"], check=False).returncode == 0
+    # A field added to Settings is a new row, with its doc.
+    grown = settingsdoc.with_table(text, settingsdoc.table(_Grown))
+    assert "| `SERVING_EXTRA` | empty | any text | a setting added later |" in grown
+
+
+def test_a_doc_without_its_markers_is_refused():
+    with pytest.raises(ValueError, match="settings-table:start"):
+        settingsdoc.with_table("# Settings\n", settingsdoc.table())

@@ -1,18 +1,27 @@
-"""The SQLite job queue's file: its schema, its connections (WAL), and its rows as ``Job``s."""
+"""The SQLite job queue's file: its schema, its connections (WAL), and ``SqliteFile``, the
+handle the queue and its consumers' heartbeats share.
+
+WAL lets readers (``get``, ``depth``) run while one writer commits.
+``synchronous=FULL``: a job is on disk when ``submit`` returns, since the queue
+must lose nothing it accepted (NORMAL would survive a killed process but not a
+power cut).
+"""
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import cast
 
-from serving_core import encoding
-from serving_core.jobs.base import Job, JobStatus, QueueUnavailable
+from serving_core.jobs.base import QueueUnavailable
 
 BUSY_TIMEOUT_S = 30.0  # how long a call waits for another process's write
 WAL_RETRY_S = 0.005  # how often an opening connection asks for WAL mode again
+PURGE_EVERY_S = 60.0  # how often a handle deletes expired rows
+PURGE_BATCH = 1000  # rows per purge, so a purge never holds the write lock long
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -88,21 +97,62 @@ def use_wal(db: sqlite3.Connection) -> None:
             time.sleep(WAL_RETRY_S)
 
 
-def live(row: sqlite3.Row, now: float) -> bool:
-    return row["expires_at"] is None or row["expires_at"] > now
+class SqliteFile:
+    """One process's connection to the file, behind a lock, opened again after fork."""
 
+    def __init__(self, path: str) -> None:
+        self.path = path
+        # A native lock, held only around SQLite calls, which never yield to
+        # gevent: it serialises threads sharing this object, never greenlets.
+        self._lock = threading.Lock()
+        self._pid = -1
+        self._db: sqlite3.Connection | None = None
+        self._next_purge = 0.0
+        with self.transaction():
+            pass  # connect now, so a bad path fails at start-up
 
-def job_of(row: sqlite3.Row) -> Job:
-    return Job(
-        id=row["id"],
-        queue=row["queue"],
-        status=cast(JobStatus, row["status"]),
-        params=encoding.loads(row["params"]),
-        attempts=row["attempts"],
-        created_at=row["created_at"],
-        started_at=row["started_at"],
-        finished_at=row["finished_at"],
-        result=None if row["result"] is None else encoding.loads(row["result"]),
-        error=None if row["error"] is None else encoding.loads(row["error"]),
-        lease=row["lease"],
-    )
+    def _connection(self) -> sqlite3.Connection:
+        # A connection must not cross fork (SQLite's rule): a process that
+        # inherited this object opens its own, leaving the parent's alone.
+        if self._db is None or self._pid != os.getpid():
+            self._db = connect(self.path)
+            self._pid = os.getpid()
+        return self._db
+
+    @contextmanager
+    def reading(self) -> Iterator[sqlite3.Connection]:
+        with self._lock, translated(self.path):
+            yield self._connection()
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        with self.reading() as db:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                yield db
+            except BaseException:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+
+    def purge(self, now: float) -> None:
+        """Delete some expired rows, at most every ``PURGE_EVERY_S``.
+
+        Expired rows are invisible already (LIVE); deleting them only bounds the
+        file, so it runs now and then, in small batches, from whoever writes.
+        """
+        if now < self._next_purge:
+            return
+        self._next_purge = now + PURGE_EVERY_S
+        with self.transaction() as db:
+            db.execute(
+                "DELETE FROM jobs WHERE id IN (SELECT id FROM jobs WHERE expires_at <= ? LIMIT ?)",
+                (now, PURGE_BATCH),
+            )
+
+    def close(self) -> None:
+        with self._lock:
+            if self._db is not None and self._pid == os.getpid():
+                self._db.close()
+            self._db = None

@@ -1,11 +1,8 @@
 """The embedded job queue: one SQLite file in WAL mode, shared by the processes of one machine.
 
-WAL lets readers (``get``, ``depth``) run while one writer commits; every
-change is one short transaction, and ``take`` selects and leases its jobs in a
-single ``BEGIN IMMEDIATE`` transaction, so two consumers can never lease the
-same job. ``synchronous=FULL``: a job is on disk when ``submit`` returns, since
-the queue must lose nothing it accepted (NORMAL would survive a killed process
-but not a power cut).
+Every change is one short transaction (``sqlite_file`` has the file's rules),
+and ``take`` selects and leases its jobs in a single ``BEGIN IMMEDIATE``
+transaction, so two consumers can never lease the same job.
 
 One column, ``due``, orders the work: a queued job's queueing time (first in,
 first out), a running job's lease end (when it may be handed out again), NULL
@@ -21,32 +18,24 @@ bounds it), which blocks the hub that long.
 
 from __future__ import annotations
 
-import os
-import sqlite3
-import threading
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from typing import Any
 
 from serving_core import encoding
 from serving_core.jobs.base import (
     Consumers,
-    Heartbeat,
     Job,
-    JobStatus,
     QueueFull,
     lease_expired_error,
     new_job_id,
 )
-from serving_core.jobs.sqlite_file import connect, job_of, live, translated
+from serving_core.jobs.sqlite_consumers import SqliteConsumers
+from serving_core.jobs.sqlite_file import SqliteFile
+from serving_core.jobs.sqlite_rows import LIVE, finish, job_of, live
 from serving_core.settings import Settings
 
 TAKE_POLL_S = 0.01  # how often an idle take looks again: the latency it adds to a job
-PURGE_EVERY_S = 60.0  # how often a queue deletes expired rows
-PURGE_BATCH = 1000  # rows per purge, so a purge never holds the write lock long
-
-LIVE = "(expires_at IS NULL OR expires_at > :now)"
 
 
 class SqliteJobQueue:
@@ -59,44 +48,12 @@ class SqliteJobQueue:
         self.ttl_s = settings.jobs_ttl_s
         self.max_attempts = settings.jobs_max_attempts
         self.lease_s = settings.jobs_lease_s
-        # A native lock, held only around SQLite calls, which never yield to
-        # gevent: it serialises threads sharing this object, never greenlets.
-        self._lock = threading.Lock()
-        self._pid = -1
-        self._db: sqlite3.Connection | None = None
-        self._next_purge = 0.0
-        self._heartbeat = Heartbeat(self.lease_s)
-        with self._transaction():
-            pass  # connect now, so a bad path fails at start-up
-
-    def _connection(self) -> sqlite3.Connection:
-        # A connection must not cross fork (SQLite's rule): a process that
-        # inherited this object opens its own, leaving the parent's alone.
-        if self._db is None or self._pid != os.getpid():
-            self._db = connect(self.path)
-            self._pid = os.getpid()
-        return self._db
-
-    @contextmanager
-    def _reading(self) -> Iterator[sqlite3.Connection]:
-        with self._lock, translated(self.path):
-            yield self._connection()
-
-    @contextmanager
-    def _transaction(self) -> Iterator[sqlite3.Connection]:
-        with self._reading() as db:
-            db.execute("BEGIN IMMEDIATE")
-            try:
-                yield db
-            except BaseException:
-                if db.in_transaction:
-                    db.execute("ROLLBACK")
-                raise
-            db.execute("COMMIT")
+        self.file = SqliteFile(self.path)
+        self._consumers = SqliteConsumers(self.file, queue, lease_s=self.lease_s, ttl_s=self.ttl_s)
 
     def submit(self, params: dict[str, Any], *, idempotency_key: str | None = None) -> Job:
         now = time.time()
-        with self._transaction() as db:
+        with self.file.transaction() as db:
             if idempotency_key is not None:
                 row = db.execute(
                     "SELECT * FROM jobs WHERE queue = ? AND idempotency_key = ?",
@@ -122,11 +79,11 @@ class SqliteJobQueue:
                 " VALUES (?, ?, 'queued', ?, ?, ?, ?)",
                 (job_id, self.queue, encoding.dumps(params), now, idempotency_key, now),
             )
-        self._purge(now)
+        self.file.purge(now)
         return Job(job_id, self.queue, "queued", params, 0, now, None, None, None, None)
 
     def get(self, job_id: str) -> Job | None:
-        with self._reading() as db:
+        with self.file.reading() as db:
             row = db.execute(
                 f"SELECT * FROM jobs WHERE id = :id AND queue = :queue AND {LIVE}",
                 {"id": job_id, "queue": self.queue, "now": time.time()},
@@ -135,7 +92,7 @@ class SqliteJobQueue:
 
     def cancel(self, job_id: str) -> Job | None:
         now = time.time()
-        with self._transaction() as db:
+        with self.file.transaction() as db:
             db.execute(
                 "UPDATE jobs SET status = 'cancelled', finished_at = :now,"
                 " expires_at = :now + :ttl, due = NULL"
@@ -149,7 +106,7 @@ class SqliteJobQueue:
         return None if row is None else job_of(row)
 
     def take(self, consumer: str, max_items: int, wait_s: float) -> list[Job]:
-        self._beat(consumer)
+        self._consumers.beat(consumer)
         deadline = time.monotonic() + wait_s
         while True:
             if self._anything_due():
@@ -163,7 +120,7 @@ class SqliteJobQueue:
             time.sleep(min(TAKE_POLL_S, max(0.0, deadline - time.monotonic())))
 
     def _anything_due(self) -> bool:
-        with self._reading() as db:
+        with self.file.reading() as db:
             row = db.execute(
                 "SELECT 1 FROM jobs WHERE queue = ? AND due <= ? LIMIT 1",
                 (self.queue, time.time()),
@@ -174,7 +131,7 @@ class SqliteJobQueue:
         now = time.time()
         lease = f"{consumer}:{new_job_id()}"
         taken: list[Job] = []
-        with self._transaction() as db:
+        with self.file.transaction() as db:
             while len(taken) < max_items:
                 rows = db.execute(
                     "SELECT id, status, attempts FROM jobs WHERE queue = ? AND due <= ?"
@@ -185,7 +142,8 @@ class SqliteJobQueue:
                     break
                 for job_id, status, attempts in rows:
                     if status == "running" and attempts >= self.max_attempts:
-                        self._finish(db, job_id, "failed", now, error=lease_expired_error(attempts))
+                        expired = lease_expired_error(attempts)
+                        finish(db, job_id, "failed", now, self.ttl_s, error=expired)
                         continue
                     row = db.execute(
                         "UPDATE jobs SET status = 'running', attempts = attempts + 1,"
@@ -195,29 +153,6 @@ class SqliteJobQueue:
                     taken.append(job_of(row))
         return taken
 
-    def _finish(
-        self,
-        db: sqlite3.Connection,
-        job_id: str,
-        status: JobStatus,
-        now: float,
-        *,
-        result: Any = None,
-        error: dict[str, Any] | None = None,
-    ) -> None:
-        db.execute(
-            "UPDATE jobs SET status = ?, result = ?, error = coalesce(?, error),"
-            " finished_at = ?, expires_at = ?, due = NULL, lease = '' WHERE id = ?",
-            (
-                status,
-                None if status != "done" else encoding.dumps(result),
-                None if error is None else encoding.dumps(error),
-                now,
-                now + self.ttl_s,
-                job_id,
-            ),
-        )
-
     def complete(self, job: Job, result: Any) -> None:
         self.complete_many([(job, result)])
 
@@ -225,7 +160,7 @@ class SqliteJobQueue:
         if not finished:
             return
         now = time.time()
-        with self._transaction() as db:
+        with self.file.transaction() as db:
             for job, result in finished:
                 # Any unfinished state, not only this lease: a slow consumer's result
                 # is as good as the next one's, and the first stored wins.
@@ -233,12 +168,12 @@ class SqliteJobQueue:
                     "SELECT status FROM jobs WHERE id = ? AND queue = ?", (job.id, self.queue)
                 ).fetchone()
                 if row is not None and row[0] in ("queued", "running"):
-                    self._finish(db, job.id, "done", now, result=result)
-        self._purge(now)
+                    finish(db, job.id, "done", now, self.ttl_s, result=result)
+        self.file.purge(now)
 
     def fail(self, job: Job, error: dict[str, Any], *, retry: bool = True) -> None:
         now = time.time()
-        with self._transaction() as db:
+        with self.file.transaction() as db:
             row = db.execute(
                 "SELECT attempts FROM jobs WHERE id = ? AND queue = ?"
                 " AND status = 'running' AND lease = ?",
@@ -247,7 +182,7 @@ class SqliteJobQueue:
             if row is None:
                 return  # not this lease's to fail: finished, or handed to another consumer
             if not retry or row[0] >= self.max_attempts:
-                self._finish(db, job.id, "failed", now, error=error)
+                finish(db, job.id, "failed", now, self.ttl_s, error=error)
             else:
                 db.execute(
                     "UPDATE jobs SET status = 'queued', error = ?, started_at = NULL,"
@@ -257,7 +192,7 @@ class SqliteJobQueue:
 
     def release(self, jobs: Sequence[Job]) -> None:
         now = time.time()
-        with self._transaction() as db:
+        with self.file.transaction() as db:
             db.executemany(
                 "UPDATE jobs SET status = 'queued', attempts = attempts - 1, started_at = NULL,"
                 " due = ?, lease = '' WHERE id = ? AND queue = ? AND status = 'running'"
@@ -268,9 +203,9 @@ class SqliteJobQueue:
     def renew(self, consumer: str, jobs: Sequence[Job]) -> int:
         if not jobs:
             return 0
-        self._beat(consumer)
+        self._consumers.beat(consumer)
         due = time.time() + self.lease_s
-        with self._transaction() as db:
+        with self.file.transaction() as db:
             before = db.total_changes
             db.executemany(
                 "UPDATE jobs SET due = ? WHERE id = ? AND queue = ? AND status = 'running'"
@@ -280,7 +215,7 @@ class SqliteJobQueue:
             return db.total_changes - before
 
     def dead_letters(self, limit: int = 100) -> list[Job]:
-        with self._reading() as db:
+        with self.file.reading() as db:
             rows = db.execute(
                 f"SELECT * FROM jobs WHERE queue = :queue AND status = 'failed' AND {LIVE}"
                 " ORDER BY finished_at DESC LIMIT :limit",
@@ -289,51 +224,14 @@ class SqliteJobQueue:
         return [job_of(row) for row in rows]
 
     def depth(self) -> int:
-        with self._reading() as db:
+        with self.file.reading() as db:
             (count,) = db.execute(
                 "SELECT count(*) FROM jobs WHERE queue = ? AND due IS NOT NULL", (self.queue,)
             ).fetchone()
         return int(count)
 
     def consumers(self, within_s: float) -> Consumers:
-        with self._reading() as db:
-            live, last = db.execute(
-                "SELECT coalesce(sum(seen_at >= ?), 0), max(seen_at) FROM consumers"
-                " WHERE queue = ?",
-                (time.time() - within_s, self.queue),
-            ).fetchone()
-        return Consumers(int(live), last)
-
-    def _beat(self, consumer: str) -> None:
-        now = time.time()
-        if not self._heartbeat.due(consumer, now):
-            return
-        with self._transaction() as db:
-            db.execute(
-                "INSERT INTO consumers (queue, consumer, seen_at) VALUES (?, ?, ?)"
-                " ON CONFLICT (queue, consumer) DO UPDATE SET seen_at = excluded.seen_at",
-                (self.queue, consumer, now),
-            )
-            # Consumer names are host-pid: each restart adds one, so forget old ones.
-            db.execute(
-                "DELETE FROM consumers WHERE queue = ? AND seen_at < ?",
-                (self.queue, now - self.ttl_s),
-            )
+        return self._consumers.read(within_s)
 
     def close(self) -> None:
-        with self._lock:
-            if self._db is not None and self._pid == os.getpid():
-                self._db.close()
-            self._db = None
-
-    def _purge(self, now: float) -> None:
-        # Expired rows are invisible already (LIVE); deleting them only bounds the
-        # file, so it runs now and then, in small batches, from whoever writes.
-        if now < self._next_purge:
-            return
-        self._next_purge = now + PURGE_EVERY_S
-        with self._transaction() as db:
-            db.execute(
-                "DELETE FROM jobs WHERE id IN (SELECT id FROM jobs WHERE expires_at <= ? LIMIT ?)",
-                (now, PURGE_BATCH),
-            )
+        self.file.close()

@@ -32,7 +32,8 @@ from flask_cors import CORS
 from werkzeug.datastructures import Headers
 
 from serving_core.errors import Unauthorized
-from serving_core.settings import Settings, SettingsError, api_keys
+from serving_core.settings import Settings, SettingsError
+from serving_core.settings.parsers import api_keys
 
 log = logging.getLogger("serving_core.web.access")
 
@@ -97,9 +98,12 @@ class ApiKeys:
                 return
             keys = api_keys(_FILE_VAR, Path(self._path).read_text(encoding="ascii"))
             if not keys:
-                raise SettingsError(f"{_FILE_VAR}={self._path!r} holds no keys; one per line")
-        except (OSError, UnicodeDecodeError, SettingsError) as exc:
-            message = str(exc) if isinstance(exc, SettingsError) else f"{exc.__class__.__name__}"
+                raise ValueError(f"{_FILE_VAR}={self._path!r} holds no keys; one per line")
+        except (OSError, ValueError) as exc:
+            # A parser's ValueError says what is wrong and never quotes a key; a
+            # decoding error could quote the file, so only its kind is told.
+            plain = isinstance(exc, ValueError) and not isinstance(exc, UnicodeDecodeError)
+            message = str(exc) if plain else exc.__class__.__name__
             if first:
                 raise SettingsError(
                     f"{_FILE_VAR}={self._path!r} cannot be used: {message}; mount a file of "
