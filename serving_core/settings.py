@@ -85,7 +85,7 @@ class Settings:
     dtype: Dtype = "float32"
     # Who runs the model: a model thread in each worker (per-worker), or one
     # process fed by every worker (shared: one model copy and one CUDA context,
-    # batches across workers; see serving_core.online.modelprocess). auto: shared on a
+    # batches across workers; see serving_core.modelprocess). auto: shared on a
     # cuda device, per-worker otherwise (on 2 CPU cores, MiniLM at c=32: 203
     # req/s per-worker against 110 shared, whose model gets the core the two
     # workers leave; bench/gpu.py --device cpu).
