@@ -26,7 +26,7 @@ from serving_core.modelprocess.client import RemoteBatcher
 from serving_core.modelprocess.protocol import socket_path
 from serving_core.modelprocess.supervisor import ModelProcess
 from serving_core.settings import Settings
-from tests.servers import gunicorn_server
+from tests.servers import gunicorn_server, wait_for
 
 SHARED = str(Path(__file__).parent / "handlers/shared/handler.py")
 WAIT_S = 30.0  # a bound on waiting for an event, never an expected time
@@ -348,7 +348,12 @@ def test_a_sigkilled_model_process_is_replaced_and_the_service_recovers():
             assert time.monotonic() < deadline, "the model process was not replaced"
             time.sleep(0.05)
         assert response.json()["model_pid"] != killed
-        assert requests.get(server.url + "/readyz", timeout=WAIT_S).status_code == 200
+        # The worker that answered has reconnected; the other one may be a poll behind.
+        wait_for(
+            lambda: requests.get(server.url + "/readyz", timeout=WAIT_S).status_code == 200,
+            "/readyz to answer 200 again",
+            WAIT_S,
+        )
         assert server.process.poll() is None  # the master lives on
         assert "exited; starting another" in server.output()
 
