@@ -53,6 +53,18 @@ class ServingError(Exception):
             error["details"] = self.details
         return {"error": error}
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # An exception pickles as ``type(self)(*self.args)`` by default, which drops
+        # the keyword-only fields and cannot call an ``__init__`` that takes others
+        # (Overloaded's reason, a handler's own subclass). Rebuilt as pickle rebuilds
+        # any object instead: a bare instance, then every attribute, so an error
+        # crosses the shared model process's socket as it was raised.
+        return (_bare, (type(self), self.args), self.__dict__)
+
+
+def _bare(cls: type[ServingError], args: tuple[Any, ...]) -> ServingError:
+    return cls.__new__(cls, *args)
+
 
 class BadRequest(ServingError):
     status = 400

@@ -65,6 +65,12 @@ def test_the_package_keeps_every_rule(tree: Path) -> None:
     [
         ("engine/core.py", "import flask", "Flask and werkzeug are imported only in web"),
         ("online/service.py", "import gunicorn", "gunicorn and gevent are imported only in"),
+        ("modelprocess/client.py", "import gevent", "gunicorn and gevent are imported only in"),
+        (
+            "modelprocess/server.py",
+            "import serving_core.online.service",
+            "The layers point down only",
+        ),
         ("engine/core.py", "import serving_core.web.app", "The layers point down only"),
         ("handler.py", "import serving_core.encoding", "The handler contract imports nothing"),
         ("jobs/base.py", "import serving_core.jobs.sqlite_queue", "No import cycles"),

@@ -20,11 +20,13 @@ import requests
 from serving_core.context import Context
 from serving_core.device import model_devices
 from serving_core.engine.core import Engine
-from serving_core.errors import DeadlineExceeded, NotReady, Overloaded
+from serving_core.errors import BadGateway, DeadlineExceeded, ModelError, NotReady, Overloaded
 from serving_core.loading import load_handler
-from serving_core.online.modelprocess import ModelProcess, RemoteBatcher, socket_path
+from serving_core.modelprocess.client import RemoteBatcher
+from serving_core.modelprocess.protocol import socket_path
+from serving_core.modelprocess.supervisor import ModelProcess
 from serving_core.settings import Settings
-from tests.servers import gunicorn_server
+from tests.servers import gunicorn_server, wait_for
 
 SHARED = str(Path(__file__).parent / "handlers/shared/handler.py")
 WAIT_S = 30.0  # a bound on waiting for an event, never an expected time
@@ -139,6 +141,33 @@ def test_a_request_past_its_deadline_in_the_model_process_is_a_504(model):
         blocker.result()
     # Refused at admission (predicted late) or dropped at its deadline: 503 or 504.
     assert refused.value.status in (503, 504)
+    remote.stop(5)
+
+
+def test_an_error_raised_in_the_model_process_reaches_the_worker_as_raised(model):
+    process, engine = model
+    remote = client(process)
+    with pytest.raises(BadGateway) as failed:
+        ask(remote, engine, {"text": "x", "down": "embed"})
+    error = failed.value
+    # The handler's own class (its __init__ takes other arguments), with every field.
+    assert type(error).__name__ == "StageDown"
+    assert (error.message, error.details, error.retry_after_s) == (
+        "stage 'embed' is down",
+        {"stage": "embed"},
+        3.0,
+    )
+    assert (error.stage, error.attempts) == ("embed", 2)
+    assert ask(remote, engine, {"text": "next"})["text"] == "next"
+    remote.stop(5)
+
+
+def test_an_output_pickle_cannot_carry_is_a_model_error_and_the_connection_lives_on(model):
+    process, engine = model
+    remote = client(process)
+    with pytest.raises(ModelError, match="the shared model process failed"):
+        ask(remote, engine, {"text": "x", "unpicklable": True})
+    assert ask(remote, engine, {"text": "next"})["text"] == "next"
     remote.stop(5)
 
 
@@ -319,7 +348,12 @@ def test_a_sigkilled_model_process_is_replaced_and_the_service_recovers():
             assert time.monotonic() < deadline, "the model process was not replaced"
             time.sleep(0.05)
         assert response.json()["model_pid"] != killed
-        assert requests.get(server.url + "/readyz", timeout=WAIT_S).status_code == 200
+        # The worker that answered has reconnected; the other one may be a poll behind.
+        wait_for(
+            lambda: requests.get(server.url + "/readyz", timeout=WAIT_S).status_code == 200,
+            "/readyz to answer 200 again",
+            WAIT_S,
+        )
         assert server.process.poll() is None  # the master lives on
         assert "exited; starting another" in server.output()
 

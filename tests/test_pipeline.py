@@ -16,6 +16,7 @@ import requests
 import yaml
 
 from serving_core.pipeline import core as pipeline
+from serving_core.runtime import Runtime
 from tests.conftest import PROBE
 from tests.servers import ROOT, Server, free_port, gunicorn_server, wait_for
 
@@ -291,23 +292,48 @@ def test_a_stage_that_wants_an_api_key_gets_the_one_its_key_env_holds(tmp_path):
     assert key not in logs
 
 
+def ready_when_probe_is(folder: Path) -> Path:
+    """A pipeline.yaml whose readiness is its one stage's, at PROBE_URL."""
+    spec = {
+        "kind": "serial",
+        "readiness": True,
+        "stages": [{"name": "probe", "url_env": "PROBE_URL"}],
+    }
+    return Path(write_pipeline(folder, spec)) / "pipeline.yaml"
+
+
 def test_readiness_asks_the_required_stages_when_the_file_says_so(probe, tmp_path):
-    path = Path(
-        write_pipeline(
-            tmp_path / "ready",
-            {
-                "kind": "serial",
-                "readiness": True,
-                "stages": [{"name": "probe", "url_env": "PROBE_URL"}],
-            },
-        )
-    )
-    up = pipeline.load(path / "pipeline.yaml", {"PROBE_URL": probe.url})
-    down = pipeline.load(path / "pipeline.yaml", {"PROBE_URL": f"http://127.0.0.1:{free_port()}"})
+    path = ready_when_probe_is(tmp_path / "ready")
+    up = pipeline.load(path, {"PROBE_URL": probe.url})
+    down = pipeline.load(path, {"PROBE_URL": f"http://127.0.0.1:{free_port()}"})
     for one in (up, down):
         one.setup_worker()
     assert up.ready()
     assert not down.ready()
+
+
+def test_readiness_waits_on_the_runtimes_lock(probe, tmp_path):
+    # Held across the stages' /readyz calls, which yield to the hub under gevent: a
+    # native lock there would let a second probe block the worker's hub for good.
+    taken: list[str] = []
+
+    class Recorded:
+        def __init__(self) -> None:
+            self.lock = threading.Lock()
+
+        def __enter__(self) -> None:
+            taken.append("enter")
+            self.lock.acquire()
+
+        def __exit__(self, *exc: object) -> None:
+            self.lock.release()
+
+    path = ready_when_probe_is(tmp_path / "ready")
+    runtime = Runtime("gevent", new_lock=Recorded)
+    one = pipeline.load(path, {"PROBE_URL": probe.url}, runtime)
+    one.setup_worker()
+    assert one.ready()
+    assert taken == ["enter"]
 
 
 # -- prep→pred: two MiniLM services in series -----------------------------------

@@ -40,7 +40,7 @@ from serving_core.jobs import liveness
 from serving_core.jobs.backend import open_queue
 from serving_core.jobs.base import Job, JobQueue, QueueFull, QueueUnavailable
 from serving_core.loading import LoadedHandler
-from serving_core.online.modelprocess import RemoteBatcher
+from serving_core.modelprocess.client import RemoteBatcher
 from serving_core.runtime import THREADS, Runtime
 from serving_core.settings import Settings
 

@@ -7,86 +7,30 @@ thread. ``serial`` stages run in order, each output merged into the next
 stage's input (or put under the stage's ``into`` key); ``parallel`` stages run
 at once (greenlets under the gevent worker, a small thread pool under gthread)
 and are aggregated as ``all`` or ``best_label``. The file format is in
-``pipelineconfig``.
+``config``.
 
-Each call forwards ``X-Request-ID`` and what is left of the deadline as
-``X-Request-Timeout``; its timeout is the stage's ``timeout_s`` capped by that
-remainder. Only connection failures are retried (the request never reached
-the stage); a timeout or an error status is not. An optional stage that fails
-is skipped and reported; a required one fails the request: 502 naming it
-(504 when the request's own deadline ran out, 400 when the stage refused the
-input). Every answer lists the stages: ran or skipped, why, and how long.
-
-Connections: one ``urllib3.PoolManager`` per worker, made in ``setup_worker``
-(after fork: a socket must not be shared by two processes), keeping up to
-``pool_size`` connections open per stage. urllib3 rather than ``requests``:
-it is the pool ``requests`` wraps, with no dependencies, it takes a total
-timeout per call, and retries can be switched off so that only connection
-failures are retried, here, within the budget. Under the gevent worker its
-sockets are gevent's, so a waiting call yields to the worker's other requests.
+Each stage is called through the worker's ``StageClient`` (``client``), with
+the request's id and what is left of its deadline. An optional stage that
+fails is skipped and reported; a required one fails the request: 502 naming
+it (504 when the request's own deadline ran out, 400 when the stage refused
+the input). Every answer lists the stages: ran or skipped, why, and how long.
 """
 
 from __future__ import annotations
 
 import functools
-import logging
-import threading
-import time
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import orjson
-import urllib3
-from urllib3.exceptions import ConnectTimeoutError, HTTPError, NewConnectionError, ProtocolError
-
-from serving_core import context, encoding
+from serving_core import context
 from serving_core.context import Context
 from serving_core.errors import BadGateway, DeadlineExceeded, InvalidParams
 from serving_core.handler import Handler, Output, Params
+from serving_core.pipeline.client import Failure, Outcome, StageClient
 from serving_core.pipeline.config import PipelineError, PipelineSpec, StageSpec, read
 from serving_core.runtime import THREADS, Runtime
-
-log = logging.getLogger("serving_core.pipeline.core")
-
-READINESS_TTL_S = 2.0  # how long a stages' readiness answer is reused
-READINESS_TIMEOUT_S = 0.5
-_BACKOFF_S = 0.02  # before the first retry of a refused connection; doubled each time
-
-
-@dataclass(frozen=True)
-class Failure:
-    kind: str  # timeout, unavailable, rejected (400), status, invalid_response
-    message: str
-    deadline: bool = False  # the request's own deadline, not the stage's timeout, ran out
-
-    def body(self) -> dict[str, str]:
-        return {"type": self.kind, "message": self.message}
-
-
-@dataclass(frozen=True)
-class Outcome:
-    stage: StageSpec
-    output: Output | None
-    failure: Failure | None
-    elapsed_s: float
-    attempts: int
-
-    def report(self) -> dict[str, Any]:
-        entry: dict[str, Any] = {
-            "stage": self.stage.name,
-            "status": "ran" if self.failure is None else "skipped",
-            "elapsed_ms": round(self.elapsed_s * 1000, 2),
-        }
-        if self.attempts > 1:
-            entry["attempts"] = self.attempts
-        if self.failure is not None:
-            if not self.stage.optional:
-                entry["status"] = "failed"
-            entry["reason"] = self.failure.body()
-        return entry
 
 
 class Pipeline(Handler):
@@ -100,11 +44,8 @@ class Pipeline(Handler):
 
     def __init__(self) -> None:
         self.runtime = THREADS
-        self._http: urllib3.PoolManager | None = None
+        self._client: StageClient | None = None
         self._threads: ThreadPoolExecutor | None = None
-        self._ready_at = -float("inf")
-        self._ready = False
-        self._ready_lock = threading.Lock()
 
     def setup(self) -> None:
         unset = self.spec.unset()
@@ -116,12 +57,7 @@ class Pipeline(Handler):
             )
 
     def setup_worker(self) -> None:
-        self._http = urllib3.PoolManager(
-            num_pools=len(self.spec.stages) + 1,
-            maxsize=self.spec.pool_size,
-            block=False,
-            retries=False,
-        )
+        self._client = StageClient(self.spec.stages, self.spec.pool_size, self.runtime)
         if self.spec.kind == "parallel":
             # Used only where sockets are not gevent's (gthread): a request thread
             # hands its stage calls to these threads.
@@ -132,16 +68,8 @@ class Pipeline(Handler):
     def ready(self) -> bool:
         if not self.spec.readiness:
             return True
-        now = time.monotonic()
-        if now - self._ready_at < READINESS_TTL_S:
-            return self._ready
-        with self._ready_lock:
-            if time.monotonic() - self._ready_at >= READINESS_TTL_S:
-                self._ready = all(
-                    self._stage_ready(stage) for stage in self.spec.stages if not stage.optional
-                )
-                self._ready_at = time.monotonic()
-        return self._ready
+        required = [stage for stage in self.spec.stages if not stage.optional]
+        return self._client is not None and self._client.ready(required)
 
     def predict(self, item: Params) -> Output:
         contexts = context.batch()
@@ -242,105 +170,10 @@ class Pipeline(Handler):
             raise DeadlineExceeded(message + "; retry with a longer X-Request-Timeout")
         raise BadGateway(message, details=details)
 
-    # -- one call -----------------------------------------------------------
-
     def _call(self, stage: StageSpec, params: Params, ctx: Context) -> Outcome:
-        started = time.monotonic()
-        budget = stage.timeout_s
-        remaining = ctx.remaining_s()
-        capped = remaining is not None and remaining < budget
-        if remaining is not None:
-            budget = min(budget, remaining)
-        until = started + budget
-        body = encoding.dumps(params)
-        attempts = 0
-        failure: Failure | None = None
-        output: Output | None = None
-        while True:
-            attempts += 1
-            left = until - time.monotonic()
-            if left <= 0:
-                failure = Failure("timeout", f"no answer within {budget:.3f} s", capped)
-                break
-            try:
-                output, failure = self._post(stage, body, ctx.request_id, left)
-            except (NewConnectionError, ProtocolError) as exc:
-                # The request did not reach the stage (refused, reset before an
-                # answer): safe to send again while the budget lasts.
-                failure = Failure("unavailable", _reason(exc))
-                if attempts <= stage.retries:
-                    time.sleep(min(_BACKOFF_S * 2 ** (attempts - 1), max(0.0, left / 2)))
-                    continue
-            except (ConnectTimeoutError, urllib3.exceptions.TimeoutError):
-                failure = Failure("timeout", f"no answer within {budget:.3f} s", capped)
-            except HTTPError as exc:
-                failure = Failure("unavailable", _reason(exc))
-            break
-        elapsed = time.monotonic() - started
-        if failure is not None:
-            log.warning(
-                "request %s: stage %s %s after %.3f s (%d attempt%s): %s",
-                ctx.request_id,
-                stage.name,
-                "skipped" if stage.optional else "failed",
-                elapsed,
-                attempts,
-                "" if attempts == 1 else "s",
-                failure.message,
-            )
-        return Outcome(stage, output, failure, elapsed, attempts)
-
-    def _post(
-        self, stage: StageSpec, body: bytes, request_id: str, left: float
-    ) -> tuple[Output | None, Failure | None]:
-        if self._http is None:
+        if self._client is None:
             raise RuntimeError("Pipeline.setup_worker() has not run in this process")
-        headers = {
-            "Content-Type": "application/json",
-            "X-Request-ID": request_id,
-            "X-Request-Timeout": f"{left:.3f}",
-        }
-        if stage.api_key is not None:
-            headers["Authorization"] = f"Bearer {stage.api_key}"
-        response = self._http.request(
-            "POST",
-            stage.endpoint,
-            body=body,
-            headers=headers,
-            timeout=urllib3.Timeout(total=left),
-            retries=False,
-        )
-        try:
-            answer = orjson.loads(response.data)
-        except orjson.JSONDecodeError:
-            answer = None
-        if response.status == 200:
-            if isinstance(answer, dict):
-                return answer, None
-            return None, Failure("invalid_response", "its answer is not a JSON object")
-        message = f"HTTP {response.status}"
-        if isinstance(answer, dict) and isinstance(answer.get("error"), dict):
-            message += f" {answer['error'].get('type')}: {answer['error'].get('message')}"
-        return None, Failure("rejected" if response.status == 400 else "status", message)
-
-    def _stage_ready(self, stage: StageSpec) -> bool:
-        if self._http is None or stage.url is None:
-            return False
-        try:
-            response = self._http.request(
-                "GET",
-                stage.url.rstrip("/") + "/readyz",
-                timeout=urllib3.Timeout(total=READINESS_TIMEOUT_S),
-                retries=False,
-            )
-        except HTTPError:
-            return False
-        return response.status == 200
-
-
-def _reason(exc: Exception) -> str:
-    reason = getattr(exc, "reason", None) or exc
-    return f"connection failed: {reason}"
+        return self._client.call(stage, params, ctx)
 
 
 def load(path: Path, environ: Mapping[str, str], runtime: Runtime = THREADS) -> Pipeline:

@@ -45,7 +45,8 @@ from serving_core.engine.core import Engine
 from serving_core.loading import LoadedHandler
 from serving_core.metrics.core import Metrics
 from serving_core.metrics.directory import remove_metrics_dir, worker_exited
-from serving_core.online.modelprocess import ModelProcess, socket_path
+from serving_core.modelprocess.protocol import socket_path
+from serving_core.modelprocess.supervisor import ModelProcess
 from serving_core.online.service import Service
 from serving_core.process import recycle, wire
 from serving_core.process.drain import DrainingArbiter
