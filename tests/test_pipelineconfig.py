@@ -11,6 +11,7 @@ import yaml
 
 from serving_core.errors import HandlerError, Overloaded
 from serving_core.loading import load_handler
+from serving_core.online.runner.concurrent import ConcurrentRunner
 from serving_core.pipeline.config import PipelineError, parse, read
 from serving_core.pipeline.core import Pipeline
 from tests.conftest import make_app
@@ -197,7 +198,7 @@ def test_a_concurrent_handler_runs_in_the_request_and_refuses_beyond_max_queue(t
     service = app.extensions["serving_core"]
     service.start()
     try:
-        assert service.batcher is None
+        assert isinstance(service.runner, ConcurrentRunner)
         assert service.ready
         handler = service.handler
         answers: list[dict] = []
