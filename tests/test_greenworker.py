@@ -187,6 +187,25 @@ def test_the_master_frees_a_dead_workers_slot_for_its_replacement():
     assert shares.claim(object()) is None  # more workers than slots: no balancing for it
 
 
+def test_the_master_shares_out_slots_and_frees_a_dead_workers(monkeypatch):
+    monkeypatch.setattr(fairaccept, "_shares", None)  # restored after the test
+    first, second, replacement = object(), object(), object()
+    fairaccept.share_connections(2)
+    assert (fairaccept.claim_slot(first), fairaccept.claim_slot(second)) == (0, 1)
+    fairaccept.worker_exited(first)
+    assert fairaccept.claim_slot(replacement) == 0
+    fairaccept.share_connections(1)  # one worker: nothing to balance
+    assert fairaccept.claim_slot(object()) is None
+
+
+def green_wait_until(condition, timeout_s=5.0):
+    """Poll ``condition`` from a greenlet, letting the hub run the servers meanwhile."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        gevent.sleep(0.001)
+
+
 @pytest.fixture
 def fair_server(monkeypatch):
     """A FairServer in slot 0 of two, whose worker already holds 5 connections."""
@@ -211,23 +230,22 @@ def fair_server(monkeypatch):
 def test_a_server_over_its_share_leaves_new_connections_to_its_sibling(fair_server):
     shares, accepted, connect = fair_server
     connect()
-    gevent.sleep(0.001)
-    assert len(accepted) == 1
+    green_wait_until(lambda: len(accepted) == 1)
     connect()
-    gevent.sleep(fairaccept.ACCEPT_PAUSE_S * 3)
+    gevent.sleep(fairaccept.ACCEPT_PAUSE_S * 3)  # a window for what must not happen
     assert len(accepted) == 1, "accepted while over its share"
     shares.counts[1] = 5  # the sibling took its share
-    gevent.sleep(fairaccept.ACCEPT_PAUSE_S * 3)
-    assert len(accepted) == 2, "did not resume once back within its share"
+    green_wait_until(lambda: len(accepted) == 2)  # resumed, once back within its share
 
 
 def test_a_server_resumes_accepting_when_its_sibling_never_does(fair_server):
-    _, accepted, connect = fair_server
+    shares, accepted, connect = fair_server
     connect()
-    gevent.sleep(0.001)
+    green_wait_until(lambda: len(accepted) == 1)
     connect()
-    gevent.sleep(fairaccept.ACCEPT_PAUSE_MAX_S + fairaccept.ACCEPT_PAUSE_S * 3)
-    assert len(accepted) == 2, "a stuck sibling stalled new connections"
+    # Still over its share (the sibling holds none), yet it takes the connection.
+    green_wait_until(lambda: len(accepted) == 2)
+    assert shares.over_share(0)
 
 
 def test_the_server_counts_its_open_connections_for_the_batcher():
@@ -237,11 +255,9 @@ def test_the_server_counts_its_open_connections_for_the_batcher():
     before = FairServer.open_connections
     try:
         clients = [socket.create_connection(server.address) for _ in range(3)]
-        gevent.sleep(0.01)
-        assert FairServer.open_connections == before + 3
+        green_wait_until(lambda: FairServer.open_connections == before + 3)
         release.set()
-        gevent.sleep(0.01)
-        assert FairServer.open_connections == before
+        green_wait_until(lambda: FairServer.open_connections == before)
         for client in clients:
             client.close()
     finally:
