@@ -110,6 +110,7 @@ class Service:
             self.watchdog.start()
 
     def _runner(self, open_connections: Callable[[], int | None]) -> Runner:
+        """The one place that chooses how this worker runs the model."""
         if self.handler.concurrent:
             return ConcurrentRunner(
                 self.engine, max_queue=self.settings.max_queue, observer=self._observer
