@@ -47,7 +47,13 @@ def example_module(example: str, module: str) -> ModuleType:
 def make_app(handler=PROBE, **env):
     # Each app its own job queue file: the default one is shared by the machine.
     jobs = Path(tempfile.mkdtemp(prefix="serving-test-jobs-")) / "jobs.db"
-    environ = {"SERVING_HANDLER": handler, "SERVING_JOBS_PATH": str(jobs)}
+    # The test client answers each request on a plain thread, as the gthread worker
+    # does; the gevent worker's futures wake only through a running hub.
+    environ = {
+        "SERVING_HANDLER": handler,
+        "SERVING_JOBS_PATH": str(jobs),
+        "SERVING_WORKER_CLASS": "gthread",
+    }
     environ.update({f"SERVING_{k.upper()}": str(v) for k, v in env.items()})
     settings = Settings.from_env(environ, cores=1)
     loaded = load_handler(settings.handler)

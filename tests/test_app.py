@@ -159,7 +159,7 @@ class Unread(io.RawIOBase):
 def test_a_full_queue_refuses_a_request_before_reading_its_body(started_app):
     app = started_app(max_batch_size=1, max_queue=1, max_wait_ms=0)
     service = app.extensions["serving_core"]
-    batcher = service.batcher
+    batcher = service.runner.batcher
     deadline = time.monotonic() + 30
     running = batcher.submit({"sleep_s": 2}, Context("running", deadline), arrival=time.monotonic())
     wait_until(lambda: batcher.depth == 0)  # the model thread has it

@@ -21,8 +21,9 @@ from serving_core.context import Context
 from serving_core.engine.batcher import Batcher
 from serving_core.engine.core import Ran
 from serving_core.engine.policy import make_policy
-from serving_core.process.workers import green as greenworker
-from serving_core.process.workers.green import ConnectionShares, GreenFuture
+from serving_core.process.workers import clientwatch, fairaccept
+from serving_core.process.workers.fairaccept import ConnectionShares, FairServer
+from serving_core.process.workers.greenfuture import GreenFuture
 
 
 def resolve_later(future, delay_s, value=None, exc=None):
@@ -99,7 +100,7 @@ def test_a_clients_hang_up_is_seen_once_its_request_has_waited_a_moment():
     mine, theirs = socket.socketpair()
     gone = []
     started = time.monotonic()
-    stop = greenworker.watch_client(mine, lambda: gone.append(time.monotonic() - started))
+    stop = clientwatch.watch_client(mine, lambda: gone.append(time.monotonic() - started))
     theirs.close()
     try:
         deadline = time.monotonic() + 5
@@ -108,7 +109,7 @@ def test_a_clients_hang_up_is_seen_once_its_request_has_waited_a_moment():
         # Not at once (no watcher for a request answered within WATCH_AFTER_S), but then.
         # (The hub's timers count from the loop's cached time: a few ms early.)
         assert gone
-        assert gone[0] >= greenworker.WATCH_AFTER_S / 2
+        assert gone[0] >= clientwatch.WATCH_AFTER_S / 2
     finally:
         stop()
         mine.close()
@@ -117,10 +118,10 @@ def test_a_clients_hang_up_is_seen_once_its_request_has_waited_a_moment():
 def test_a_request_answered_before_the_watch_starts_never_watches_its_client():
     mine, theirs = socket.socketpair()
     gone = []
-    stop = greenworker.watch_client(mine, lambda: gone.append(True))
+    stop = clientwatch.watch_client(mine, lambda: gone.append(True))
     stop()  # answered at once
     theirs.close()
-    gevent.sleep(greenworker.WATCH_AFTER_S * 3)
+    gevent.sleep(clientwatch.WATCH_AFTER_S * 3)
     assert gone == []
     mine.close()
 
@@ -186,14 +187,33 @@ def test_the_master_frees_a_dead_workers_slot_for_its_replacement():
     assert shares.claim(object()) is None  # more workers than slots: no balancing for it
 
 
+def test_the_master_shares_out_slots_and_frees_a_dead_workers(monkeypatch):
+    monkeypatch.setattr(fairaccept, "_shares", None)  # restored after the test
+    first, second, replacement = object(), object(), object()
+    fairaccept.share_connections(2)
+    assert (fairaccept.claim_slot(first), fairaccept.claim_slot(second)) == (0, 1)
+    fairaccept.worker_exited(first)
+    assert fairaccept.claim_slot(replacement) == 0
+    fairaccept.share_connections(1)  # one worker: nothing to balance
+    assert fairaccept.claim_slot(object()) is None
+
+
+def green_wait_until(condition, timeout_s=5.0):
+    """Poll ``condition`` from a greenlet, letting the hub run the servers meanwhile."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        gevent.sleep(0.001)
+
+
 @pytest.fixture
 def fair_server(monkeypatch):
-    """A _FairServer in slot 0 of two, whose worker already holds 5 connections."""
+    """A FairServer in slot 0 of two, whose worker already holds 5 connections."""
     shares = ConnectionShares(2)
     shares.counts[0] = 5
-    monkeypatch.setattr(greenworker, "_shares", shares)
+    monkeypatch.setattr(fairaccept, "_shares", shares)
     accepted = []
-    server = greenworker._FairServer(("127.0.0.1", 0), handle=lambda sock, addr: accepted.append(1))
+    server = FairServer(("127.0.0.1", 0), handle=lambda sock, addr: accepted.append(1))
     server.slot = 0
     server.start()
     clients = []
@@ -210,37 +230,34 @@ def fair_server(monkeypatch):
 def test_a_server_over_its_share_leaves_new_connections_to_its_sibling(fair_server):
     shares, accepted, connect = fair_server
     connect()
-    gevent.sleep(0.001)
-    assert len(accepted) == 1
+    green_wait_until(lambda: len(accepted) == 1)
     connect()
-    gevent.sleep(greenworker.ACCEPT_PAUSE_S * 3)
+    gevent.sleep(fairaccept.ACCEPT_PAUSE_S * 3)  # a window for what must not happen
     assert len(accepted) == 1, "accepted while over its share"
     shares.counts[1] = 5  # the sibling took its share
-    gevent.sleep(greenworker.ACCEPT_PAUSE_S * 3)
-    assert len(accepted) == 2, "did not resume once back within its share"
+    green_wait_until(lambda: len(accepted) == 2)  # resumed, once back within its share
 
 
 def test_a_server_resumes_accepting_when_its_sibling_never_does(fair_server):
-    _, accepted, connect = fair_server
+    shares, accepted, connect = fair_server
     connect()
-    gevent.sleep(0.001)
+    green_wait_until(lambda: len(accepted) == 1)
     connect()
-    gevent.sleep(greenworker.ACCEPT_PAUSE_MAX_S + greenworker.ACCEPT_PAUSE_S * 3)
-    assert len(accepted) == 2, "a stuck sibling stalled new connections"
+    # Still over its share (the sibling holds none), yet it takes the connection.
+    green_wait_until(lambda: len(accepted) == 2)
+    assert shares.over_share(0)
 
 
 def test_the_server_counts_its_open_connections_for_the_batcher():
     release = Event()
-    server = greenworker._FairServer(("127.0.0.1", 0), handle=lambda sock, addr: release.wait(5))
+    server = FairServer(("127.0.0.1", 0), handle=lambda sock, addr: release.wait(5))
     server.start()
-    before = greenworker._FairServer.open_connections
+    before = FairServer.open_connections
     try:
         clients = [socket.create_connection(server.address) for _ in range(3)]
-        gevent.sleep(0.01)
-        assert greenworker._FairServer.open_connections == before + 3
+        green_wait_until(lambda: FairServer.open_connections == before + 3)
         release.set()
-        gevent.sleep(0.01)
-        assert greenworker._FairServer.open_connections == before
+        green_wait_until(lambda: FairServer.open_connections == before)
         for client in clients:
             client.close()
     finally:

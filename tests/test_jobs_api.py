@@ -29,9 +29,9 @@ def started():
 def consume(service, max_items=16):
     """One batch of the worker's loop, over the service's own queue and engine."""
     consumer = Consumer(
-        service.engine, service.jobs, "test", max_batch_size=max_items, stopping=lambda: True
+        service.engine, service.jobs.queue, "test", max_batch_size=max_items, stopping=lambda: True
     )
-    jobs = service.jobs.take("test", max_items, 0.0)
+    jobs = service.jobs.queue.take("test", max_items, 0.0)
     if jobs:
         consumer.run_batch(jobs)
     return len(jobs)
@@ -138,7 +138,7 @@ def test_time_lag_answers_now_and_queues_the_slow_handlers_job(started):
     job = client.get(body["status_url"]).get_json()
     assert job["job_id"] == body["job_id"]
     assert job["status"] == "queued"
-    assert service.followup.take("slow", 1, 0.0)[0].params == {"text": "now"}
+    assert service.jobs.followup.take("slow", 1, 0.0)[0].params == {"text": "now"}
 
 
 def test_a_queued_job_nobody_consumes_says_which_worker_to_start(started):
@@ -174,6 +174,6 @@ def test_metrics_name_each_queue_with_its_live_consumers_and_depth(started):
     assert gauge("serving_job_queue_unpolled_seconds", "probe") == float("inf")
     assert gauge("serving_job_queue_depth", "probe") == 1
     assert gauge("serving_job_consumers", "slow-model") == 0  # the follow-up queue's too
-    service.jobs.take("w1", 1, 0.0)
+    service.jobs.queue.take("w1", 1, 0.0)
     assert gauge("serving_job_consumers", "probe") == 1
     assert 0 <= gauge("serving_job_queue_unpolled_seconds", "probe") < 60

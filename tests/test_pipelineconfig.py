@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from serving_core.errors import HandlerError, Overloaded
+from serving_core.errors import HandlerError, NotReady, Overloaded
 from serving_core.loading import load_handler
+from serving_core.online.runner.concurrent import ConcurrentRunner
 from serving_core.pipeline.config import PipelineError, parse, read
 from serving_core.pipeline.core import Pipeline
 from tests.conftest import make_app
@@ -197,7 +198,7 @@ def test_a_concurrent_handler_runs_in_the_request_and_refuses_beyond_max_queue(t
     service = app.extensions["serving_core"]
     service.start()
     try:
-        assert service.batcher is None
+        assert isinstance(service.runner, ConcurrentRunner)
         assert service.ready
         handler = service.handler
         answers: list[dict] = []
@@ -218,6 +219,8 @@ def test_a_concurrent_handler_runs_in_the_request_and_refuses_beyond_max_queue(t
     finally:
         service.stop()
     assert not service.ready
+    with pytest.raises(NotReady):
+        service.admit()  # a stopped worker takes no more requests
 
 
 def test_the_example_pipeline_files_parse():

@@ -57,8 +57,8 @@ class Batcher:
             self, run_batch, policy=policy, observer=self._observer, clock=clock
         )
         self._thread = threading.Thread(target=self._model.run, name=name, daemon=True)
-        # What a request waits on; the gevent worker swaps in futures its
-        # greenlets can wait on (``greenworker.GreenFuture``).
+        # What a request waits on; the gevent runtime swaps in futures its
+        # greenlets can wait on (``process.workers.greenfuture.GreenFuture``).
         self.new_future: Callable[[], Future[Any]] = Future
         # How a submit wakes the model thread. None: at once, by each submit. The
         # gevent worker passes its hub's ``run_callback``: every request of one

@@ -109,9 +109,9 @@ def gunicorn_options(
     def child_exit(server: Any, worker: Any) -> None:
         worker_exited(worker.pid)
         if settings.worker_class == "gevent":
-            from serving_core.process.workers import green as greenworker
+            from serving_core.process.workers import fairaccept
 
-            greenworker.worker_exited(worker)
+            fairaccept.worker_exited(worker)
 
     def on_exit(server: Any) -> None:
         for model in models:
@@ -268,9 +268,9 @@ def serve(settings: Settings, loaded: LoadedHandler) -> None:
     say_where(settings.bind)
     wire.install()  # gunicorn's response and error paths, in this process and its workers
     if settings.worker_class == "gevent":
-        from serving_core.process.workers import green as greenworker
+        from serving_core.process.workers import fairaccept
 
-        greenworker.share_connections(settings.workers)
+        fairaccept.share_connections(settings.workers)
     gc.collect()
     gc.freeze()
     ServingApplication(

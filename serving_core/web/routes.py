@@ -14,7 +14,8 @@ from serving_core.errors import BadRequest, quote
 from serving_core.jobs import liveness
 from serving_core.logs import BATCH_SIZE_KEY
 from serving_core.metrics.core import CONTENT_TYPE, Metrics
-from serving_core.online.service import Service, status_url
+from serving_core.online.jobsapi import status_url
+from serving_core.online.service import Service
 from serving_core.web.incoming import REQUEST_ID_OK, this_request
 from serving_core.web.params import JsonLimits, request_params
 from serving_core.web.responses import json_response
@@ -64,7 +65,7 @@ class Jobs(Resource):  # type: ignore[misc]
             raise BadRequest(
                 "Idempotency-Key must be 1-128 of A-Z a-z 0-9 . _ : / + = -; send e.g. a UUID"
             )
-        job = self.service.submit_job(params, idempotency_key=key)
+        job = self.service.jobs.submit(params, idempotency_key=key)
         url = status_url(job.id)
         return {"job_id": job.id, "status_url": url}, 202, {"Location": url}
 
@@ -74,15 +75,15 @@ class JobStatus(Resource):  # type: ignore[misc]
         self.service = service
 
     def get(self, job_id: str) -> dict[str, Any]:
-        job = self.service.job(job_id)
+        job = self.service.jobs.get(job_id)
         body = job.public()
-        hint = self.service.job_hint(job)
+        hint = self.service.jobs.hint(job)
         if hint is not None:
             body["hint"] = hint
         return body
 
     def delete(self, job_id: str) -> dict[str, Any]:
-        return self.service.cancel_job(job_id).public()
+        return self.service.jobs.cancel(job_id).public()
 
 
 class Healthz(Resource):  # type: ignore[misc]
@@ -124,7 +125,7 @@ class MetricsEndpoint(Resource):  # type: ignore[misc]
     def get(self) -> Response:
         # The job queues' gauges are read from their store now, not from the workers'
         # metric files: whichever worker answers, they are the same.
-        queues = liveness.exposition(self.service.job_queues, self.service.settings.jobs_lease_s)
+        queues = liveness.exposition(self.service.jobs.queues, self.service.settings.jobs_lease_s)
         return Response(self.metrics.exposition() + queues, content_type=CONTENT_TYPE)
 
 

@@ -1,0 +1,134 @@
+"""``/jobs`` and the time-lag follow-up, over this worker's job queues.
+
+Its own queue (``SERVING_JOBS_ENABLED``: ``POST /jobs`` queues a request for
+this handler's ``serving-core worker``) and the follow-up queue
+(``SERVING_FOLLOWUP_QUEUE``: each answered ``/predict`` is queued for a slower
+handler too). Both are opened in ``open``, after fork: neither a SQLite
+connection nor a Redis pool may be shared by forked processes. Imports no Flask.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from serving_core.engine.core import Engine
+from serving_core.errors import Conflict, NotFound, NotReady, Overloaded
+from serving_core.handler import Output, Params
+from serving_core.jobs import liveness
+from serving_core.jobs.backend import open_queue
+from serving_core.jobs.base import Job, JobQueue, QueueFull, QueueUnavailable
+from serving_core.settings import Settings
+
+log = logging.getLogger("serving_core.online.jobsapi")
+
+
+def status_url(job_id: str) -> str:
+    return f"/jobs/{job_id}"
+
+
+class JobsApi:
+    def __init__(self, settings: Settings, engine: Engine) -> None:
+        self.settings = settings
+        self.engine = engine
+        self.queue: JobQueue | None = None  # this handler's jobs
+        self.followup: JobQueue | None = None
+
+    def open(self) -> None:
+        if self.settings.jobs_enabled:
+            self.queue = open_queue(self.settings, self.engine.name)
+        if self.settings.followup_queue:
+            self.followup = open_queue(self.settings, self.settings.followup_queue)
+
+    def close(self) -> None:
+        for queue in self.queues:
+            queue.close()
+
+    @property
+    def queues(self) -> list[JobQueue]:
+        """The queues this worker has opened: its own jobs' and the follow-up one."""
+        return [queue for queue in (self.queue, self.followup) if queue is not None]
+
+    def submit(self, params: Params, *, idempotency_key: str | None) -> Job:
+        """Queue ``params`` for this handler's workers; a bad request is a 400 now, not a
+        failed job later."""
+        queue = self._own()
+        self.engine.validate(params)
+        try:
+            return queue.submit(params, idempotency_key=idempotency_key)
+        except QueueFull as exc:
+            raise Overloaded(
+                f"the job queue is full (SERVING_JOBS_MAX_QUEUE={self.settings.jobs_max_queue}); "
+                "retry after the Retry-After delay",
+                reason="jobs_full",
+                retry_after_s=exc.retry_after_s,
+            ) from None
+        except QueueUnavailable as exc:
+            raise _unavailable(exc) from None
+
+    def get(self, job_id: str) -> Job:
+        queues = self.queues
+        if not queues:
+            raise _not_open()
+        for queue in queues:
+            try:
+                found = queue.get(job_id)
+            except QueueUnavailable as exc:
+                raise _unavailable(exc) from None
+            if found is not None:
+                return found
+        raise NotFound(
+            f"no job {job_id!r}: it never existed, or it finished more than "
+            f"SERVING_JOBS_TTL_S={self.settings.jobs_ttl_s:g} s ago and its result expired"
+        )
+
+    def hint(self, job: Job) -> str | None:
+        """For a queued job whose queue no consumer polls: how to get it run."""
+        queue = self._queue_of(job)
+        if job.status != "queued" or queue is None:
+            return None
+        handler = self.settings.handler if queue is self.queue else None
+        return liveness.hint(queue, self.settings, handler=handler)
+
+    def cancel(self, job_id: str) -> Job:
+        job = self.get(job_id)  # 404 for an unknown id, from either queue
+        queue = self._queue_of(job)
+        if queue is None:
+            raise _not_open()
+        try:
+            after = queue.cancel(job_id)
+        except QueueUnavailable as exc:
+            raise _unavailable(exc) from None
+        if after is None:
+            raise NotFound(f"no job {job_id!r}")
+        if after.status != "cancelled":
+            raise Conflict(f"job {job_id} is {after.status}: only a queued job can be cancelled")
+        return after
+
+    def follow_up(self, output: Output, params: Params, request_id: str) -> Output:
+        """``output``, with the id of the slow handler's job for the same request
+        when there is a follow-up queue (the time-lag pattern)."""
+        if self.followup is None:
+            return output
+        try:
+            job = self.followup.submit(params)
+        except (QueueFull, QueueUnavailable) as exc:
+            # The fast answer stands on its own; say why there is no slow one.
+            log.warning("request %s: the follow-up was not queued: %s", request_id, exc)
+            return {**output, "job_id": None, "job_error": f"not queued: {exc}"}
+        return {**output, "job_id": job.id, "status_url": status_url(job.id)}
+
+    def _queue_of(self, job: Job) -> JobQueue | None:
+        return self.followup if job.queue != self.engine.name and self.followup else self.queue
+
+    def _own(self) -> JobQueue:
+        if self.queue is None:
+            raise _not_open()
+        return self.queue
+
+
+def _not_open() -> NotReady:
+    return NotReady("this worker has not opened its job queue yet; retry shortly")
+
+
+def _unavailable(exc: QueueUnavailable) -> NotReady:
+    return NotReady(f"the job queue is unavailable ({exc}); retry shortly")

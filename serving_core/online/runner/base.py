@@ -1,0 +1,82 @@
+"""What the service asks of the way its worker runs the model."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from serving_core.context import Context
+from serving_core.engine.batcher import Batcher
+from serving_core.errors import NotReady
+
+# Given what withdraws a waiting request, starts watching its client (for a hang-up);
+# returns what stops watching.
+WatchGone = Callable[[Callable[[], None]], Callable[[], None]]
+
+
+class Runner(Protocol):
+    """Runs the model on one request's prepared item; the service does the rest
+    (admission by deadline, validation, pre- and postprocessing, the cache)."""
+
+    def start(self, warm_up: Callable[[], object] | None) -> None:
+        """After fork. ``warm_up`` runs the handler's sample through the service,
+        for a runner whose model runs in this worker; the others ignore it."""
+
+    def stop(self, timeout_s: float) -> bool:
+        """Refuse new requests and finish those in hand; False if they did not
+        finish within ``timeout_s``."""
+
+    def admit(self, deadline: float) -> None:
+        """Raise now what ``run`` would raise at once for a request due by
+        ``deadline`` (``Overloaded``, ``NotReady``); queues nothing."""
+
+    def run(self, item: Any, ctx: Context, *, arrival: float, watch: WatchGone | None) -> Any:
+        """The model's output for ``item``, by ``ctx.deadline``; raises a ``ServingError``."""
+
+    @property
+    def started(self) -> bool:
+        """Whether it takes requests (``start`` has run): until then the service
+        answers that the model is not loaded yet."""
+
+    @property
+    def ready(self) -> bool:
+        """Whether it can serve now (/readyz)."""
+
+    @property
+    def fault(self) -> str | None:
+        """Why the model was given up in this worker (it hung or died), or None."""
+
+    @property
+    def model_thread(self) -> Batcher | None:
+        """The model thread the watchdog watches, where this worker has one."""
+
+    def describe(self) -> dict[str, Any]:
+        """What ``/metadata`` shows of the batching, beside the settings."""
+
+
+class Unstarted:
+    """The runner of a service whose worker has not started yet: it serves nothing."""
+
+    started = False
+    ready = False
+    fault = None
+    model_thread = None
+
+    def start(self, warm_up: Callable[[], object] | None) -> None:
+        raise RuntimeError("the service chooses a runner in start(); this one never starts")
+
+    def stop(self, timeout_s: float) -> bool:
+        return True
+
+    def admit(self, deadline: float) -> None:
+        raise not_loaded()
+
+    def run(self, item: Any, ctx: Context, *, arrival: float, watch: WatchGone | None) -> Any:
+        raise not_loaded()
+
+    def describe(self) -> dict[str, Any]:
+        return {}
+
+
+def not_loaded() -> NotReady:
+    return NotReady("the model is not loaded yet; retry after /readyz answers 200")
