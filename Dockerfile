@@ -25,7 +25,7 @@
 #                    (https://download.pytorch.org/whl/${TORCH_VARIANT})
 #   VERSION, REVISION, SOURCE   OCI labels: version, git commit, repository URL
 #
-# Environment (the full table is in the README; these are the image's values)
+# Environment (the full table is docs/settings.md; these are the image's values)
 #   SERVING_HANDLER  ${HANDLER_DIR}, relative to /app
 #   SERVING_BIND     127.0.0.1:8000: alone, the image serves no one outside its
 #                    container, and says so at start. Behind nginx in another
@@ -33,7 +33,7 @@
 #                    chart uses a unix socket). The HEALTHCHECK follows it (TCP
 #                    or unix:)
 #   SERVING_*        workers, threads, batching, limits and timeouts: unset
-#                    here, so serving-core's defaults apply (README: Settings)
+#                    here, so serving-core's defaults apply (docs/settings.md)
 #   HF_HUB_OFFLINE, TRANSFORMERS_OFFLINE = 1: the model is in the image and
 #                    start-up never reaches the network
 #

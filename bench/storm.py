@@ -2,8 +2,8 @@
 
 Two measurements against ``serving-core serve`` (MiniLM, the defaults but the
 deadline), each in rounds, through nginx as deployed (``--front nginx``, the
-default: the image's own configuration, ``NGINX_UPSTREAM_MAX_CONNS`` set as the
-README says, to what the app can hold) or straight to gunicorn:
+default: the image's own configuration, ``NGINX_UPSTREAM_MAX_CONNS`` set as
+docs/deployment/nginx.md says, to what the app can hold) or straight to gunicorn:
 
 1. **Overload, then normal load.** Open loop (``openloop.run``: requests
    at a fixed rate, whatever the server answers) at ``--times`` x the
@@ -124,8 +124,9 @@ def after_storm(url: str, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def upstream_max_conns(env: dict[str, str]) -> int:
-    """What the app can hold at once, as the README says to set NGINX_UPSTREAM_MAX_CONNS:
-    SERVING_WORKERS x (SERVING_MAX_QUEUE + SERVING_MAX_BATCH_SIZE), defaults resolved."""
+    """What the app can hold at once, as docs/deployment/nginx.md says to set
+    NGINX_UPSTREAM_MAX_CONNS: SERVING_WORKERS x (SERVING_MAX_QUEUE + SERVING_MAX_BATCH_SIZE),
+    defaults resolved."""
     settings = Settings.from_env({**os.environ, **env})
     return settings.workers * (settings.max_queue + settings.max_batch_size)
 

@@ -1,4 +1,5 @@
-"""README.md's fenced blocks, and a real bash that runs a shell block as a person would.
+"""The fenced blocks of README.md and docs/, and a real bash that runs a shell block as a
+person would.
 
 The blocks are found by markdown-it (CommonMark), the parser pytest-markdown-docs
 uses for the ```python blocks, so both kinds of block are read the same way,
@@ -33,6 +34,7 @@ from markdown_it import MarkdownIt
 from tests.servers import ROOT, base_env
 
 README = ROOT / "README.md"
+DOCS = ROOT / "docs"
 VENV = Path(sys.prefix)  # the suite's own: what `make serve` made
 SHELLS = frozenset({"bash", "sh", "shell", "console", "zsh"})
 NOTEST = "notest"
@@ -43,6 +45,7 @@ _BACKGROUND = re.compile(r"(?<![&|])&\s*(#.*)?$")
 
 @dataclass(frozen=True)
 class Block:
+    path: Path
     language: str
     options: frozenset[str]
     text: str
@@ -53,27 +56,36 @@ class Block:
         return NOTEST not in self.options
 
     def __str__(self) -> str:
-        return f"README.md:{self.line} ```{self.language}"
+        return f"{self.path.relative_to(ROOT)}:{self.line} ```{self.language}"
 
 
-def blocks(path: Path = README) -> list[Block]:
+def pages() -> list[Path]:
+    """Every page whose code the suite runs: the README and each page of docs/."""
+    return [README, *sorted(DOCS.rglob("*.md"))]
+
+
+def blocks(path: Path | None = None) -> list[Block]:
+    """The fenced blocks of ``path``, or of every page."""
+    if path is None:
+        return [block for page in pages() for block in blocks(page)]
     found = []
     for token in MarkdownIt("commonmark").parse(path.read_text(encoding="utf-8")):
         if token.type != "fence" or token.map is None:
             continue
         language, *options = token.info.split() or [""]
-        found.append(Block(language, frozenset(options), token.content, token.map[0] + 1))
+        found.append(Block(path, language, frozenset(options), token.content, token.map[0] + 1))
     return found
 
 
-def shell_blocks(path: Path = README) -> list[Block]:
+def shell_blocks(path: Path | None = None) -> list[Block]:
     return [block for block in blocks(path) if block.language in SHELLS]
 
 
-def block_with(text: str, path: Path = README) -> Block:
-    """The one shell block that contains ``text``."""
+def block_with(text: str, path: Path | None = None) -> Block:
+    """The one shell block that contains ``text``, in ``path`` or in any page."""
     matching = [block for block in shell_blocks(path) if text in block.text]
-    assert len(matching) == 1, f"{len(matching)} shell blocks in {path.name} contain {text!r}"
+    where = path.name if path is not None else "README.md and docs/"
+    assert len(matching) == 1, f"{len(matching)} shell blocks in {where} contain {text!r}"
     return matching[0]
 
 
@@ -113,7 +125,7 @@ def put_the_readme_handler(folder: Path) -> None:
     from sklearn.linear_model import LogisticRegression
     from sklearn.pipeline import make_pipeline
 
-    [code] = [b for b in blocks() if b.language == "python" and "(Handler):" in b.text]
+    [code] = [b for b in blocks(README) if b.language == "python" and "(Handler):" in b.text]
     (folder / "handler.py").write_text(code.text, encoding="utf-8")
     (folder / "requirements.txt").write_text("scikit-learn\n", encoding="utf-8")
     model = make_pipeline(TfidfVectorizer(), LogisticRegression())

@@ -1,7 +1,8 @@
-"""README.md's code, run as written: every ```python block under pytest-markdown-docs,
-and every shell block not marked ``notest`` by a test here or by the fresh-clone test.
+"""The code of README.md and docs/, run as written: every ```python block under
+pytest-markdown-docs, and every shell block not marked ``notest`` by a test here or by
+the fresh-clone test.
 
-The convention (README, "Development"): a fenced block is run by the suite unless
+The convention (docs/development.md, "These docs"): a fenced block is run by the suite unless
 its info string says ``notest`` (```` ```bash notest ````), and then the sentence
 before it says why. ``CLAIMS`` names the test that runs each shell block; a new
 block that no test claims fails ``test_every_shell_block_is_run_or_marked_notest``.
@@ -39,14 +40,14 @@ CLAIMS = {
         "test_the_quick_start_calls_the_server_and_checks_the_handler"
     ),
     "make test       # installs everything": FRESH_CLONE,
-    "serving-core init sentiment": "test_the_six_steps_serve_the_readme_handler_with_a_real_model",
+    "serving-core init sentiment": "test_the_five_steps_serve_the_readme_handler_with_a_real_model",
     # Served with `serving-core serve`, what make serve runs once installed: make serve
     # itself would install into the suite's own venv from a scratch project.
     "SERVING_HANDLER=handlers/sentiment make serve": (
-        "test_the_six_steps_serve_the_readme_handler_with_a_real_model"
+        "test_the_five_steps_serve_the_readme_handler_with_a_real_model"
     ),
     "curl -d @handlers/sentiment/sample.json": (
-        "test_the_six_steps_serve_the_readme_handler_with_a_real_model"
+        "test_the_five_steps_serve_the_readme_handler_with_a_real_model"
     ),
     "HANDLER_DIR: handlers/sentiment|' .github/workflows/image.yml": (
         "test_step_five_points_image_yml_at_the_handler_and_drops_the_examples (and the"
@@ -79,13 +80,13 @@ def test_every_shell_block_is_run_or_marked_notest() -> None:
 
 
 def test_the_python_blocks_run_under_pytest_markdown_docs(tmp_path: Path) -> None:
-    """pytest-markdown-docs runs each ```python block of README.md (its own runner: a
-    new pytest, so its --markdown-docs flag reaches no other file of the suite)."""
+    """pytest-markdown-docs runs each ```python block of README.md and docs/ (its own
+    runner: a new pytest, so its --markdown-docs flag reaches no other file of the suite)."""
     expected = [b for b in readme.blocks() if b.language in ("python", "py") and b.tested]
-    assert expected, "README.md has no ```python block to run"
+    assert expected, "README.md and docs/ have no ```python block to run"
     command = [sys.executable, "-m", "pytest", "--markdown-docs", "-p", "no:cacheprovider"]
     report = subprocess.run(
-        [*command, "-q", "--rootdir", str(ROOT), str(readme.README)],
+        [*command, "-q", "--rootdir", str(ROOT), *map(str, readme.pages())],
         cwd=tmp_path,  # a block that writes files writes them here
         capture_output=True,
         text=True,
@@ -140,7 +141,7 @@ def test_the_quick_start_calls_the_server_and_checks_the_handler(tmp_path: Path)
 
 
 @pytest.mark.e2e
-def test_the_six_steps_serve_the_readme_handler_with_a_real_model(tmp_path: Path) -> None:
+def test_the_five_steps_serve_the_readme_handler_with_a_real_model(tmp_path: Path) -> None:
     project = readme.project(tmp_path / "project")
     with shell(project, session_env(tmp_path), tmp_path / "shell") as session:
         assert session.run(ACTIVATE).returncode == 0

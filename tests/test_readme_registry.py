@@ -1,5 +1,5 @@
 """The registry names in the docs are the ones image.yml pushes, and the docs say how a
-private GHCR package is pulled: README.md, the chart's README, values and examples,
+private GHCR package is pulled: README.md, docs/, the chart's README, values and examples,
 and the NOTES the chart prints after an install."""
 
 from __future__ import annotations
@@ -18,7 +18,14 @@ from tests.test_chart import CHART, EXAMPLES, TAG, VALUE_SETS, chart, find, rend
 __all__ = ["chart"]  # the fixture, shared with tests/test_chart.py
 
 WORKFLOW = ROOT / ".github" / "workflows" / "image.yml"
-DOCS = [ROOT / "README.md", CHART / "README.md", CHART / "values.yaml", *EXAMPLES]
+KUBERNETES = ROOT / "docs" / "deployment" / "kubernetes.md"
+DOCS = [
+    ROOT / "README.md",
+    *sorted((ROOT / "docs").rglob("*.md")),
+    CHART / "README.md",
+    CHART / "values.yaml",
+    *EXAMPLES,
+]
 REFERENCE = re.compile(r"ghcr\.io/[^\s`'\")\]}|]+")
 # What image.yml pushes, with GitHub's owner and repository lower-cased (`,,`):
 # <owner>/<repo> and <owner>/<repo>-nginx, and the chart under <owner>/charts.
@@ -79,11 +86,20 @@ def test_an_examples_nginx_image_is_its_app_images_twin_or_built_by_hand(
     assert twin or any(b.match(images["nginx"]) for b in hand_built()), images
 
 
-def test_the_readme_says_what_image_yml_pushes_and_how_a_private_package_is_pulled() -> None:
+def test_the_readme_says_what_image_yml_pushes() -> None:
     text = " ".join((ROOT / "README.md").read_text().split())
     for name in (
         "ghcr.io/<owner>/<repo>",
         "ghcr.io/<owner>/<repo>-nginx",
+        "oci://ghcr.io/<owner>/charts/serving-core",
+        "docs/deployment/kubernetes.md#install-with-helm",
+    ):
+        assert name in text, name
+
+
+def test_the_kubernetes_page_says_how_a_private_package_is_pulled() -> None:
+    text = " ".join(KUBERNETES.read_text().split())
+    for name in (
         "oci://ghcr.io/<owner>/charts/serving-core",
         "helm registry login ghcr.io",
         "kubectl create secret docker-registry ghcr",

@@ -1,5 +1,5 @@
 """The GitHub Actions workflows: actionlint (with shellcheck) and yamllint pass,
-and each workflow does what the README says it does. Conditions (`if:`) are
+and each workflow does what docs/deployment/kubernetes.md says it does. Conditions (`if:`) are
 evaluated against sample events and the deploy gate's script is run, so the
 tests show behaviour, not only text."""
 
