@@ -4,7 +4,8 @@ Order of events (like ``serve``, without HTTP):
 
 1. parent: check the flags, import the handler, open the output and read the
    ids it already holds (cutting off a row a kill tore), open the input;
-   torch capped at one thread, ``setup()``, ``gc.freeze()``.
+   ``preload`` it as ``serve`` does (``serving_core.preload``: torch capped at
+   one thread, ``setup()``, capped again, ``gc.collect()``, ``gc.freeze()``).
 2. fork W workers: each takes its share of the cores, runs ``setup_worker()``
    and then ``Engine.predict_many`` on the chunks it is handed.
 3. parent: reads the input, drops other shards' records and those already
@@ -24,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import gc
 import logging
 import math
 import os
@@ -125,6 +125,7 @@ def main(args: argparse.Namespace, settings: Settings, environ: Mapping[str, str
     )
     from serving_core.errors import HandlerError
     from serving_core.loading import load_handler
+    from serving_core.preload import preload
 
     with contextlib.ExitStack() as closing:
         try:
@@ -151,17 +152,11 @@ def main(args: argparse.Namespace, settings: Settings, environ: Mapping[str, str
             print(f"serving-core: error: {exc}", file=sys.stderr)
             return EXIT_CONFIG
         try:
-            from serving_core.threads import limit_master_threads
-
-            limit_master_threads()
-            loaded.handler.setup()
+            preload(loaded.handler)  # as serve and worker do
         except Exception as exc:
             log.exception("setup() failed")
             print(f"serving-core: error: {loaded.source}: setup() failed: {exc!r}", file=sys.stderr)
             return EXIT_CONFIG
-        # The loaded model's objects are never freed: keep the collector from
-        # touching (and so copying) their pages in every forked worker.
-        gc.freeze()
         job = BatchRun(
             handler=loaded.handler,
             workers=args.workers or settings.workers,

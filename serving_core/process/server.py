@@ -2,10 +2,9 @@
 
 Order of events (``serving-core serve``):
 
-1. master: read ``Settings``, import the handler, cap torch at one thread,
-   ``handler.setup()`` (model and tokenizer loaded once), build the app,
-   ``gc.freeze()`` so the workers' reference counting does not copy the
-   loaded objects' pages, then fork.
+1. master: read ``Settings``, import the handler, ``preload`` it (torch at
+   one thread, ``handler.setup()`` loads the model and tokenizer once,
+   ``gc.freeze()``: ``serving_core.preload``), build the app, then fork.
 2. ``post_fork`` in each worker: torch intra-op threads = usable cores //
    workers, ``setup_worker()``, start the model thread, run the sample, start
    the watchdog (``watchdog``, ``recycle``: a hung model, a leak).
@@ -21,15 +20,14 @@ Fork safety: one multi-threaded torch operation before fork leaves GNU
 OpenMP's thread pool unusable in the forked children, and a worker then hangs
 on its first parallel operation on its main thread (``setup_worker``; each
 respawned worker again). The pool belongs to the thread that made it, so the
-worker's model thread, a new thread, is spared. Capping torch at one thread
-in the master means no pool exists before fork, which keeps a handler that
+worker's model thread, a new thread, is spared. The preload keeps torch at one
+thread in the master, so no pool exists before fork, which keeps a handler that
 computes in ``setup()`` safe (the MiniLM handler traces its model there).
 """
 
 from __future__ import annotations
 
 import functools
-import gc
 import logging
 import math
 import sys
@@ -46,10 +44,11 @@ from serving_core.engine.core import Engine
 from serving_core.loading import LoadedHandler
 from serving_core.online.modelprocess import ModelProcess, socket_path
 from serving_core.online.service import Service
+from serving_core.preload import preload
 from serving_core.process import recycle, wire
 from serving_core.process.drain import DrainingArbiter
 from serving_core.settings import Settings
-from serving_core.threads import limit_master_threads, set_worker_threads
+from serving_core.threads import set_worker_threads
 from serving_core.web.app import create_app
 
 log = logging.getLogger("serving_core.process.server")
@@ -248,9 +247,7 @@ def build(settings: Settings, loaded: LoadedHandler) -> tuple[Flask, Service, li
 
 def serve(settings: Settings, loaded: LoadedHandler) -> None:
     """Set up the handler in this (master) process, then hand over to gunicorn."""
-    limit_master_threads()
-    loaded.handler.setup()
-    limit_master_threads()  # a handler may import torch only in setup()
+    preload(loaded.handler)
     app, service, models = build(settings, loaded)
     warn_about(settings, service)
     say_where(settings.bind)
@@ -259,8 +256,6 @@ def serve(settings: Settings, loaded: LoadedHandler) -> None:
         from serving_core.process.workers import green as greenworker
 
         greenworker.share_connections(settings.workers)
-    gc.collect()
-    gc.freeze()
     ServingApplication(
         app, gunicorn_options(settings, service, models), drain_s=settings.drain_s
     ).run()
