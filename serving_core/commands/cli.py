@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from serving_core.batch import run as batch
+from serving_core.batch import command as batch
 from serving_core.commands import healthcheck as probe
 from serving_core.commands import init as scaffold
 from serving_core.settings import Settings, SettingsError
