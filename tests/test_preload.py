@@ -11,6 +11,7 @@ process answers with what it inherited.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import time
 
@@ -32,7 +33,10 @@ HANDLER = str(HANDLERS / "preload" / "handler.py")
 def served(tmp_path):
     with gunicorn_server({"SERVING_HANDLER": HANDLER, "SERVING_WORKERS": "1"}) as server:
         response = requests.post(server.url + "/predict", json={}, timeout=30)
+        log = server.output()
     assert response.status_code == 200, response.text
+    # The worker's own share after fork: every usable core, for one worker.
+    assert re.search(r"worker \d+ ready: \d+ torch thread\(s\)", log), log
     return response.json()
 
 

@@ -77,7 +77,8 @@ class Hooks:
                 raise  # one of the first workers: gunicorn stops serve
             recycle.warm_up_failed(worker, self.failures, exc)
         self.failures.succeeded()
-        log.info("worker %s ready: %d torch thread(s)", worker.pid, threads)
+        torch = "no torch" if threads is None else f"{threads} torch thread(s)"
+        log.info("worker %s ready: %s", worker.pid, torch)
 
     def worker_exit(self, server: Any, worker: Any) -> None:
         if not self.service.stop() and self.service.fault is None:
