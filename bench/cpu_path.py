@@ -45,7 +45,7 @@ sys.path.insert(0, str(ROOT))
 
 from flask import Flask, request  # noqa: E402
 
-from serving_core.process.server import WORKER_CLASSES  # noqa: E402
+from serving_core.process.options import WORKER_CLASSES  # noqa: E402
 from tests.servers import base_env, free_port, gunicorn_server, stop  # noqa: E402
 
 LUA_ARGS = ["-s", str(ROOT / "bench" / "cpu_path.lua")]

@@ -30,7 +30,9 @@ NO_PRELOAD = """
 import os, sys
 from serving_core.loading import load_handler
 from serving_core.metrics.directory import enable_multiprocess
-from serving_core.process.server import ServingApplication, build, gunicorn_options
+from serving_core.process.hooks import Hooks
+from serving_core.process.options import gunicorn_options
+from serving_core.process.server import ServingApplication, build
 from serving_core.threads import set_worker_threads
 from serving_core.settings import Settings
 
@@ -48,9 +50,9 @@ class EachWorkerLoads(ServingApplication):
         return app
 
 from types import SimpleNamespace
-options = gunicorn_options(settings, SimpleNamespace(name="no-preload"))
+options = gunicorn_options(settings, Hooks(settings, SimpleNamespace()), "no-preload")
 options.update(preload_app=False, post_fork=lambda server, worker: None,
-               worker_exit=lambda server, worker: None, proc_name="serving-core[no-preload]")
+               worker_exit=lambda server, worker: None)
 EachWorkerLoads(None, options).run()
 """
 

@@ -22,14 +22,17 @@ def limit_master_threads() -> None:
         torch.set_num_threads(1)
 
 
-def set_worker_threads(workers: int) -> int:
-    """Give each forked process its share of the usable cores for torch's intra-op pool."""
+def set_worker_threads(workers: int) -> int | None:
+    """Give each forked process its share of the usable cores for torch's intra-op pool;
+    the share, or None where the handler does not use torch."""
     return set_model_threads(max(1, usable_cores() // workers))
 
 
-def set_model_threads(threads: int) -> int:
-    """Set torch's intra-op threads in this (forked) process, if the handler uses torch."""
+def set_model_threads(threads: int) -> int | None:
+    """Set torch's intra-op threads in this (forked) process, if the handler uses torch;
+    ``threads``, or None where it does not (nothing was set)."""
     torch = sys.modules.get("torch")
-    if torch is not None:
-        torch.set_num_threads(threads)
+    if torch is None:
+        return None
+    torch.set_num_threads(threads)
     return threads

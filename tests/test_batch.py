@@ -91,7 +91,10 @@ def test_the_batch_modules_load_no_web_stack():
     modules = ", ".join(
         f"serving_core.{name}"
         for name in (
+            "batch.command",
             "batch.run",
+            "batch.pool",
+            "batch.progress",
             "batch.records",
             "batch.textfiles",
             "batch.parquetfiles",
@@ -191,6 +194,34 @@ def test_a_run_killed_part_way_resumes_with_no_duplicates(tmp_path, doubler):
     assert "1000 skipped as already written" in second.stderr
     ids = [row["id"] for row in read_jsonl(out)]
     assert sorted(ids) == list(range(2000))  # every record, none twice
+
+
+def test_sigterm_mid_run_kills_the_busy_workers_and_exits_130_keeping_what_was_written(
+    tmp_path, doubler
+):
+    gate = tmp_path / "never"  # never opened: only a kill frees the workers holding these
+    records = [{"id": i, "n": i} for i in range(200)]
+    for record in records[100:]:
+        record["gate"] = str(gate)
+    write_jsonl(tmp_path / "in.jsonl", records)
+    out = tmp_path / "out.jsonl"
+    args = ("--input", str(tmp_path / "in.jsonl"), "--output", str(out), "--chunk-size", "50")
+    with (tmp_path / "run.log").open("w") as log:
+        command = batch_command(doubler, *args)
+        run = subprocess.Popen(command, cwd=ROOT, env=base_env({}), stderr=log)
+    try:
+        wait_for(lambda: out.exists() and out.read_text().count("\n") >= 100)
+        workers = children_of(run.pid)
+        assert workers
+        run.send_signal(signal.SIGTERM)  # to the parent alone, as a pod's deletion sends it
+        assert run.wait(60) == 130
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    wait_for(lambda: not [pid for pid in workers if os.path.exists(f"/proc/{pid}")], 30)
+    assert "interrupted after 100 records" in (tmp_path / "run.log").read_text()
+    assert len(read_jsonl(out)) == 100
 
 
 def test_bad_records_carry_their_error_and_the_run_goes_on(tmp_path, doubler):

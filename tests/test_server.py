@@ -45,6 +45,7 @@ def test_the_model_is_loaded_once_in_the_master_and_shared_by_two_workers():
         log = server.output()
     assert len(workers) == 2
     assert parents == {master}
+    assert log.count("ready: no torch") == 2  # the probe handler never imports torch
     assert log.count("probe setup in pid") == 1
     assert f"probe setup in pid {master}" in log
     assert {a["setup_pid"] for a in answers} == {master}

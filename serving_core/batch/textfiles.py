@@ -26,7 +26,7 @@ from typing import IO, Any
 from serving_core import encoding
 from serving_core.batch.records import Record, RecordsError, Row, bad_record, make_record
 
-log = logging.getLogger("serving_core.batch.run")
+log = logging.getLogger("serving_core.batch.textfiles")
 CSV_COLUMNS = ("output", "error")
 
 

@@ -1,4 +1,4 @@
-"""``serving-core batch``: the handler over a file or a table, resumably (``batch.run``)."""
+"""``serving-core batch``: the handler over a file or a table, resumably (``batch.command``)."""
 
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ import argparse
 import os
 
 from serving_core import logs
-from serving_core.batch import run
+from serving_core.batch import command
 from serving_core.settings import Settings
 
 
 def main(args: argparse.Namespace, settings: Settings) -> int:
     logs.configure(settings.log_level, settings.log_format)
     # The environment only for Kubernetes' JOB_COMPLETION_INDEX (--shards).
-    return run.main(args, settings, os.environ)
+    return command.main(args, settings, os.environ)

@@ -1,6 +1,7 @@
 """``serving-core worker``: the handler over the job queue, in batches, preloaded like ``serve``.
 
-    master    Settings → import the handler → setup() once (torch at one thread), gc.freeze()
+    master    Settings → import the handler → preload: setup() once (torch at one thread),
+              gc.collect(), gc.freeze()
               → fork SERVING_WORKERS consumers → /metrics and /healthz on SERVING_BIND
               → a consumer that dies is forked again from the loaded master
     consumer  setup_worker(), torch threads = cores // workers, open the queue,
@@ -19,7 +20,6 @@ accept HTTP connections, and these take jobs. Imports no Flask.
 from __future__ import annotations
 
 import contextlib
-import gc
 import http.server
 import json
 import logging
@@ -40,8 +40,9 @@ from serving_core.jobs.base import Job, JobQueue
 from serving_core.loading import LoadedHandler
 from serving_core.metrics.core import CONTENT_TYPE, Metrics
 from serving_core.metrics.directory import exposition
+from serving_core.preload import preload
 from serving_core.settings import Settings
-from serving_core.threads import limit_master_threads, set_worker_threads
+from serving_core.threads import set_worker_threads
 
 log = logging.getLogger("serving_core.process.jobworker")
 
@@ -157,13 +158,7 @@ class Master:
                 f"SERVING_BIND={self.settings.bind}: serving-core worker serves /healthz and "
                 "/metrics over TCP; set SERVING_BIND=0.0.0.0:9090 (or 127.0.0.1:PORT)"
             )
-        limit_master_threads()
-        self.loaded.handler.setup()
-        limit_master_threads()  # a handler may import torch only in setup()
-        # As serve does: the loaded model's objects are never freed, so keep the
-        # collector from touching (and so copying) their pages in every consumer.
-        gc.collect()
-        gc.freeze()
+        preload(self.loaded.handler)  # as serve and batch do
         signal.signal(signal.SIGTERM, self._stop)
         signal.signal(signal.SIGINT, self._stop)
         for slot in range(self.settings.workers):

@@ -2,13 +2,13 @@
 
 Order of events (``serving-core serve``):
 
-1. master: read ``Settings``, import the handler, cap torch at one thread,
-   ``handler.setup()`` (model and tokenizer loaded once), build the app,
-   ``gc.freeze()`` so the workers' reference counting does not copy the
-   loaded objects' pages, then fork.
-2. ``post_fork`` in each worker: torch intra-op threads = usable cores //
-   workers, ``setup_worker()``, start the model thread, run the sample, start
-   the watchdog (``watchdog``, ``recycle``: a hung model, a leak).
+1. master: read ``Settings``, import the handler, ``preload`` it (torch at
+   one thread, ``handler.setup()`` loads the model and tokenizer once,
+   ``gc.freeze()``: ``serving_core.preload``), build the app, then fork.
+2. ``post_fork`` in each worker (gunicorn's hooks are ``hooks.Hooks``): torch
+   intra-op threads = usable cores // workers, ``setup_worker()``, start the
+   model thread, run the sample, start the watchdog (``watchdog``,
+   ``recycle``: a hung model, a leak).
 3. SIGTERM: ``/readyz`` turns 503 while every worker serves on for
    ``SERVING_DRAIN_S``, then stops accepting and finishes its requests
    (``drain``); ``worker_exit``: finish the queued items, stop the model thread.
@@ -21,20 +21,16 @@ Fork safety: one multi-threaded torch operation before fork leaves GNU
 OpenMP's thread pool unusable in the forked children, and a worker then hangs
 on its first parallel operation on its main thread (``setup_worker``; each
 respawned worker again). The pool belongs to the thread that made it, so the
-worker's model thread, a new thread, is spared. Capping torch at one thread
-in the master means no pool exists before fork, which keeps a handler that
+worker's model thread, a new thread, is spared. The preload keeps torch at one
+thread in the master, so no pool exists before fork, which keeps a handler that
 computes in ``setup()`` safe (the MiniLM handler traces its model there).
 """
 
 from __future__ import annotations
 
-import functools
-import gc
 import logging
-import math
 import sys
 import tempfile
-from collections.abc import Sequence
 from typing import Any
 
 from flask import Flask
@@ -44,112 +40,19 @@ from serving_core.device import model_devices
 from serving_core.engine.core import Engine
 from serving_core.loading import LoadedHandler
 from serving_core.metrics.core import Metrics
-from serving_core.metrics.directory import remove_metrics_dir, worker_exited
 from serving_core.modelprocess.protocol import socket_path
 from serving_core.modelprocess.supervisor import ModelProcess
 from serving_core.online.service import Service
-from serving_core.process import recycle, wire
+from serving_core.preload import preload
+from serving_core.process import wire
 from serving_core.process.drain import DrainingArbiter
+from serving_core.process.hooks import Hooks
+from serving_core.process.options import gunicorn_options
 from serving_core.runtime import THREADS, Runtime
 from serving_core.settings import Settings
-from serving_core.threads import limit_master_threads, set_worker_threads
 from serving_core.web.app import create_app
 
 log = logging.getLogger("serving_core.process.server")
-
-WORKER_CLASSES = {
-    "gevent": "serving_core.process.workers.green.GreenWorker",
-    "gthread": "serving_core.process.workers.gthread.StampingThreadWorker",
-}
-
-
-def gunicorn_options(
-    settings: Settings, service: Service, models: Sequence[ModelProcess] = ()
-) -> dict[str, Any]:
-    failures = recycle.WarmUpFailures()  # made in the master, shared with every worker
-
-    def when_ready(server: Any) -> None:
-        if not models:
-            return
-
-        def close_listeners() -> None:
-            for listener in server.LISTENERS:
-                listener.close()
-
-        # Forked from a thread of the master, which forks it again whenever it
-        # dies; it must not hold gunicorn's listening sockets open.
-        for model in models:
-            model.start(close_in_child=close_listeners)
-
-    def post_fork(server: Any, worker: Any) -> None:
-        # SIGTERM stays blocked until the worker's handlers are in (``drain``).
-        worker.drain_s = settings.drain_s
-        worker.on_drain = service.drain
-        threads = set_worker_threads(settings.workers)
-        worker.body_timeout_s = settings.body_timeout_s  # gevent (uploads); gthread ignores it
-        try:
-            # What only the worker knows: its connections, how its requests wait,
-            # and how it leaves.
-            service.start(
-                open_connections=worker.open_connections,
-                watch_client=getattr(worker, "watch_client", None),
-                on_verdict=functools.partial(recycle.leave, worker),
-            )
-        except Exception as exc:
-            if worker.age <= settings.workers:
-                raise  # one of the first workers: gunicorn stops serve
-            recycle.warm_up_failed(worker, failures, exc)
-        failures.succeeded()
-        log.info("worker %s ready: %d torch thread(s)", worker.pid, threads)
-
-    def worker_exit(server: Any, worker: Any) -> None:
-        if not service.stop() and service.fault is None:
-            log.warning("worker %s: the model thread did not finish in time", worker.pid)
-
-    def child_exit(server: Any, worker: Any) -> None:
-        worker_exited(worker.pid)
-        if settings.worker_class == "gevent":
-            from serving_core.process.workers import fairaccept
-
-            fairaccept.worker_exited(worker)
-
-    def on_exit(server: Any) -> None:
-        for model in models:
-            model.stop()
-        remove_metrics_dir()
-
-    return {
-        "bind": [settings.bind],
-        "workers": settings.workers,
-        "worker_class": WORKER_CLASSES[settings.worker_class],
-        "threads": settings.threads,
-        "worker_connections": settings.worker_connections,
-        "preload_app": True,
-        "max_requests": settings.max_requests,
-        "max_requests_jitter": settings.max_requests_jitter,
-        # gunicorn takes whole seconds here.
-        "keepalive": math.ceil(settings.keepalive_s),
-        "graceful_timeout": math.ceil(settings.graceful_timeout_s),
-        # The heartbeat timeout only kills a worker whose main loop is stuck;
-        # gthread's loop runs while requests wait, so the request deadline
-        # needs no room here beyond boot (the warm-up runs in post_fork).
-        "timeout": max(30, math.ceil(2 * settings.request_timeout_s)),
-        "loglevel": settings.log_level,
-        "accesslog": "-",
-        "errorlog": "-",
-        # The same line as before, without gunicorn's per-request atoms dict.
-        "logger_class": "serving_core.process.accesslog."
-        + ("JsonAccessLogger" if settings.log_format == "json" else "AccessLogger"),
-        "when_ready": when_ready,
-        "post_fork": post_fork,
-        "worker_exit": worker_exit,
-        "child_exit": child_exit,
-        "on_exit": on_exit,
-        "proc_name": f"serving-core[{service.name}]",
-        # gunicorn 24+ opens a control socket under $HOME by default; we do not
-        # use it, and the chart's root filesystem is read-only.
-        "control_socket_disable": True,
-    }
 
 
 class ServingApplication(BaseApplication):  # type: ignore[misc]
@@ -260,9 +163,7 @@ def build(settings: Settings, loaded: LoadedHandler) -> tuple[Flask, Service, li
 
 def serve(settings: Settings, loaded: LoadedHandler) -> None:
     """Set up the handler in this (master) process, then hand over to gunicorn."""
-    limit_master_threads()
-    loaded.handler.setup()
-    limit_master_threads()  # a handler may import torch only in setup()
+    preload(loaded.handler)
     app, service, models = build(settings, loaded)
     warn_about(settings, service)
     say_where(settings.bind)
@@ -271,8 +172,5 @@ def serve(settings: Settings, loaded: LoadedHandler) -> None:
         from serving_core.process.workers import fairaccept
 
         fairaccept.share_connections(settings.workers)
-    gc.collect()
-    gc.freeze()
-    ServingApplication(
-        app, gunicorn_options(settings, service, models), drain_s=settings.drain_s
-    ).run()
+    options = gunicorn_options(settings, Hooks(settings, service, models), service.name)
+    ServingApplication(app, options, drain_s=settings.drain_s).run()

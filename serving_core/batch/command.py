@@ -1,0 +1,216 @@
+"""``serving-core batch``: the handler over a file or a table, in-process, resumable, sharded.
+
+Order of events (like ``serve``, without HTTP):
+
+1. parent: check the flags, import the handler, open the output and read the
+   ids it already holds (cutting off a row a kill tore), open the input;
+   ``preload`` it as ``serve`` does (``serving_core.preload``: torch capped at
+   one thread, ``setup()``, capped again, ``gc.collect()``, ``gc.freeze()``).
+2. fork W workers (``pool``): each takes its share of the cores, runs
+   ``setup_worker()`` and then ``Engine.predict_many`` on the chunks it is handed.
+3. parent (``run``): reads the input, drops other shards' records and those
+   already written, hands out chunks (two per worker in flight), and is the one
+   writer: each chunk's rows are written whole when its results come back.
+
+A kill loses only the chunks in flight; a rerun with the same ``--output``
+skips every id written. A worker that dies fails the run at once (the pool
+notices its exit), and the workers die with the parent (``PR_SET_PDEATHSIG``).
+
+Imports only what the CLI already has at module level: ``serving-core
+healthcheck`` (the pods' exec probe) imports the CLI, which imports this for
+its flags; the records, the run, the engine and the handler are imported to run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import sys
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from serving_core.batch.pool import OnResult
+    from serving_core.batch.records import Shard
+    from serving_core.handler import Handler, Output, Params
+    from serving_core.settings import Settings
+
+log = logging.getLogger("serving_core.batch.command")
+
+DEFAULT_CHUNK_SIZE = 64
+
+DESCRIPTION = """\
+Run the handler over every record of a file or a database table, with no
+HTTP: setup() once, then W forked workers (SERVING_WORKERS, else the usable
+cores) in chunks of --chunk-size, each through the same engine as /predict.
+
+Formats, by suffix: .jsonl/.ndjson, .csv, .parquet (a file or a directory),
+a SQLAlchemy URL (sqlite:///x.db, postgresql://...) or a bare .db/.sqlite
+path. Each output row is the id and either "output" or "error" (JSON text
+in CSV, Parquet and SQL columns). Parquet output is a directory of part files.
+
+Resume: a rerun with the same --output skips every id already written,
+failed ones included. Records without an id field get their 0-based position
+in the input as their id, so give them an id (or an ORDER BY) when the input
+may change between runs.
+
+Shards: --shard I/N runs the records whose id hashes to I. In an Indexed Job,
+pass --shards N and the index comes from JOB_COMPLETION_INDEX. JSONL and
+CSV outputs get one file per shard (NAME.shard-I-of-N.jsonl); Parquet
+directories and SQL tables are shared.
+
+Exit status: 0 every record succeeded, 1 some failed (written with their
+errors) or a worker died, 2 a configuration error, 130 interrupted.
+"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = DESCRIPTION
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.add_argument("--input", required=True, metavar="SRC", help="records to predict")
+    parser.add_argument("--input-table", metavar="TABLE", help="SQL input: read this table")
+    parser.add_argument("--input-query", metavar="SQL", help="SQL input: read this query")
+    parser.add_argument("--output", required=True, metavar="DST", help="where results go")
+    parser.add_argument(
+        "--output-table",
+        metavar="TABLE",
+        help="SQL output: the table (default results; created if missing)",
+    )
+    parser.add_argument(
+        "--id-field", default="id", help="the records' id column or key (default id)"
+    )
+    parser.add_argument("--handler", help="handler.py, its folder or a module (SERVING_HANDLER)")
+    parser.add_argument("--workers", type=int, help="worker processes (SERVING_WORKERS)")
+    parser.add_argument(
+        "--chunk-size",
+        type=int,
+        default=DEFAULT_CHUNK_SIZE,
+        help=f"records per work unit and per write (default {DEFAULT_CHUNK_SIZE})",
+    )
+    parser.add_argument("--shard", metavar="I/N", help="run shard I of N (0-based)")
+    parser.add_argument(
+        "--shards", type=int, metavar="N", help="N shards, this one from JOB_COMPLETION_INDEX"
+    )
+    parser.add_argument(
+        "--warm-cache",
+        action="store_true",
+        help="write each successful result into the inference cache (SERVING_CACHE_*)",
+    )
+
+
+def main(args: argparse.Namespace, settings: Settings, environ: Mapping[str, str]) -> int:
+    """``serving-core batch``; ``environ`` only for Kubernetes' JOB_COMPLETION_INDEX."""
+    from serving_core.batch.formats import open_sink, open_source
+    from serving_core.batch.records import (
+        RecordsError,
+        input_location,
+        output_location,
+    )
+    from serving_core.batch.run import EXIT_CONFIG, BatchRun
+    from serving_core.errors import HandlerError
+    from serving_core.loading import load_handler
+    from serving_core.preload import preload
+
+    with contextlib.ExitStack() as closing:
+        try:
+            if args.chunk_size < 1 or (args.workers is not None and args.workers < 1):
+                raise RecordsError("--chunk-size and --workers must be at least 1")
+            shard = resolve_shard(args.shard, args.shards, environ)
+            source_at = input_location(args.input, args.input_table, args.input_query)
+            sink_at = output_location(args.output, args.output_table)
+            loaded = load_handler(
+                args.handler or settings.handler,
+                device=settings.device,
+                dtype=settings.dtype,
+                environ=environ,
+            )
+            on_result = cache_writer(settings, loaded.handler) if args.warm_cache else None
+            # The output first: SQLite output switches the file to WAL before a
+            # read of the same file begins.
+            sink = open_sink(sink_at, args.id_field, shard)
+            closing.callback(sink.close)
+            done = sink.written()
+            source = open_source(source_at, args.id_field)
+            closing.callback(source.close)
+        except (RecordsError, HandlerError) as exc:
+            print(f"serving-core: error: {exc}", file=sys.stderr)
+            return EXIT_CONFIG
+        try:
+            preload(loaded.handler)  # as serve and worker do
+        except Exception as exc:
+            log.exception("setup() failed")
+            print(f"serving-core: error: {loaded.source}: setup() failed: {exc!r}", file=sys.stderr)
+            return EXIT_CONFIG
+        job = BatchRun(
+            handler=loaded.handler,
+            workers=args.workers or settings.workers,
+            max_batch_size=settings.max_batch_size,
+            chunk_size=args.chunk_size,
+            shard=shard,
+            on_result=on_result,
+        )
+        log.info(
+            "batch: %s -> %s, shard %d/%d, %d workers, chunks of %d; %d ids already written",
+            source_at.describe(),
+            sink.where,
+            shard.index,
+            shard.count,
+            job.workers,
+            job.chunk_size,
+            len(done),
+        )
+        return job.run(source, sink, done)
+    raise AssertionError("unreachable")  # ExitStack may swallow exceptions, as far as mypy knows
+
+
+def resolve_shard(text: str | None, count: int | None, environ: Mapping[str, str]) -> Shard:
+    """--shard I/N, else index JOB_COMPLETION_INDEX of --shards N, else the whole input."""
+    from serving_core.batch.records import RecordsError, Shard
+
+    index = environ.get("JOB_COMPLETION_INDEX", "").strip()
+    if text is not None:
+        shard = Shard.parse(text)
+        if count is not None and count != shard.count:
+            raise RecordsError(f"--shard {text} and --shards {count} disagree; give one")
+        return shard
+    if count is None:
+        if index not in ("", "0"):
+            log.warning(
+                "JOB_COMPLETION_INDEX=%s but no --shards: this pod runs the whole input", index
+            )
+        return Shard()
+    if not index.isdigit():
+        raise RecordsError(
+            f"--shards {count} needs this shard's index: --shard I/{count}, or "
+            "JOB_COMPLETION_INDEX (which an Indexed Job sets)"
+        )
+    return Shard.of(int(index), count)
+
+
+def cache_writer(settings: Settings, handler: Handler) -> OnResult:
+    """``--warm-cache``: a callback that puts each successful (params, output) into the
+    shared inference cache, under the key the online service computes for the same
+    request (handler name, version, canonical params). It runs in the workers."""
+    from serving_core.batch.records import RecordsError
+    from serving_core.cache.core import from_settings
+    from serving_core.handler import handler_name
+
+    if not settings.cache_url:
+        raise RecordsError(
+            "--warm-cache fills the online service's shared cache: set SERVING_CACHE_URL "
+            "to the same redis://… URL it uses (a cache in this run's memory ends with it)"
+        )
+    cache = from_settings(settings, handler)
+    if cache is None:
+        raise RecordsError(
+            f"--warm-cache: {handler_name(handler)} sets cacheable = False, or "
+            "SERVING_CACHE_SIZE=0 turned the cache off"
+        )
+
+    def write(params: Params, output: Output) -> None:
+        key = cache.key_for(params)
+        if key is not None:
+            cache.fill(key, output)
+
+    return write

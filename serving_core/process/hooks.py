@@ -1,0 +1,95 @@
+"""gunicorn's server hooks for ``serving-core serve``: the per-process work around fork.
+
+A ``Hooks`` is made in the master, before fork, over the objects ``build``
+made; its bound methods are gunicorn's hook settings (``options``):
+
+- ``when_ready`` (master, once listening): fork the shared model processes;
+- ``post_fork`` (each worker): its share of torch threads, then the service
+  starts (model thread, sample, watchdog); a respawned worker whose warm-up
+  fails leaves (``recycle``);
+- ``worker_exit`` (each worker, leaving): finish the queued items, stop the
+  model thread;
+- ``child_exit`` (master): fold the dead worker's metric files into one;
+- ``on_exit`` (master, last): stop the model processes, remove the metrics.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from serving_core.metrics.directory import remove_metrics_dir, worker_exited
+from serving_core.modelprocess.supervisor import ModelProcess
+from serving_core.online.service import Service
+from serving_core.process import recycle
+from serving_core.settings import Settings
+from serving_core.threads import set_worker_threads
+
+log = logging.getLogger("serving_core.process.hooks")
+
+
+class Hooks:
+    """One server's gunicorn hooks; ``server`` and ``worker`` are gunicorn's objects."""
+
+    def __init__(
+        self, settings: Settings, service: Service, models: Sequence[ModelProcess] = ()
+    ) -> None:
+        self.settings = settings
+        self.service = service
+        self.models = models
+        # Made in the master, so every worker it forks counts in the same memory.
+        self.failures = recycle.WarmUpFailures()
+
+    def when_ready(self, server: Any) -> None:
+        if not self.models:
+            return
+
+        def close_listeners() -> None:
+            for listener in server.LISTENERS:
+                listener.close()
+
+        # Forked from a thread of the master, which forks it again whenever it
+        # dies; it must not hold gunicorn's listening sockets open.
+        for model in self.models:
+            model.start(close_in_child=close_listeners)
+
+    def post_fork(self, server: Any, worker: Any) -> None:
+        settings, service = self.settings, self.service
+        # SIGTERM stays blocked until the worker's handlers are in (``drain``).
+        worker.drain_s = settings.drain_s
+        worker.on_drain = service.drain
+        threads = set_worker_threads(settings.workers)
+        worker.body_timeout_s = settings.body_timeout_s  # gevent (uploads); gthread ignores it
+        try:
+            # What only the worker knows: its connections, how its requests wait,
+            # and how it leaves.
+            service.start(
+                open_connections=worker.open_connections,
+                watch_client=getattr(worker, "watch_client", None),
+                on_verdict=functools.partial(recycle.leave, worker),
+            )
+        except Exception as exc:
+            if worker.age <= settings.workers:
+                raise  # one of the first workers: gunicorn stops serve
+            recycle.warm_up_failed(worker, self.failures, exc)
+        self.failures.succeeded()
+        torch = "no torch" if threads is None else f"{threads} torch thread(s)"
+        log.info("worker %s ready: %s", worker.pid, torch)
+
+    def worker_exit(self, server: Any, worker: Any) -> None:
+        if not self.service.stop() and self.service.fault is None:
+            log.warning("worker %s: the model thread did not finish in time", worker.pid)
+
+    def child_exit(self, server: Any, worker: Any) -> None:
+        worker_exited(worker.pid)
+        if self.settings.worker_class == "gevent":
+            from serving_core.process.workers import fairaccept
+
+            fairaccept.worker_exited(worker)
+
+    def on_exit(self, server: Any) -> None:
+        for model in self.models:
+            model.stop()
+        remove_metrics_dir()
