@@ -76,13 +76,13 @@ test: install-dev install-handlers system-deps lint typecheck docs check
 	$(BIN)/pytest
 
 ## make test-template: the template made a new owner's on a fresh clone (init a handler, point
-## image.yml at it, delete the examples) passes make test there (tests/test_template.py; CI runs it).
+## image.yml at it, delete the examples) passes make test there (tests/deploy/test_template.py; CI runs it).
 test-template: install-dev system-deps
-	$(BIN)/pytest -m template tests/test_template.py
+	$(BIN)/pytest -m template tests/deploy/test_template.py
 
-## make fuzz: tests/test_fuzz.py with 1,000 generated cases per test (make test runs 15).
+## make fuzz: tests/web/test_fuzz.py with 1,000 generated cases per test (make test runs 15).
 fuzz: install-dev
-	FUZZ_EXAMPLES=$${FUZZ_EXAMPLES:-1000} $(BIN)/pytest -p no:cacheprovider tests/test_fuzz.py
+	FUZZ_EXAMPLES=$${FUZZ_EXAMPLES:-1000} $(BIN)/pytest -p no:cacheprovider tests/web/test_fuzz.py
 
 lint: $(BIN)/.dev
 	$(BIN)/ruff check .

@@ -8,7 +8,7 @@ or 8 of 8 in 2 of 12 bursts, and with keep-alive those connections would have
 stayed on it. With it, one worker leads by at most two before it pauses,
 unless its sibling wakes up late (on a loaded 2-core machine, a burst or two
 in twelve lead 6 to 2). The mechanism itself is tested deterministically in
-tests/test_greenworker.py; the split depends on scheduling, so it is measured
+tests/process/test_greenworker.py; the split depends on scheduling, so it is measured
 here.
 
     .venv/bin/python bench/fairaccept.py [--bursts 12] [--clients 8]

@@ -19,7 +19,6 @@ import http.client
 import json
 import os
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,9 +28,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from schemathesis import GenerationMode
 
+from tests.conftest import HANDLERS
 from tests.servers import Server, gunicorn_server
 
-FUZZ = str(Path(__file__).parent / "handlers/fuzz/handler.py")
+FUZZ = str(HANDLERS / "fuzz/handler.py")
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "15"))
 FUZZ_SETTINGS = settings(
     max_examples=EXAMPLES,

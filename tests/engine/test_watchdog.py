@@ -10,7 +10,7 @@ from serving_core.engine.batcher import Batcher
 from serving_core.engine.policy import make_policy
 from serving_core.engine.watchdog import Verdict, Watchdog, resident_bytes
 from serving_core.errors import ModelError, NotReady
-from tests.test_batching import Model, run_with
+from tests.engine.test_batcher import Model, run_with
 
 
 class Clock:

@@ -1,6 +1,6 @@
 """README.md's jobs section, run as written in a real bash: the API and its worker
 started by the block itself, the job submitted and read back with its curl lines
-(tests/test_readme.py says how blocks are run)."""
+(tests/docs/test_readme.py says how blocks are run)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import pytest
 import requests
 
 from tests import readme
+from tests.docs.test_readme import ACTIVATE, ported, session_env
 from tests.readme import block_with, shell
 from tests.servers import ROOT, free_port
-from tests.test_readme import ACTIVATE, ported, session_env
 
 pytestmark = pytest.mark.e2e
 POLL_TIMEOUT_S = 120.0  # a bound on waiting for a job, never an expected time

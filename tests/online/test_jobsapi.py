@@ -7,7 +7,7 @@ import pytest
 
 from serving_core.process.jobworker import Consumer
 from tests.conftest import make_app
-from tests.test_app import assert_error
+from tests.web.test_app import assert_error
 
 
 @pytest.fixture

@@ -13,9 +13,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from serving_core.jobs import liveness
 from serving_core.jobs.base import Consumers, Heartbeat
 from serving_core.settings import Settings
-from tests.test_jobs import MakeQueue, make_queue, redis_url, wait_for
+from tests.jobs.test_jobs import MakeQueue, make_queue, redis_url, wait_for
 
-__all__ = ["make_queue", "redis_url"]  # the fixtures, shared with tests/test_jobs.py
+__all__ = ["make_queue", "redis_url"]  # the fixtures, shared with tests/jobs/test_jobs.py
 
 
 def test_a_queue_nobody_has_taken_from_has_no_consumer(make_queue: MakeQueue) -> None:

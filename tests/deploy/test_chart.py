@@ -41,7 +41,7 @@ from serving_core.settings import PREFIX, Settings, SettingsError
 from tests.nginx_server import render as render_nginx
 from tests.servers import free_port, gunicorn_server
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "serving-core"
 EXAMPLES = sorted((CHART / "examples").glob("values-*.yaml"))
 KUBE_VERSIONS = ["1.29", "1.33"]
@@ -2243,7 +2243,7 @@ def test_dashboard_configmap_carries_the_dashboard_for_grafanas_sidecar(
 def test_prometheus_rule_has_the_alerts_of_deploy_with_the_releases_deadline(
     chart: helm.Chart,
 ) -> None:
-    from tests.test_dashboard import PROMETHEUS_RULE_SCHEMA, RULES, metric_names, rule_exprs
+    from tests.deploy.test_dashboard import PROMETHEUS_RULE_SCHEMA, RULES, metric_names, rule_exprs
 
     docs = render(chart, monitoring_values(errorRatio=0.02))
     rule = (

@@ -10,7 +10,6 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -26,9 +25,10 @@ from serving_core.modelprocess.client import RemoteBatcher
 from serving_core.modelprocess.protocol import socket_path
 from serving_core.modelprocess.supervisor import ModelProcess
 from serving_core.settings import Settings
-from tests.servers import gunicorn_server, wait_for
+from tests.conftest import HANDLERS
+from tests.servers import ROOT, gunicorn_server, wait_for
 
-SHARED = str(Path(__file__).parent / "handlers/shared/handler.py")
+SHARED = str(HANDLERS / "shared/handler.py")
 WAIT_S = 30.0  # a bound on waiting for an event, never an expected time
 
 
@@ -269,7 +269,7 @@ def test_many_threads_through_one_connection_each_get_their_own_answer(model):
 
 # -- through gunicorn -----------------------------------------------------------------
 
-MINILM = str(Path(__file__).parent.parent / "handlers/minilm")
+MINILM = str(ROOT / "handlers/minilm")
 
 
 def shared_env(**extra: str) -> dict[str, str]:

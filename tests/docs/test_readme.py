@@ -27,9 +27,9 @@ from tests.readme import block_with, commands, shell, shell_blocks
 from tests.servers import ROOT, free_port, gunicorn_server, served_handler_dir
 
 # The command lines that only a fresh clone can run for real (they install, or
-# run the whole suite): tests/test_template.py checks that the README says them
+# run the whole suite): tests/deploy/test_template.py checks that the README says them
 # and runs their steps in a fresh clone, make test included.
-FRESH_CLONE = "tests/test_template.py (a fresh clone made the owner's, then make test)"
+FRESH_CLONE = "tests/deploy/test_template.py (a fresh clone made the owner's, then make test)"
 # A unique piece of each shell block that is run -> the test that runs it.
 CLAIMS = {
     "make serve      # installs": "test_the_quick_start_calls_the_server_and_checks_the_handler",
@@ -54,10 +54,10 @@ CLAIMS = {
         " fresh-clone test, make test included)"
     ),
     "export SERVING_HANDLER=handlers/sentiment": (
-        "tests/test_readme_jobs.py::test_the_jobs_example_runs_the_job_through_its_worker"
+        "tests/docs/test_readme_jobs.py::test_the_jobs_example_runs_the_job_through_its_worker"
     ),
     "SERVING_FOLLOWUP_QUEUE=all-minilm-l6-v2 serving-core serve &": (
-        "tests/test_readme_jobs.py::test_the_time_lag_example_answers_now_and_fills_in_later"
+        "tests/docs/test_readme_jobs.py::test_the_time_lag_example_answers_now_and_fills_in_later"
     ),
 }
 
@@ -72,7 +72,7 @@ def test_every_shell_block_is_run_or_marked_notest() -> None:
         if not block.tested:
             assert not claims, f"{block} is marked notest, yet {CLAIMS[claims[0]]} runs it"
     assert not unclaimed, (
-        f"{unclaimed}: run each in a test and name it in tests/test_readme.py's CLAIMS, or "
+        f"{unclaimed}: run each in a test and name it in tests/docs/test_readme.py's CLAIMS, or "
         "mark it an illustration (```bash notest) and say why in the sentence before it"
     )
     for key in CLAIMS:
