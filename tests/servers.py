@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import requests
 import yaml
@@ -25,14 +26,22 @@ from serving_core.cores import usable_cores
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVING_CORE = Path(sys.executable).parent / "serving-core"
+T = TypeVar("T")
 
 
-def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 10.0) -> None:
-    """Poll ``condition`` until it holds; fail naming ``what`` after ``timeout_s``."""
+def wait_for(
+    condition: Callable[[], T], what: str | Callable[[], str], timeout_s: float = 10.0
+) -> T:
+    """Poll ``condition`` until it returns something true, and return that; fail
+    naming ``what`` (a text, or what makes one then, e.g. a log's tail) after
+    ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out after {timeout_s} s waiting for {what}"
+    while not (value := condition()):
+        if time.monotonic() >= deadline:
+            said = what() if callable(what) else what
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {said}")
         time.sleep(0.02)
+    return value
 
 
 def git_ls_files(*options: str) -> list[str]:

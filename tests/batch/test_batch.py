@@ -10,7 +10,6 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -18,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from bench.workload import SENTENCES
-from tests.servers import ROOT, SERVING_CORE, base_env
+from tests.servers import ROOT, SERVING_CORE, base_env, wait_for
 
 ECHO = str(ROOT / "handlers" / "echo")
 MINILM = str(ROOT / "handlers" / "minilm")
@@ -156,13 +155,6 @@ def children_of(pid):
     return children
 
 
-def wait_for(condition, timeout_s=120.0):
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "timed out waiting for a condition"
-        time.sleep(0.02)
-
-
 def test_a_run_killed_part_way_resumes_with_no_duplicates(tmp_path, doubler):
     gate = tmp_path / "open"
     records = [{"id": i, "n": i} for i in range(2000)]
@@ -177,7 +169,11 @@ def test_a_run_killed_part_way_resumes_with_no_duplicates(tmp_path, doubler):
         )
     try:
         # Every chunk before the gate is written; the gated ones are in flight.
-        wait_for(lambda: out.exists() and out.read_text().count("\n") >= 1000)
+        wait_for(
+            lambda: out.exists() and out.read_text().count("\n") >= 1000,
+            "1,000 rows written",
+            timeout_s=120,
+        )
         workers = children_of(first.pid)
         assert workers
         first.send_signal(signal.SIGKILL)
@@ -186,7 +182,11 @@ def test_a_run_killed_part_way_resumes_with_no_duplicates(tmp_path, doubler):
         if first.poll() is None:
             first.kill()
     # The workers die with the parent: nothing is left writing or waiting.
-    wait_for(lambda: not [pid for pid in workers if os.path.exists(f"/proc/{pid}")], 30)
+    wait_for(
+        lambda: not [pid for pid in workers if os.path.exists(f"/proc/{pid}")],
+        "the pool workers to exit",
+        timeout_s=30,
+    )
     assert len(read_jsonl(out)) == 1000
     gate.touch()
     second = batch(doubler, *args)
@@ -210,7 +210,11 @@ def test_sigterm_mid_run_kills_the_busy_workers_and_exits_130_keeping_what_was_w
         command = batch_command(doubler, *args)
         run = subprocess.Popen(command, cwd=ROOT, env=base_env({}), stderr=log)
     try:
-        wait_for(lambda: out.exists() and out.read_text().count("\n") >= 100)
+        wait_for(
+            lambda: out.exists() and out.read_text().count("\n") >= 100,
+            "100 rows written",
+            timeout_s=120,
+        )
         workers = children_of(run.pid)
         assert workers
         run.send_signal(signal.SIGTERM)  # to the parent alone, as a pod's deletion sends it
@@ -219,7 +223,11 @@ def test_sigterm_mid_run_kills_the_busy_workers_and_exits_130_keeping_what_was_w
         if run.poll() is None:
             run.kill()
             run.wait()
-    wait_for(lambda: not [pid for pid in workers if os.path.exists(f"/proc/{pid}")], 30)
+    wait_for(
+        lambda: not [pid for pid in workers if os.path.exists(f"/proc/{pid}")],
+        "the pool workers to exit",
+        timeout_s=30,
+    )
     assert "interrupted after 100 records" in (tmp_path / "run.log").read_text()
     assert len(read_jsonl(out)) == 100
 

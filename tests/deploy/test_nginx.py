@@ -35,7 +35,7 @@ from tests.nginx_server import (
     render,
     wait_until_ready,
 )
-from tests.servers import ROOT, Server, free_port, git_ls_files, gunicorn_server
+from tests.servers import ROOT, Server, free_port, git_ls_files, gunicorn_server, wait_for
 
 ECHO = "handlers/echo/handler.py"
 SLOW = "tests/handlers/nginx_slow/handler.py"
@@ -61,14 +61,6 @@ class Stack:
                 return False
             time.sleep(0.05)
         return True
-
-
-def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"waited {timeout_s} s for {what}")
-        time.sleep(0.01)
 
 
 def queue_depth(app: Server) -> int:
@@ -375,10 +367,10 @@ def third_while_two_are_held(
         try:
             gate = {"started": str(started), "release": str(release)}
             running = pool.submit(post_through, proxy, gate, "running")
-            wait_for(started.exists, "the first request to reach the model")
+            wait_for(started.exists, "the first request to reach the model", timeout_s=15)
             # Different params: identical ones would share the first's model call.
             queued = pool.submit(post_through, proxy, {"who": "queued"}, "queued")
-            wait_for(lambda: queue_depth(app) == 1, "the second request to be queued")
+            wait_for(lambda: queue_depth(app) == 1, "the second request to be queued", timeout_s=15)
             # Answered while the gate still holds both: refused at once, not queued
             # behind them (it would wait for the release below).
             refused = post_through(proxy, {"who": "refused"}, "refused")

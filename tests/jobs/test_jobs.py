@@ -10,7 +10,6 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -18,45 +17,10 @@ import pytest
 from serving_core.jobs.backend import open_queue
 from serving_core.jobs.base import Job, JobQueue, QueueFull
 from serving_core.settings import Settings
-from tests.redis_server import redis_server
+from tests.jobs.conftest import POLL_TIMEOUT_S, MakeQueue
+from tests.servers import wait_for
 
-MakeQueue = Callable[..., JobQueue]
 FORK = multiprocessing.get_context("fork")
-POLL_TIMEOUT_S = 30.0  # a bound on waiting for an event, never an expected time
-
-
-@pytest.fixture(scope="module")
-def redis_url() -> Iterator[str]:
-    with redis_server() as url:
-        yield url
-
-
-@pytest.fixture(params=["sqlite", "redis"])
-def make_queue(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[MakeQueue]:
-    """Opens queues on one backend; every queue a test opens shares one queue name."""
-    url = request.getfixturevalue("redis_url") if request.param == "redis" else ""
-    name = f"test-{uuid.uuid4().hex[:8]}"  # tests share the module's Redis: one queue each
-    opened: list[JobQueue] = []
-
-    def make(**settings: Any) -> JobQueue:
-        base = {"jobs_url": url, "jobs_path": str(tmp_path / "jobs.db")}
-        queue = open_queue(Settings(**{**base, **settings}), name)
-        opened.append(queue)
-        return queue
-
-    yield make
-    for queue in opened:
-        queue.close()
-
-
-def wait_for(condition: Callable[[], Any], what: str) -> Any:
-    deadline = time.monotonic() + POLL_TIMEOUT_S
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.01)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def take_all(queue: JobQueue, ids: set[str], consumer: str = "rescuer") -> list[Job]:
@@ -342,7 +306,7 @@ def test_a_job_whose_last_lease_expires_is_failed_not_handed_out_again(
         assert queue.take("w2", 1, 0) == []
         return queue.get(job.id).status == "failed"  # type: ignore[union-attr]
 
-    wait_for(failed, "the expired last attempt to fail the job")
+    wait_for(failed, "the expired last attempt to fail the job", timeout_s=POLL_TIMEOUT_S)
     dead = queue.get(job.id)
     assert dead is not None
     assert dead.error is not None
@@ -365,7 +329,9 @@ def test_an_idempotency_key_outlives_neither_its_window_nor_its_job(make_queue: 
     first = queue.submit({"n": 1}, idempotency_key="k")
     [taken] = queue.take("w1", 1, 0)
     queue.complete(taken, {"ok": True})
-    wait_for(lambda: queue.get(first.id) is None, "the finished job to expire")
+    wait_for(
+        lambda: queue.get(first.id) is None, "the finished job to expire", timeout_s=POLL_TIMEOUT_S
+    )
     assert queue.submit({"n": 1}, idempotency_key="k").id != first.id
 
 
@@ -392,7 +358,11 @@ def test_finished_jobs_expire_after_the_ttl(make_queue: MakeQueue) -> None:
     queue.complete(first, {"ok": True})
     queue.fail(second, {"type": "model_error", "message": "no"})
     for job in (done, failed, cancelled):
-        wait_for(lambda job=job: queue.get(job.id) is None, f"{job.id} to expire")
+        wait_for(
+            lambda job=job: queue.get(job.id) is None,
+            f"{job.id} to expire",
+            timeout_s=POLL_TIMEOUT_S,
+        )
     assert queue.dead_letters() == []
     assert queue.get(queued.id) is not None  # unfinished jobs never expire
 

@@ -13,9 +13,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from serving_core.jobs import liveness
 from serving_core.jobs.base import Consumers, Heartbeat
 from serving_core.settings import Settings
-from tests.jobs.test_jobs import MakeQueue, make_queue, redis_url, wait_for
-
-__all__ = ["make_queue", "redis_url"]  # the fixtures, shared with tests/jobs/test_jobs.py
+from tests.jobs.conftest import POLL_TIMEOUT_S, MakeQueue
+from tests.servers import wait_for
 
 
 def test_a_queue_nobody_has_taken_from_has_no_consumer(make_queue: MakeQueue) -> None:
@@ -54,10 +53,12 @@ def test_a_quiet_consumer_leaves_the_window_and_is_forgotten_after_the_ttl(
     took = queue.consumers(60).last_seen
     assert took is not None
     # Outside a short window it no longer counts, though its heartbeat is kept.
-    wait_for(lambda: queue.consumers(0.05).live == 0, "the heartbeat to age")
+    wait_for(
+        lambda: queue.consumers(0.05).live == 0, "the heartbeat to age", timeout_s=POLL_TIMEOUT_S
+    )
     assert queue.consumers(0.05).last_seen == took
     # Once it is older than the TTL, the next consumer's heartbeat deletes it.
-    wait_for(lambda: time.time() > took + 0.3, "the TTL to pass")
+    wait_for(lambda: time.time() > took + 0.3, "the TTL to pass", timeout_s=POLL_TIMEOUT_S)
     queue.take("new", 1, 0)
     seen = queue.consumers(3600)
     assert seen.live == 1
@@ -97,7 +98,11 @@ def test_the_hint_says_how_long_the_queue_has_been_unpolled(make_queue: MakeQueu
     queue = make_queue()
     queue.take("gone", 1, 0)
     settings = Settings(jobs_lease_s=0.05)
-    wait_for(lambda: liveness.hint(queue, settings, handler=None), "the consumer to count as gone")
+    wait_for(
+        lambda: liveness.hint(queue, settings, handler=None),
+        "the consumer to count as gone",
+        timeout_s=POLL_TIMEOUT_S,
+    )
     text = liveness.hint(queue, settings, handler=None)
     assert text is not None
     assert re.search(f"has taken jobs from queue {queue.queue!r} for [0-9]+ s, so this job", text)

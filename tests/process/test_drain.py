@@ -19,7 +19,7 @@ import requests
 
 from tests.conftest import PROBE
 from tests.nginx_server import nginx_server, wait_until_ready
-from tests.servers import gunicorn_server
+from tests.servers import gunicorn_server, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -86,14 +86,6 @@ def status_of(url: str) -> int | None:
         return None
 
 
-def wait_for(condition, what: str, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout_s} s: {what}")
-        time.sleep(0.02)
-
-
 @pytest.mark.parametrize("worker_class", ["gevent", "gthread"])
 def test_sigterm_under_load_turns_readyz_503_first_and_fails_nothing_accepted(worker_class):
     env = {
@@ -106,13 +98,15 @@ def test_sigterm_under_load_turns_readyz_503_first_and_fails_nothing_accepted(wo
     with gunicorn_server(env) as server:
         load = Load(server.url, clients=8)
         try:
-            wait_for(lambda: load.answered(0.0) >= 20, "20 answers before the signal")
+            wait_for(lambda: load.answered(0.0) >= 20, "20 answers before the signal", timeout_s=60)
             signalled = time.monotonic()
             os.kill(server.pid, signal.SIGTERM)  # the master alone, as Kubernetes sends it
             wait_for(lambda: status_of(server.url + "/readyz") == 503, "/readyz 503", timeout_s=30)
             unready = time.monotonic()
             # Served while unready: requests sent after /readyz said 503 get 200s.
-            wait_for(lambda: load.answered(unready) >= 5, "answers while /readyz is 503")
+            wait_for(
+                lambda: load.answered(unready) >= 5, "answers while /readyz is 503", timeout_s=60
+            )
             # After the drain the socket closes: new connections are refused.
             wait_for(
                 lambda: status_of(server.url + "/healthz") is None,
@@ -158,10 +152,10 @@ def test_a_unix_socket_keeps_its_path_and_answers_until_the_drain_is_over(tmp_pa
         "SERVING_DRAIN_S": str(DRAIN_S),
     }
     with gunicorn_server(env) as server:
-        wait_for(lambda: http_status_over_unix(path, "/readyz") == 200, "ready")
+        wait_for(lambda: http_status_over_unix(path, "/readyz") == 200, "ready", timeout_s=60)
         signalled = time.monotonic()
         os.kill(server.pid, signal.SIGTERM)
-        wait_for(lambda: http_status_over_unix(path, "/readyz") == 503, "/readyz 503")
+        wait_for(lambda: http_status_over_unix(path, "/readyz") == 503, "/readyz 503", timeout_s=60)
         statuses = []
         while time.monotonic() < signalled + DRAIN_S / 2:
             statuses.append(http_status_over_unix(path, "/healthz"))
@@ -188,12 +182,22 @@ def test_behind_nginx_the_drain_answers_every_request_and_readyz_503():
             wait_until_ready(proxy.url)
             load = Load(proxy.url, clients=8)
             try:
-                wait_for(lambda: load.answered(0.0) >= 20, "20 answers before the signal")
+                wait_for(
+                    lambda: load.answered(0.0) >= 20, "20 answers before the signal", timeout_s=60
+                )
                 signalled = time.monotonic()
                 os.kill(app.pid, signal.SIGTERM)
-                wait_for(lambda: status_of(proxy.url + "/readyz") == 503, "/readyz 503 via nginx")
+                wait_for(
+                    lambda: status_of(proxy.url + "/readyz") == 503,
+                    "/readyz 503 via nginx",
+                    timeout_s=60,
+                )
                 unready = time.monotonic()
-                wait_for(lambda: load.answered(unready) >= 5, "answers while /readyz is 503")
+                wait_for(
+                    lambda: load.answered(unready) >= 5,
+                    "answers while /readyz is 503",
+                    timeout_s=60,
+                )
                 assert app.process.wait(PROMPT_S + DRAIN_S) == 0
             finally:
                 load.stop()

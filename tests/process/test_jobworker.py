@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,7 @@ from serving_core.jobs.backend import open_queue
 from serving_core.settings import Settings
 from tests.conftest import PROBE
 from tests.redis_server import redis_server
-from tests.servers import ROOT, gunicorn_server, job_worker
+from tests.servers import ROOT, gunicorn_server, job_worker, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -40,15 +39,6 @@ def queue_env(request, tmp_path):
     with redis.Redis.from_url(own) as client:
         client.flushdb()
     return {"SERVING_JOBS_URL": own}
-
-
-def wait_for(condition, timeout_s, what):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.05)
-    pytest.fail(f"timed out waiting for {what}")
 
 
 def submit(session, url, params, **headers):
@@ -77,7 +67,7 @@ def test_a_thousand_jobs_through_gunicorn_are_all_done_with_their_results(queue_
             last = session.get(f"{server.url}/jobs/{ids[-1]}", timeout=10).json()
             return last["status"] == "done"
 
-        wait_for(all_done, 120, "the last job")
+        wait_for(all_done, "the last job", timeout_s=120)
         jobs = statuses(session, server.url, ids)
     assert {job["status"] for job in jobs.values()} == {"done"}
     assert [jobs[i]["result"]["text"] for i in ids] == [f"job-{n}" for n in range(1000)]
@@ -106,8 +96,8 @@ def test_a_consumer_killed_mid_batch_loses_no_job(queue_env, tmp_path):
                 lambda: any(
                     j["status"] == "running" for j in statuses(session, server.url, ids).values()
                 ),
-                30,
                 "a running job",
+                timeout_s=30,
             )
             # Every consumer, so that whichever holds the running job is killed
             # mid-batch (the first child may be between two batches).
@@ -117,8 +107,8 @@ def test_a_consumer_killed_mid_batch_loses_no_job(queue_env, tmp_path):
                 lambda: all(
                     j["status"] == "done" for j in statuses(session, server.url, ids).values()
                 ),
-                90,
-                f"every job done after the kill:\n{log_path.read_text()}",
+                lambda: f"every job done after the kill:\n{log_path.read_text()}",
+                timeout_s=90,
             )
             jobs = statuses(session, server.url, ids)
             assert "starting another" in log_path.read_text()
@@ -136,13 +126,13 @@ def test_a_job_that_always_fails_ends_failed_after_max_attempts(queue_env, tmp_p
             lambda: (
                 session.get(f"{server.url}/jobs/{failing}", timeout=10).json()["status"] == "failed"
             ),
-            60,
             "the failing job to end",
+            timeout_s=60,
         )
         wait_for(
             lambda: session.get(f"{server.url}/jobs/{fine}", timeout=10).json()["status"] == "done",
-            60,
             "the fine job",
+            timeout_s=60,
         )
         job = session.get(f"{server.url}/jobs/{failing}", timeout=10).json()
     assert job["attempts"] == 3
@@ -163,8 +153,8 @@ def test_idempotency_cancel_and_expiry_through_the_server(queue_env, tmp_path):
                 lambda: (
                     session.get(f"{server.url}/jobs/{first}", timeout=10).json()["status"] == "done"
                 ),
-                60,
                 "the job",
+                timeout_s=60,
             )
             metrics = requests.get(health_url + "/metrics", timeout=10).text
         assert 'serving_jobs_total{result="done"} 1.0' in metrics
@@ -172,8 +162,8 @@ def test_idempotency_cancel_and_expiry_through_the_server(queue_env, tmp_path):
         # The cancelled job never ran; past the TTL, both answers expire.
         wait_for(
             lambda: session.get(f"{server.url}/jobs/{first}", timeout=10).status_code == 404,
-            30,
             "the result to expire",
+            timeout_s=30,
         )
         gone = session.get(f"{server.url}/jobs/{cancelled}", timeout=10)
     assert gone.status_code == 404
@@ -199,8 +189,8 @@ def test_a_batch_running_longer_than_the_lease_renews_it_and_runs_once(queue_env
                 session.get(f"{server.url}/jobs/{job_id}", timeout=10).json()["status"]
                 in ("done", "failed")
             ),
-            60,
             "the long job",
+            timeout_s=60,
         )
         job = session.get(f"{server.url}/jobs/{job_id}", timeout=10).json()
     assert job["status"] == "done", job
@@ -229,8 +219,8 @@ def test_a_worker_of_another_handler_leaves_the_job_queued_with_a_hint_until_the
             # Once the wrong worker polls its own queue, the job is still queued, with a hint.
             wait_for(
                 lambda: polled(queue_env, "fuzz"),
-                60,
                 "the other handler's worker to poll its queue",
+                timeout_s=60,
             )
             job = session.get(f"{server.url}/jobs/{job_id}", timeout=10).json()
             assert job["status"] == "queued"
@@ -245,8 +235,8 @@ def test_a_worker_of_another_handler_leaves_the_job_queued_with_a_hint_until_the
                     session.get(f"{server.url}/jobs/{job_id}", timeout=10).json()["status"]
                     == "done"
                 ),
-                60,
                 "the job, once its own handler's worker runs",
+                timeout_s=60,
             )
             done = session.get(f"{server.url}/jobs/{job_id}", timeout=10).json()
             assert "hint" not in done

@@ -12,6 +12,7 @@ import pytest
 from serving_core.context import Context
 from serving_core.web.incoming import REQUEST_ID_OK, new_request_id
 from tests.conftest import make_app
+from tests.servers import wait_for
 
 
 @pytest.fixture
@@ -28,13 +29,6 @@ def started_app() -> Iterator[Callable[..., object]]:
     yield start
     for app in apps:
         app.extensions["serving_core"].stop()
-
-
-def wait_until(condition, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
 
 
 def assert_error(response, status, type_):
@@ -162,7 +156,7 @@ def test_a_full_queue_refuses_a_request_before_reading_its_body(started_app):
     batcher = service.runner.batcher
     deadline = time.monotonic() + 30
     running = batcher.submit({"sleep_s": 2}, Context("running", deadline), arrival=time.monotonic())
-    wait_until(lambda: batcher.depth == 0)  # the model thread has it
+    wait_for(lambda: batcher.depth == 0, "the model thread to take the first item", timeout_s=30)
     queued = batcher.submit({}, Context("queued", deadline), arrival=time.monotonic())
     response = app.test_client().post(
         "/predict",
