@@ -263,7 +263,7 @@ def top_entries(collapsed: Path, count: int) -> tuple[Shares, Shares]:
 
 
 def _short(frame: str) -> str:
-    # "post (serving_core/web/app.py:121)" -> "post (serving_core/web/app.py)": lines split a
+    # "post (serving_core/web/routes.py:30)" -> "post (serving_core/web/routes.py)": lines split a
     # function's samples; the site-packages prefix only adds width.
     frame = re.sub(r":\d+\)$", ")", frame)
     return re.sub(r"\(.*?/(site-packages|lib/python3\.\d+)/", "(", frame)

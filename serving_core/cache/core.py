@@ -1,8 +1,8 @@
 """The inference cache: answers repeated requests without running the model.
 
 One ``Cache`` serves one handler. Its key is the handler's name and version
-plus the canonical parameters (``cachekey``); its entries are the outputs as
-orjson bytes, in each worker's memory or in Redis (``cachestore``). A numpy
+plus the canonical parameters (``key``); its entries are the outputs as
+orjson bytes, in each worker's memory or in Redis (``store``). A numpy
 array comes back from the cache as a list of numbers, which encodes to the
 same JSON body.
 
@@ -45,7 +45,7 @@ NewFuture = Callable[[], "Future[Any]"]
 
 
 class CacheObserver(Protocol):
-    """What the cache reports; ``metrics.Metrics`` implements it."""
+    """What the cache reports; ``metrics.core.Metrics`` implements it."""
 
     def cache_request(self, result: CacheResult) -> None: ...
 

@@ -5,7 +5,7 @@ raises ``StoreError`` for any failure; ``Cache`` turns that into a miss and a
 counted error, never a failed request.
 
 Redis and the gevent hub. gevent workers patch sockets but not ``threading``
-(``greenworker``), so a native lock held by a greenlet across socket I/O would
+(``process/workers/green.py``), so a native lock held by a greenlet across socket I/O would
 freeze every request of the worker. redis-py's plain ``ConnectionPool`` (read
 in redis 8.1's ``connection.py``) holds its native ``RLock`` only to pop or
 push a connection object; ``connect()`` and every command's send and read run

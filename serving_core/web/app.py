@@ -61,7 +61,7 @@ class ServingFlask(Flask):
 
 
 def create_app(settings: Settings, service: Service, metrics: Metrics) -> Flask:
-    """The WSGI app: routes over ``service``, built by the caller (``server.serve``).
+    """The WSGI app: routes over ``service``, built by the caller (``process.server.build``).
 
     Creating it starts nothing (gunicorn calls it in the master, before fork):
     ``service.start()`` starts the model thread, which the gunicorn

@@ -8,7 +8,7 @@ visible; the earliest of them and the app's own clock is the arrival:
 - ``X-Request-Start: t=<unix seconds>``, set by nginx (``t=${msec}``) or any
   proxy in the same convention (seconds, milliseconds or microseconds), and
   believed only from a trusted proxy (``TrustedProxies``);
-- the moment the gthread worker queued the connection (``worker.py``),
+- the moment the gthread worker queued the connection (``process/workers/gthread.py``),
   passed to the request's thread in a context variable. (The gevent worker
   needs no stamp: each connection has its greenlet, which reads a request as
   soon as it comes.)

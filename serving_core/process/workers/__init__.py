@@ -1,1 +1,2 @@
-"""gunicorn worker classes: gevent (the default) and gthread."""
+"""gunicorn's worker classes: gevent (``green``, the default, with ``greenfuture``,
+``fairaccept``, ``clientwatch`` and ``uploads``) and ``gthread``."""
