@@ -1,7 +1,10 @@
-"""The GitHub Actions workflows: actionlint (with shellcheck) and yamllint pass,
-and each workflow does what docs/deployment/kubernetes.md says it does. Conditions (`if:`) are
-evaluated against sample events and the deploy gate's script is run, so the
-tests show behaviour, not only text."""
+"""The GitHub Actions workflows: zizmor, actionlint (with shellcheck), yamllint and
+the workflow, action, Dependabot and compose schemas pass, and each workflow does
+what docs/deployment/kubernetes.md says it does. zizmor owns the hardening rules it
+knows (pinned actions, credentials left on disk, injection, dangerous triggers,
+cache poisoning); the asserts here are the ones it does not make. Conditions
+(`if:`) are evaluated against sample events and the deploy gate's script is run,
+so the tests show behaviour, not only text."""
 
 from __future__ import annotations
 
@@ -18,7 +21,9 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-WORKFLOWS = ROOT / ".github" / "workflows"
+GITHUB = ROOT / ".github"
+WORKFLOWS = GITHUB / "workflows"
+SETUP_HELM = GITHUB / "actions" / "setup-helm"
 BIN = Path(sys.executable).parent
 NAMES = ["ci", "image", "chart", "deploy"]
 PINNED = re.compile(r"^[\w.-]+/[\w./-]+@[0-9a-f]{40} # v\d+(\.\d+){0,2}$")
@@ -92,11 +97,12 @@ def evaluate(expression: str, context: Mapping[str, Any]) -> Any:
 
 
 def uses_lines() -> list[tuple[str, str]]:
+    """Every remote action reference, in the workflows and the local actions."""
     lines = []
-    for path in sorted(WORKFLOWS.glob("*.yml")):
+    for path in sorted([*WORKFLOWS.glob("*.yml"), *GITHUB.glob("actions/*/action.yml")]):
         for line in path.read_text().splitlines():
             match = re.match(r"^\s*(?:- )?uses: (.*)$", line)
-            if match:
+            if match and not match.group(1).startswith("./"):
                 lines.append((path.name, match.group(1)))
     return lines
 
@@ -113,6 +119,34 @@ def run(*command: str) -> subprocess.CompletedProcess[str]:
 
 
 # --- the linters ----------------------------------------------------------------
+
+
+def zizmor(path: Path) -> subprocess.CompletedProcess[str]:
+    # --offline: no GitHub API here (the audits that need it, such as known
+    # vulnerable action versions, are left out); nothing above "low" may remain.
+    return run(tool("zizmor"), "--offline", "--no-progress", "--min-severity", "medium", str(path))
+
+
+def test_zizmor_finds_nothing_above_low() -> None:
+    result = zizmor(GITHUB)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_zizmor_reports_unpinned_actions_kept_credentials_and_injection(tmp_path: Path) -> None:
+    # Proof that the check above has teeth, on ci.yml made unsafe three ways.
+    broken = tmp_path / ".github" / "workflows"
+    broken.mkdir(parents=True)
+    text = (WORKFLOWS / "ci.yml").read_text()
+    checkout = re.search(r"actions/checkout@\S+ # \S+", text)
+    assert checkout
+    text = text.replace(checkout.group(0), "actions/checkout@v5")
+    text = text.replace("          persist-credentials: false\n", "          fetch-depth: 1\n")
+    text = text.replace("run: make test", "run: echo ${{ github.event.pull_request.title }}")
+    (broken / "ci.yml").write_text(text)
+    result = zizmor(tmp_path / ".github")
+    assert result.returncode != 0
+    for audit in ("unpinned-uses", "artipacked", "template-injection"):
+        assert f"[{audit}]" in result.stdout, result.stdout
 
 
 def test_actionlint_with_shellcheck_passes() -> None:
@@ -134,6 +168,31 @@ def test_actionlint_reports_shell_and_injection_bugs(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert "SC2086" in result.stdout
     assert "potentially untrusted" in result.stdout
+
+
+SCHEMAS = {
+    "vendor.github-workflows": sorted(WORKFLOWS.glob("*.yml")),
+    "vendor.github-actions": sorted(GITHUB.glob("actions/*/action.yml")),
+    "vendor.dependabot": [GITHUB / "dependabot.yml"],
+    "vendor.compose-spec": [ROOT / "docker-compose.yml"],
+}
+
+
+@pytest.mark.parametrize("schema", SCHEMAS)
+def test_files_match_their_schemastore_schema(schema: str) -> None:
+    files = SCHEMAS[schema]
+    assert files
+    assert all(f.is_file() for f in files)
+    result = run(tool("check-jsonschema"), "--builtin-schema", schema, *map(str, files))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_dependabot_schema_rejects_an_unknown_ecosystem(tmp_path: Path) -> None:
+    config = tmp_path / "dependabot.yml"
+    text = (GITHUB / "dependabot.yml").read_text()
+    config.write_text(text.replace("package-ecosystem: pip", "package-ecosystem: pipx"))
+    result = run(tool("check-jsonschema"), "--builtin-schema", "vendor.dependabot", str(config))
+    assert result.returncode == 1, result.stdout
 
 
 def test_yamllint_passes() -> None:
@@ -185,7 +244,9 @@ def test_concurrency_is_set_and_superseded_runs_are_cancelled(name: str) -> None
     assert concurrency["cancel-in-progress"] is (name != "deploy")
 
 
-def test_actions_are_pinned_by_full_commit_sha_with_a_version_comment() -> None:
+def test_each_pin_carries_the_version_comment_dependabot_updates() -> None:
+    # zizmor checks that every action is pinned by SHA; the `# vX.Y.Z` comment is
+    # what a reader and Dependabot's pull requests go by.
     lines = uses_lines()
     assert len(lines) >= 10
     for file, line in lines:
@@ -198,14 +259,6 @@ def test_each_action_is_pinned_to_one_sha_everywhere() -> None:
         action, _, rest = line.partition("@")
         shas.setdefault(action, set()).add(rest)
     assert {a: s for a, s in shas.items() if len(s) > 1} == {}
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_checkout_does_not_keep_the_token_on_disk(name: str) -> None:
-    checkouts = uses(name, "actions/checkout")
-    assert checkouts
-    for step in checkouts:
-        assert step["with"]["persist-credentials"] is False
 
 
 # --- what each workflow does -----------------------------------------------------
@@ -559,9 +612,103 @@ def test_deploy_upgrades_the_tags_commit_with_a_values_file_then_runs_helm_test(
     assert str(default_values.relative_to(ROOT)) in job_env["VALUES_FILE"]
 
 
-def test_deploy_reads_the_kubeconfig_from_a_secret_and_never_prints_it() -> None:
+def test_deploy_reads_the_kubeconfig_from_a_secret_and_never_prints_it(tmp_path: Path) -> None:
     write = step_named("deploy", "Write the kubeconfig")
     assert write["env"]["KUBECONFIG_CONTENT"] == "${{ secrets.KUBECONFIG }}"
-    assert "umask 077" in write["run"]
-    assert "KUBECONFIG=$kubeconfig" in write["run"]
     assert "secrets." not in "".join(s.get("run", "") for s in steps("deploy"))
+    home = tmp_path / "home"
+    home.mkdir()
+    written = subprocess.run(
+        ["bash", "-e", "-o", "pipefail", "-c", write["run"]],
+        env={"PATH": os.environ["PATH"], "HOME": str(home), "KUBECONFIG_CONTENT": "apiVersion: v1"},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert written.returncode == 0, written.stderr
+    assert written.stdout == ""
+    config = home / ".kube" / "config"
+    # Where helm looks by default, readable by the runner's user only.
+    assert config.read_text() == "apiVersion: v1\n"
+    assert config.stat().st_mode & 0o077 == 0
+    assert "GITHUB_ENV" not in write["run"]
+    remove = step_named("deploy", "Remove the kubeconfig")
+    assert remove["if"] == "always()"
+    assert remove["run"] == 'rm -f "$HOME/.kube/config"'
+
+
+def test_only_the_deploy_job_sees_the_kubeconfig_and_it_runs_in_an_environment() -> None:
+    # An environment's secrets reach only jobs that name it, after its
+    # protection rules (reviewers, allowed tags) pass.
+    jobs = workflow("deploy")["jobs"]
+    assert jobs["deploy"]["environment"] == "production"
+    assert "environment" not in jobs["release"]
+    readers = [name for name, job in jobs.items() if "secrets.KUBECONFIG" in str(job)]
+    assert readers == ["deploy"]
+    guide = (ROOT / "docs" / "deployment" / "kubernetes.md").read_text()
+    assert "environment `production`" in guide
+    for cloud in (
+        "aws-actions/configure-aws-credentials",
+        "google-github-actions/auth",
+        "azure/login",
+    ):
+        assert cloud in guide
+
+
+# --- one Helm version -----------------------------------------------------------
+
+
+def helm_version_step() -> dict[str, Any]:
+    action = yaml.safe_load((SETUP_HELM / "action.yml").read_text())
+    (read,) = [s for s in action["runs"]["steps"] if s.get("id") == "version"]
+    return read
+
+
+def read_helm_version(tmp_path: Path, dockerfile: str) -> subprocess.CompletedProcess[str]:
+    action = tmp_path / "setup-helm"
+    action.mkdir(exist_ok=True)
+    (action / "Dockerfile").write_text(dockerfile)
+    output = tmp_path / "output"
+    output.write_text("")
+    return subprocess.run(
+        ["bash", "-e", "-o", "pipefail", "-c", helm_version_step()["run"]],
+        env={
+            "PATH": os.environ["PATH"],
+            "GITHUB_ACTION_PATH": str(action),
+            "GITHUB_OUTPUT": str(output),
+        },
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+def test_the_helm_version_is_the_tag_in_the_one_dockerfile_dependabot_bumps(
+    tmp_path: Path,
+) -> None:
+    dockerfile = (SETUP_HELM / "Dockerfile").read_text()
+    (tag,) = re.findall(r"(?m)^FROM alpine/helm:(\d+\.\d+\.\d+)$", dockerfile)
+    result = read_helm_version(tmp_path, dockerfile)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert (tmp_path / "output").read_text() == f"version=v{tag}\n"
+    dependabot = yaml.safe_load((GITHUB / "dependabot.yml").read_text())
+    docker = [u for u in dependabot["updates"] if u["package-ecosystem"] == "docker"]
+    assert any("/.github/actions/setup-helm" in u["directories"] for u in docker)
+
+
+def test_a_dockerfile_without_a_helm_tag_stops_the_setup(tmp_path: Path) -> None:
+    result = read_helm_version(tmp_path, "FROM alpine/helm:latest\n")
+    assert result.returncode == 1
+    assert "FROM alpine/helm:X.Y.Z" in result.stdout
+
+
+@pytest.mark.parametrize("name", ["chart", "image", "deploy"])
+def test_every_workflow_that_runs_helm_sets_it_up_through_the_one_action(name: str) -> None:
+    text = (WORKFLOWS / f"{name}.yml").read_text()
+    assert "helm " in text
+    setups = [s for s in steps(name) if s.get("uses") == "./.github/actions/setup-helm"]
+    assert setups
+    assert "azure/setup-helm" not in text
+    (version,) = re.findall(r"alpine/helm:(\S+)", (SETUP_HELM / "Dockerfile").read_text())
+    assert "HELM_VERSION" not in text
+    assert version not in text
