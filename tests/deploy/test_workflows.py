@@ -223,15 +223,21 @@ def test_nothing_is_granted_by_default_and_each_job_asks_for_its_own(name: str) 
         assert isinstance(job.get("permissions"), dict), f"{name}.yml job {job_name}"
         assert job["permissions"].get("contents") == "read"
         writes = {k for k, v in job["permissions"].items() if v == "write"}
-        assert writes <= {"packages"}, f"{name}.yml job {job_name} writes {writes}"
+        assert writes <= PUBLISHING, f"{name}.yml job {job_name} writes {writes}"
 
 
-def test_only_publishing_jobs_may_write_packages() -> None:
+# What a job that publishes needs: push to GHCR, and sign (OIDC) and store the
+# provenance attestations of what it pushed.
+PUBLISHING = {"packages", "id-token", "attestations"}
+
+
+@pytest.mark.parametrize("grant", sorted(PUBLISHING))
+def test_only_publishing_jobs_may_push_or_sign(grant: str) -> None:
     writers = {
         (name, job_name)
         for name in NAMES
         for job_name, job in workflow(name)["jobs"].items()
-        if job["permissions"].get("packages") == "write"
+        if job["permissions"].get(grant) == "write"
     }
     assert writers == {("image", "image"), ("image", "image-cuda"), ("image", "chart")}
 
@@ -377,6 +383,101 @@ def test_images_go_to_ghcr_with_sha_branch_semver_and_latest_tags() -> None:
         assert meta["with"]["flavor"] == "latest=false"
     for build in uses("image", "docker/build-push-action"):
         assert build["with"]["cache-from"].startswith("type=registry,ref=")
+
+
+def pushes(job: str) -> list[dict[str, Any]]:
+    return [b for b in uses("image", "docker/build-push-action", job=job) if b["with"].get("push")]
+
+
+@pytest.mark.parametrize("job", ["image", "image-cuda"])
+def test_every_pushed_image_carries_an_sbom_and_max_provenance(job: str) -> None:
+    assert pushes(job)
+    for build in pushes(job):
+        assert build["with"]["sbom"] is True, build["name"]
+        assert build["with"]["provenance"] == "mode=max", build["name"]
+
+
+def test_only_the_builds_loaded_for_the_tests_leave_attestations_out() -> None:
+    # docker's image store loads one platform's image, not an index with
+    # attestation manifests beside it.
+    for build in uses("image", "docker/build-push-action"):
+        if build["with"].get("provenance") is False:
+            assert build["with"]["load"] is True, build["name"]
+
+
+def digest_source(job: str, attest: dict[str, Any]) -> dict[str, Any]:
+    """The step whose `digest` output an attest step signs."""
+    step = attest["with"]["subject-digest"].split(".")[1]
+    (source,) = [s for s in steps("image", job) if s.get("id") == step]
+    return source
+
+
+@pytest.mark.parametrize("job", ["image", "image-cuda", "chart"])
+def test_every_pushed_digest_gets_a_provenance_attestation_in_the_registry(job: str) -> None:
+    attests = uses("image", "actions/attest-build-provenance", job=job)
+    # The chart job pushes with `helm push`, in its step `push`.
+    pushed = {b["id"] for b in pushes(job)} or {"push"}
+    assert {digest_source(job, a)["id"] for a in attests} == pushed
+    order = [s.get("name") for s in steps("image", job)]
+    for attest in attests:
+        source = digest_source(job, attest)
+        assert attest["with"]["push-to-registry"] is True
+        # Attested exactly when pushed (never on pull requests), after the push.
+        assert attest.get("if") == source.get("if")
+        assert order.index(source["name"]) < order.index(attest["name"])
+
+
+def test_the_cpu_images_are_pushed_for_amd64_and_arm64_under_qemu() -> None:
+    loaded = workflow("image")
+    assert loaded["env"]["PLATFORMS"].split(",") == ["linux/amd64", "linux/arm64"]
+    for build in pushes("image"):
+        assert build["with"]["platforms"] == "${{ env.PLATFORMS }}", build["name"]
+    for build in uses("image", "docker/build-push-action", job="image"):
+        if build["with"].get("load"):
+            # The runner's own platform, for the container tests.
+            assert "platforms" not in build["with"]
+    (qemu,) = uses("image", "docker/setup-qemu-action", job="image")
+    assert qemu["with"]["platforms"] == "arm64"
+    assert qemu["if"] == "github.event_name != 'pull_request'"
+    order = [s.get("name") for s in steps("image", "image")]
+    assert order.index(qemu["name"]) < order.index("Set up Buildx")
+    (cuda,) = pushes("image-cuda")
+    assert cuda["with"]["platforms"] == "linux/amd64"
+
+
+def test_the_chart_push_hands_its_digest_to_the_attestation(tmp_path: Path) -> None:
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    helm = fake / "helm"
+    digest = "sha256:" + "c" * 64
+    # What helm push prints: the reference, then the manifest digest.
+    helm.write_text(
+        "#!/bin/sh\ncat > /dev/null\n"
+        '[ "$1" = push ] && printf \'Pushed: %s\\nDigest: %s\\n\' "$3/serving-core:1.2.3" '
+        f"'{digest}' >&2\nexit 0\n"
+    )
+    helm.chmod(0o755)
+    output = tmp_path / "output"
+    output.write_text("")
+    result = subprocess.run(
+        ["bash", "-e", "-o", "pipefail", "-c", step_named("image", "Push", job="chart")["run"]],
+        env={
+            "PATH": f"{fake}:{os.environ['PATH']}",
+            "GITHUB_OUTPUT": str(output),
+            "GITHUB_REPOSITORY_OWNER": "Serving-Core",
+            "GITHUB_ACTOR": "someone",
+            "GHCR_TOKEN": "t",
+            "ARCHIVE": "dist/serving-core-1.2.3.tgz",
+        },
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert dict(line.split("=", 1) for line in output.read_text().splitlines()) == {
+        "name": "ghcr.io/serving-core/charts/serving-core",
+        "digest": digest,
+    }
 
 
 def tag_push(ref: str) -> dict[str, Any]:
