@@ -16,6 +16,7 @@ import dataclasses
 import hashlib
 import io
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -34,6 +35,7 @@ import requests
 import yaml
 
 from serving_core.commands.cli import main as serving_core_main
+from serving_core.cores import usable_cores
 from serving_core.jobs.redis_connection import GROUP
 from serving_core.jobs.redis_queue import RedisJobQueue
 from serving_core.pipeline.config import read as read_pipeline
@@ -903,8 +905,8 @@ def test_nginx_values_reach_its_environment(chart: helm.Chart) -> None:
         # The defaults: the CPU limit of 2 gives 2 workers x (2 x 16 queued + 16 running).
         ({}, None, "96"),
         ({"workers": 3, "maxBatchSize": 8, "maxQueue": 40}, None, "144"),
-        # A fractional limit rounds up, as the app's own worker count does.
-        ({}, {"limits": {"cpu": "1500m"}}, "96"),
+        # A fractional limit rounds down, as the app's own worker count does.
+        ({}, {"limits": {"cpu": "1500m"}}, "48"),
         ({"maxBatchSize": 32}, {"limits": {"cpu": 4}}, "384"),
         # Neither workers nor a CPU limit: nothing to size it by, so off.
         ({}, {"limits": {"cpu": None}}, "0"),
@@ -918,6 +920,44 @@ def test_nginx_upstream_max_conns_auto_is_what_the_app_can_hold(
         values["resources"] = {"requests": {"cpu": "100m"}, **resources}
     nginx = env_of(containers(find(render(chart, tagged(values)), "Deployment"))["nginx"])
     assert nginx["NGINX_UPSTREAM_MAX_CONNS"] == expected
+
+
+# CPU limits and the cgroup v2 cpu.max the kubelet writes for each (quota =
+# millicores x period / 1000, period 100 ms): what usable_cores() reads in the pod.
+CPU_LIMITS = [
+    ("100m", "10000 100000"),
+    ("500m", "50000 100000"),
+    ("1", "100000 100000"),
+    ("1500m", "150000 100000"),
+    ("2", "200000 100000"),
+    ("2500m", "250000 100000"),
+    (3.7, "370000 100000"),
+    ("7999m", "799900 100000"),
+    (16, "1600000 100000"),
+]
+
+
+@pytest.mark.parametrize(("limit", "cpu_max"), CPU_LIMITS)
+@pytest.mark.parametrize("serving", [{}, {"maxBatchSize": 8, "maxQueue": 40}])
+def test_upstream_max_conns_auto_counts_the_workers_the_app_starts(
+    chart: helm.Chart,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    limit: str | float,
+    cpu_max: str,
+    serving: dict[str, Any],
+) -> None:
+    # The app's side, for real: usable_cores() on the pod's cgroup (on a node with
+    # more cores than any limit here) and Settings resolving the rendered env.
+    (tmp_path / "cpu.max").write_text(cpu_max + "\n")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)))
+    values = tagged({"serving": serving, "resources": {"limits": {"cpu": limit}}})
+    app, nginx = (
+        containers(find(render(chart, values), "Deployment"))[name] for name in ("app", "nginx")
+    )
+    settings = Settings.from_env(serving_env(app), cores=usable_cores(tmp_path))
+    held = settings.workers * (settings.max_queue + settings.max_batch_size)
+    assert env_of(nginx)["NGINX_UPSTREAM_MAX_CONNS"] == str(held)
 
 
 def test_nginx_upstream_max_conns_can_be_set_or_turned_off(chart: helm.Chart) -> None:
@@ -1367,6 +1407,10 @@ TEMPLATE_REFUSALS = [
         "batch.args has --shards=2, but batch.completions (4) shards the input already",
     ),
     (
+        {"batch": {"enabled": True, "args": ["--input", "a"], "schedule": "@daily", "runId": "r2"}},
+        "batch.runId (r2) names a one-shot Job's run, but batch.schedule (@daily) makes a CronJob",
+    ),
+    (
         {"autoscaling": {"enabled": True, "minReplicas": 5, "maxReplicas": 2}},
         "autoscaling.minReplicas (5) is larger than autoscaling.maxReplicas (2)",
     ),
@@ -1649,7 +1693,8 @@ def test_batch_job_is_indexed_with_the_values_completions_and_parallelism(
     assert spec["completionMode"] == "Indexed"
     assert (spec["completions"], spec["parallelism"]) == (4, 2)
     assert (spec["backoffLimit"], spec["activeDeadlineSeconds"]) == (2, 3600)
-    assert spec["ttlSecondsAfterFinished"] == 86400
+    # Kept once finished: an upgrade that found it deleted would run it again.
+    assert "ttlSecondsAfterFinished" not in spec
     pod = spec["template"]["spec"]
     # A retry is a new pod (the failed one keeps its logs); podFailurePolicy needs Never.
     assert pod["restartPolicy"] == "Never"
@@ -1677,7 +1722,10 @@ def test_a_schedule_makes_it_a_cronjob_running_the_same_job(
     assert cronjob["spec"]["schedule"] == "0 2 * * *"
     assert cronjob["spec"]["timeZone"] == "Europe/Berlin"
     assert cronjob["spec"]["concurrencyPolicy"] == "Forbid"
-    assert batch_job(docs) == batch_job(render(chart, tagged({"batch": BATCH})))
+    # The CronJob's Jobs are its own to delete; Helm never recreates them.
+    cron_spec = batch_job(docs)
+    assert cron_spec.pop("ttlSecondsAfterFinished") == 86400
+    assert cron_spec == batch_job(render(chart, tagged({"batch": BATCH})))
 
 
 @pytest.mark.parametrize("schedule", ["", "@daily"])
@@ -1755,16 +1803,25 @@ def test_batch_writes_only_to_emptydirs_and_volumes_it_is_given(chart: helm.Char
     assert writable == {"/tmp", env_of(batch)["SERVING_METRICS_DIR"]}
 
 
-def test_the_job_is_renamed_when_its_spec_changes_and_only_then(chart: helm.Chart) -> None:
+def test_the_job_is_named_after_its_run_and_only_a_new_run_renames_it(chart: helm.Chart) -> None:
     def job_name(values: dict[str, Any]) -> str:
         return find(render(chart, tagged(values)), "Job", "batch")["metadata"]["name"]  # type: ignore[no-any-return]
 
-    # A Job's pod template is immutable: a changed run is a new Job.
+    # `helm upgrade` with the same run renders the same Job, which Helm then
+    # leaves as it is (finished or not): the run is not started again.
     name = job_name({"batch": BATCH})
+    assert job_name({"batch": BATCH}) == name
     assert job_name({"batch": BATCH, "replicaCount": 5}) == name
+    # A Job's pod template is immutable: a changed run is a new Job ...
     assert (
         job_name({"batch": BATCH | {"args": ["--input", "a.jsonl", "--output", "b.jsonl"]}}) != name
     )
+    assert job_name({"batch": BATCH, "image": {"tag": "1.2.3"}}) != name
+    # ... and so is the same run asked for again, under a new runId.
+    rerun = job_name({"batch": BATCH | {"runId": "2026-12-01"}})
+    assert rerun != name
+    assert job_name({"batch": BATCH | {"runId": "2026-12-01"}}) == rerun
+    assert job_name({"batch": BATCH | {"runId": "2026-12-02"}}) not in (name, rerun)
 
 
 @pytest.mark.parametrize("schedule", ["", "@hourly"])

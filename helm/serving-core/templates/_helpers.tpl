@@ -194,6 +194,9 @@ Checks that JSON Schema cannot express; each message says what to change.
 {{- if and $b.enabled (not $b.args) }}
 {{- fail "batch.enabled needs batch.args, the arguments of `serving-core batch`: at least [--input, <file or URL>, --output, <file or URL>]" }}
 {{- end }}
+{{- if and $b.enabled $b.schedule $b.runId }}
+{{- fail (printf "batch.runId (%s) names a one-shot Job's run, but batch.schedule (%s) makes a CronJob, which runs on its schedule: clear batch.runId, or batch.schedule for a single run (or run the CronJob now: kubectl create job --from=cronjob/<name> <name>-manual)" $b.runId $b.schedule) }}
+{{- end }}
 {{- if and $b.enabled (gt (int64 $b.completions) 1) }}
 {{- range $arg := $b.args }}
 {{- if or (eq $arg "--shards") (hasPrefix "--shards=" $arg) (eq $arg "--shard") (hasPrefix "--shard=" $arg) }}
@@ -400,10 +403,8 @@ exec:
 
 {{/*
 Batch names. A CronJob's name must leave room for the 11-character suffix of
-the Jobs it creates (52 characters); a Job's gets a hash of its spec instead,
-since a Job's pod template is immutable: a `helm upgrade` that changes the
-batch run creates a new Job (the command is resumable, so it carries on from
-what the last one wrote), and one that changes nothing keeps the Job as it is.
+the Jobs it creates (52 characters); a one-shot Job's name carries the run's
+identity instead (batch.yaml): a hash of its spec and batch.runId.
 */}}
 {{- define "serving-core.batchName" -}}
 {{- printf "%s-batch" (include "serving-core.fullname" . | trunc 46 | trimSuffix "-") }}
@@ -452,7 +453,6 @@ podFailurePolicy:
 {{- if gt (int64 $b.activeDeadlineSeconds) 0 }}
 activeDeadlineSeconds: {{ int64 $b.activeDeadlineSeconds }}
 {{- end }}
-ttlSecondsAfterFinished: {{ int64 $b.ttlSecondsAfterFinished }}
 template:
   metadata:
     {{- with .Values.podAnnotations }}
@@ -642,8 +642,13 @@ The worker's rules beyond the schema; each message says what to change.
 {{/*
 nginx.upstreamMaxConns, "auto" resolved: what the app can hold at once, workers x
 (maxQueue + maxBatchSize), as the app resolves them (maxQueue 0 is twice the
-batch; workers 0 is one per CPU of the container's limit, rounded up). 0 (off)
-when the workers cannot be known here: no serving.workers and no CPU limit.
+batch). workers 0 is what serving_core/cores.py usable_cores() reads from the
+cgroup quota the kubelet derives from the CPU limit: the limit rounded down,
+at least 1 (1500m -> 1, 500m -> 1, 3.7 -> 3). Rounding up would let nginx pass
+twice what a 1500m pod holds. The app also caps it at the node's cores, which
+a limit larger than the node would lower: the chart cannot see the node. 0
+(off) when the workers cannot be known here: no serving.workers and no CPU
+limit.
 */}}
 {{- define "serving-core.upstreamMaxConns" -}}
 {{- $s := .Values.serving -}}
@@ -653,9 +658,9 @@ when the workers cannot be known here: no serving.workers and no CPU limit.
 {{- if eq $workers 0 -}}
 {{- $cpu := toString (dig "limits" "cpu" "" (.Values.resources | default dict)) -}}
 {{- if hasSuffix "m" $cpu -}}
-{{- $workers = int64 (ceil (divf (float64 (trimSuffix "m" $cpu)) 1000)) -}}
+{{- $workers = max 1 (int64 (floor (divf (float64 (trimSuffix "m" $cpu)) 1000))) -}}
 {{- else if $cpu -}}
-{{- $workers = int64 (ceil (float64 $cpu)) -}}
+{{- $workers = max 1 (int64 (floor (float64 $cpu))) -}}
 {{- end -}}
 {{- end -}}
 {{- $batch := int64 $s.maxBatchSize -}}
