@@ -938,26 +938,19 @@ CPU_LIMITS = [
 
 
 @pytest.mark.parametrize(("limit", "cpu_max"), CPU_LIMITS)
-@pytest.mark.parametrize("serving", [{}, {"maxBatchSize": 8, "maxQueue": 40}])
 def test_upstream_max_conns_auto_counts_the_workers_the_app_starts(
-    chart: helm.Chart,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    limit: str | float,
-    cpu_max: str,
-    serving: dict[str, Any],
+    chart: helm.Chart, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, limit: Any, cpu_max: str
 ) -> None:
     # The app's side, for real: usable_cores() on the pod's cgroup (on a node with
     # more cores than any limit here) and Settings resolving the rendered env.
     (tmp_path / "cpu.max").write_text(cpu_max + "\n")
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)))
-    values = tagged({"serving": serving, "resources": {"limits": {"cpu": limit}}})
-    app, nginx = (
-        containers(find(render(chart, values), "Deployment"))[name] for name in ("app", "nginx")
-    )
-    settings = Settings.from_env(serving_env(app), cores=usable_cores(tmp_path))
-    held = settings.workers * (settings.max_queue + settings.max_batch_size)
-    assert env_of(nginx)["NGINX_UPSTREAM_MAX_CONNS"] == str(held)
+    for serving in ({}, {"maxBatchSize": 8, "maxQueue": 40}):
+        values = tagged({"serving": serving, "resources": {"limits": {"cpu": limit}}})
+        deployment = containers(find(render(chart, values), "Deployment"))
+        settings = Settings.from_env(serving_env(deployment["app"]), cores=usable_cores(tmp_path))
+        held = settings.workers * (settings.max_queue + settings.max_batch_size)
+        assert env_of(deployment["nginx"])["NGINX_UPSTREAM_MAX_CONNS"] == str(held), serving
 
 
 def test_nginx_upstream_max_conns_can_be_set_or_turned_off(chart: helm.Chart) -> None:
