@@ -14,6 +14,7 @@ import contextlib
 import copy
 import dataclasses
 import hashlib
+import http.server
 import io
 import json
 import os
@@ -21,6 +22,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.parse
 from collections.abc import Iterator
@@ -1261,6 +1263,111 @@ def test_helm_test_hook_calls_readyz_through_the_service(chart: helm.Chart) -> N
     assert url == f"http://{service['metadata']['name']}.serving.svc:80/readyz"
 
 
+SCHEDULING = ("nodeSelector", "tolerations", "affinity", "runtimeClassName", "priorityClassName")
+
+
+@pytest.mark.parametrize("kube_version", KUBE_VERSIONS)
+def test_helm_test_pod_runs_where_the_server_runs_with_the_small_nginx_image(
+    chart: helm.Chart, kube_version: str
+) -> None:
+    values = copy.deepcopy(VALUE_SETS["values-gpu"])
+    values |= {key: POD_KNOBS[key] for key in SCHEDULING}
+    docs = render(chart, values)
+    validate(docs, kube_version)
+    test_pod = next(d for d in docs if d["kind"] == "Pod")["spec"]
+    server = pod_spec(docs)
+    for key in SCHEDULING:
+        assert test_pod[key] == server[key], key
+    # Never the multi-GB CUDA app image (nor a GPU): the release's nginx image,
+    # which every server pod has pulled already, with the wget it must carry.
+    (container,) = test_pod["containers"]
+    assert container["image"] == containers(find(docs, "Deployment"))["nginx"]["image"]
+    assert not container["image"].endswith("-cu128")
+    assert container["command"][0] == "wget"
+    assert "nvidia.com/gpu" not in container["resources"].get("limits", {})
+    assert not {"nodeSelector", "tolerations", "runtimeClassName"} & set(
+        next(d for d in render(chart, tagged({})) if d["kind"] == "Pod")["spec"]
+    )
+
+
+@pytest.mark.e2e
+def test_helm_test_pods_command_fails_unless_readyz_answers_2xx(chart: helm.Chart) -> None:
+    # The rendered command, run for real (Debian's wget here, busybox's in the
+    # alpine image: both exit non-zero on an HTTP error) against a server that
+    # answers 200 and then 503.
+    (pod,) = [d for d in render(chart, tagged({})) if d["kind"] == "Pod"]
+    command = pod["spec"]["containers"][0]["command"]
+    statuses = iter([200, 503])
+
+    class Readyz(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            status = next(statuses)
+            self.send_response(status)
+            self.end_headers()
+            self.wfile.write(b'{"status": "ok"}' if status == 200 else b"{}")
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    with http.server.HTTPServer(("127.0.0.1", 0), Readyz) as server:
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        url = f"http://127.0.0.1:{server.server_address[1]}/readyz"
+        try:
+            ok = subprocess.run([*command[:-1], url], capture_output=True, timeout=30, check=False)
+            refused = subprocess.run(
+                [*command[:-1], url], capture_output=True, timeout=30, check=False
+            )
+        finally:
+            server.shutdown()
+    assert (ok.returncode, ok.stdout) == (0, b'{"status": "ok"}')
+    assert refused.returncode != 0
+
+
+# --- global values, as Bitnami charts read them ---------------------------------
+
+EVERY_POD = {
+    "batch": {"enabled": True, "args": ["--input", "a", "--output", "b"]},
+    "worker": {"enabled": True},
+    "serving": {"jobsUrl": "redis://redis.queue.svc:6379/0"},
+}
+
+
+@pytest.mark.parametrize(
+    ("repository", "registry", "expected"),
+    [
+        ("ghcr.io/acme/app", "mirror.example.com", "mirror.example.com/acme/app"),
+        ("ghcr.io/acme/app", "mirror.example.com/ghcr/", "mirror.example.com/ghcr/acme/app"),
+        ("localhost:5000/app", "mirror.example.com", "mirror.example.com/app"),
+        # A Docker Hub path has no registry of its own: the mirror goes in front.
+        ("acme/app", "mirror.example.com", "mirror.example.com/acme/app"),
+    ],
+)
+def test_global_image_registry_replaces_the_registry_of_every_image(
+    chart: helm.Chart, repository: str, registry: str, expected: str
+) -> None:
+    values = tagged({"image": {"repository": repository}, "global": {"imageRegistry": registry}})
+    docs = render(chart, values | EVERY_POD)
+    images = {c["image"] for spec in pod_specs(docs) for c in spec["containers"]}
+    assert images == {f"{expected}:{TAG}", f"{expected}-nginx:{TAG}"}
+    assert len(pod_specs(docs)) == 4  # server, worker, batch, helm test
+
+
+def test_global_pull_secrets_join_the_pods_in_every_pod(chart: helm.Chart) -> None:
+    values = tagged(
+        {
+            "global": {"imagePullSecrets": ["mirror", {"name": "ghcr"}]},
+            "imagePullSecrets": [{"name": "ghcr"}, {"name": "own"}],
+        }
+    )
+    specs = pod_specs(render(chart, values | EVERY_POD))
+    assert len(specs) == 4
+    for spec in specs:
+        assert spec["imagePullSecrets"] == [{"name": "mirror"}, {"name": "ghcr"}, {"name": "own"}]
+    for spec in pod_specs(render(chart, tagged({}) | EVERY_POD)):
+        assert "imagePullSecrets" not in spec
+
+
 # --- bad values are refused with a readable message ----------------------------
 
 BAD_VALUES = [
@@ -1582,8 +1689,9 @@ def test_every_chart_value_is_documented_in_values_yaml(chart: helm.Chart) -> No
 
 
 # Kubernetes objects the schema only partly describes: a TopologySpreadConstraint's
-# many optional fields, a Volume's dozens of sources.
-OPEN_OBJECTS = {"topologySpreadConstraints[]", "extraVolumes[]"}
+# many optional fields, a Volume's dozens of sources; and Helm's `global`, which a
+# parent chart shares with all its subcharts, each reading its own keys.
+OPEN_OBJECTS = {"topologySpreadConstraints[]", "extraVolumes[]", "global"}
 
 
 def test_schema_refuses_unknown_keys_in_every_object_it_defines(chart: helm.Chart) -> None:
@@ -1612,7 +1720,7 @@ def test_schema_refuses_unknown_keys_in_every_object_it_defines(chart: helm.Char
 def test_schema_and_values_yaml_have_the_same_keys(chart: helm.Chart) -> None:
     schema = chart.schema
     assert schema is not None
-    assert set(schema["properties"]) - {"global"} == set(chart.values)
+    assert set(schema["properties"]) == set(chart.values)
     assert schema["additionalProperties"] is False
 
 

@@ -74,12 +74,73 @@ image.yml pushes "<repo>" and "<repo>-nginx" with the same tags.
 {{- .Values.nginx.image.tag | default (include "serving-core.imageTag" .) }}
 {{- end }}
 
-{{- /* (dict "repository" R "tag" T "digest" D "ctx" $) -> R:T, R:T@D or R@D */}}
+{{- /*
+(dict "repository" R "tag" T "digest" D "ctx" $) -> R:T, R:T@D or R@D.
+global.imageRegistry, when set, replaces R's registry as Bitnami charts do (a
+mirror or pull-through cache): ghcr.io/acme/app becomes
+<imageRegistry>/acme/app. R's first part is its registry when it has a "." or
+":" or is localhost, as Docker reads a reference; otherwise R is a Docker Hub
+path and the registry is put in front of it.
+*/}}
 {{- define "serving-core.imageRef" -}}
 {{- $ref := .repository }}
+{{- with dig "imageRegistry" "" (.ctx.Values.global | default dict) }}
+{{- $parts := splitList "/" $ref }}
+{{- $first := first $parts }}
+{{- if and (gt (len $parts) 1) (or (contains "." $first) (contains ":" $first) (eq $first "localhost")) }}
+{{- $ref = join "/" (rest $parts) }}
+{{- end }}
+{{- $ref = printf "%s/%s" (trimSuffix "/" .) $ref }}
+{{- end }}
 {{- if ne .tag (include "serving-core.unreleased" .ctx) }}{{ $ref = printf "%s:%s" $ref .tag }}{{ end }}
 {{- if .digest }}{{ $ref = printf "%s@%s" $ref .digest }}{{ end }}
 {{- $ref }}
+{{- end }}
+
+{{/*
+Pull secrets of every pod: global.imagePullSecrets (names or {name: ...}, as
+Bitnami charts take them) then imagePullSecrets, each name once. Nothing when
+both are empty.
+*/}}
+{{- define "serving-core.imagePullSecrets" -}}
+{{- $names := list }}
+{{- range concat (dig "imagePullSecrets" list (.Values.global | default dict)) .Values.imagePullSecrets }}
+{{- $name := "" }}
+{{- if kindIs "string" . }}{{ $name = . }}{{ else }}{{ $name = .name }}{{ end }}
+{{- if and $name (not (has $name $names)) }}{{ $names = append $names $name }}{{ end }}
+{{- end }}
+{{- if $names }}
+imagePullSecrets:
+{{- range $names }}
+  - name: {{ . | quote }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+Where every pod of the release may run: the pod knobs of scheduling, the same
+for the server, worker, batch and test pods (a GPU node pool's taint,
+selector and runtime class apply to all of them).
+*/}}
+{{- define "serving-core.podScheduling" -}}
+{{- with .Values.runtimeClassName }}
+runtimeClassName: {{ . }}
+{{- end }}
+{{- with .Values.priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- with .Values.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
 {{- end }}
 
 {{- define "serving-core.image" -}}
@@ -469,32 +530,12 @@ template:
     restartPolicy: Never
     serviceAccountName: {{ include "serving-core.serviceAccountName" . }}
     automountServiceAccountToken: {{ .Values.serviceAccount.automount }}
-    {{- with .Values.imagePullSecrets }}
-    imagePullSecrets:
-      {{- toYaml . | nindent 6 }}
-    {{- end }}
+    {{- with include "serving-core.imagePullSecrets" . | trim }}{{ . | nindent 4 }}{{ end }}
     {{- with .Values.podSecurityContext }}
     securityContext:
       {{- toYaml . | nindent 6 }}
     {{- end }}
-    {{- with .Values.runtimeClassName }}
-    runtimeClassName: {{ . }}
-    {{- end }}
-    {{- with .Values.priorityClassName }}
-    priorityClassName: {{ . }}
-    {{- end }}
-    {{- with .Values.nodeSelector }}
-    nodeSelector:
-      {{- toYaml . | nindent 6 }}
-    {{- end }}
-    {{- with .Values.affinity }}
-    affinity:
-      {{- toYaml . | nindent 6 }}
-    {{- end }}
-    {{- with .Values.tolerations }}
-    tolerations:
-      {{- toYaml . | nindent 6 }}
-    {{- end }}
+    {{- with include "serving-core.podScheduling" . | trim }}{{ . | nindent 4 }}{{ end }}
     containers:
       - name: batch
         image: {{ include "serving-core.image" . | quote }}
