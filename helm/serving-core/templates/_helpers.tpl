@@ -507,9 +507,12 @@ completionMode: Indexed
 completions: {{ int64 $b.completions }}
 parallelism: {{ int64 $b.parallelism }}
 backoffLimit: {{ int64 $b.backoffLimit }}
+{{- /* Helm merges a {} over the default policy's map, so none is {rules: []} (or null). */}}
+{{- if dig "rules" list ($b.podFailurePolicy | default dict) }}
 {{- with $b.podFailurePolicy }}
 podFailurePolicy:
   {{- toYaml . | nindent 2 }}
+{{- end }}
 {{- end }}
 {{- if gt (int64 $b.activeDeadlineSeconds) 0 }}
 activeDeadlineSeconds: {{ int64 $b.activeDeadlineSeconds }}
