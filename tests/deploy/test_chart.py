@@ -2062,6 +2062,14 @@ def test_batch_job_is_indexed_with_the_values_completions_and_parallelism(
     assert container["args"] == [*BATCH["args"], "--shards", "4"]
 
 
+@pytest.mark.parametrize("none", [{"rules": []}, None])
+def test_no_pod_failure_policy_counts_every_failed_pod(chart: helm.Chart, none: Any) -> None:
+    # Not {}: Helm merges an empty map into the default policy, leaving it as it is.
+    assert "podFailurePolicy" in batch_job(render(chart, tagged({"batch": BATCH})))
+    spec = batch_job(render(chart, tagged({"batch": BATCH | {"podFailurePolicy": none}})))
+    assert "podFailurePolicy" not in spec
+
+
 def test_one_completion_runs_the_whole_input_without_shards(chart: helm.Chart) -> None:
     values = tagged({"batch": BATCH | {"completions": 1, "parallelism": 1}})
     (container,) = batch_job(render(chart, values))["template"]["spec"]["containers"]
