@@ -14,12 +14,15 @@ import contextlib
 import copy
 import dataclasses
 import hashlib
+import http.server
 import io
 import json
+import os
 import re
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.parse
 from collections.abc import Iterator
@@ -34,6 +37,7 @@ import requests
 import yaml
 
 from serving_core.commands.cli import main as serving_core_main
+from serving_core.cores import usable_cores
 from serving_core.jobs.redis_connection import GROUP
 from serving_core.jobs.redis_queue import RedisJobQueue
 from serving_core.pipeline.config import read as read_pipeline
@@ -903,8 +907,8 @@ def test_nginx_values_reach_its_environment(chart: helm.Chart) -> None:
         # The defaults: the CPU limit of 2 gives 2 workers x (2 x 16 queued + 16 running).
         ({}, None, "96"),
         ({"workers": 3, "maxBatchSize": 8, "maxQueue": 40}, None, "144"),
-        # A fractional limit rounds up, as the app's own worker count does.
-        ({}, {"limits": {"cpu": "1500m"}}, "96"),
+        # A fractional limit rounds down, as the app's own worker count does.
+        ({}, {"limits": {"cpu": "1500m"}}, "48"),
         ({"maxBatchSize": 32}, {"limits": {"cpu": 4}}, "384"),
         # Neither workers nor a CPU limit: nothing to size it by, so off.
         ({}, {"limits": {"cpu": None}}, "0"),
@@ -918,6 +922,37 @@ def test_nginx_upstream_max_conns_auto_is_what_the_app_can_hold(
         values["resources"] = {"requests": {"cpu": "100m"}, **resources}
     nginx = env_of(containers(find(render(chart, tagged(values)), "Deployment"))["nginx"])
     assert nginx["NGINX_UPSTREAM_MAX_CONNS"] == expected
+
+
+# CPU limits and the cgroup v2 cpu.max the kubelet writes for each (quota =
+# millicores x period / 1000, period 100 ms): what usable_cores() reads in the pod.
+CPU_LIMITS = [
+    ("100m", "10000 100000"),
+    ("500m", "50000 100000"),
+    ("1", "100000 100000"),
+    ("1500m", "150000 100000"),
+    ("2", "200000 100000"),
+    ("2500m", "250000 100000"),
+    (3.7, "370000 100000"),
+    ("7999m", "799900 100000"),
+    (16, "1600000 100000"),
+]
+
+
+@pytest.mark.parametrize(("limit", "cpu_max"), CPU_LIMITS)
+def test_upstream_max_conns_auto_counts_the_workers_the_app_starts(
+    chart: helm.Chart, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, limit: Any, cpu_max: str
+) -> None:
+    # The app's side, for real: usable_cores() on the pod's cgroup (on a node with
+    # more cores than any limit here) and Settings resolving the rendered env.
+    (tmp_path / "cpu.max").write_text(cpu_max + "\n")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)))
+    for serving in ({}, {"maxBatchSize": 8, "maxQueue": 40}):
+        values = tagged({"serving": serving, "resources": {"limits": {"cpu": limit}}})
+        deployment = containers(find(render(chart, values), "Deployment"))
+        settings = Settings.from_env(serving_env(deployment["app"]), cores=usable_cores(tmp_path))
+        held = settings.workers * (settings.max_queue + settings.max_batch_size)
+        assert env_of(deployment["nginx"])["NGINX_UPSTREAM_MAX_CONNS"] == str(held), serving
 
 
 def test_nginx_upstream_max_conns_can_be_set_or_turned_off(chart: helm.Chart) -> None:
@@ -1228,6 +1263,111 @@ def test_helm_test_hook_calls_readyz_through_the_service(chart: helm.Chart) -> N
     assert url == f"http://{service['metadata']['name']}.serving.svc:80/readyz"
 
 
+SCHEDULING = ("nodeSelector", "tolerations", "affinity", "runtimeClassName", "priorityClassName")
+
+
+@pytest.mark.parametrize("kube_version", KUBE_VERSIONS)
+def test_helm_test_pod_runs_where_the_server_runs_with_the_small_nginx_image(
+    chart: helm.Chart, kube_version: str
+) -> None:
+    values = copy.deepcopy(VALUE_SETS["values-gpu"])
+    values |= {key: POD_KNOBS[key] for key in SCHEDULING}
+    docs = render(chart, values)
+    validate(docs, kube_version)
+    test_pod = next(d for d in docs if d["kind"] == "Pod")["spec"]
+    server = pod_spec(docs)
+    for key in SCHEDULING:
+        assert test_pod[key] == server[key], key
+    # Never the multi-GB CUDA app image (nor a GPU): the release's nginx image,
+    # which every server pod has pulled already, with the wget it must carry.
+    (container,) = test_pod["containers"]
+    assert container["image"] == containers(find(docs, "Deployment"))["nginx"]["image"]
+    assert not container["image"].endswith("-cu128")
+    assert container["command"][0] == "wget"
+    assert "nvidia.com/gpu" not in container["resources"].get("limits", {})
+    assert not {"nodeSelector", "tolerations", "runtimeClassName"} & set(
+        next(d for d in render(chart, tagged({})) if d["kind"] == "Pod")["spec"]
+    )
+
+
+@pytest.mark.e2e
+def test_helm_test_pods_command_fails_unless_readyz_answers_2xx(chart: helm.Chart) -> None:
+    # The rendered command, run for real (Debian's wget here, busybox's in the
+    # alpine image: both exit non-zero on an HTTP error) against a server that
+    # answers 200 and then 503.
+    (pod,) = [d for d in render(chart, tagged({})) if d["kind"] == "Pod"]
+    command = pod["spec"]["containers"][0]["command"]
+    statuses = iter([200, 503])
+
+    class Readyz(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            status = next(statuses)
+            self.send_response(status)
+            self.end_headers()
+            self.wfile.write(b'{"status": "ok"}' if status == 200 else b"{}")
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    with http.server.HTTPServer(("127.0.0.1", 0), Readyz) as server:
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        url = f"http://127.0.0.1:{server.server_address[1]}/readyz"
+        try:
+            ok = subprocess.run([*command[:-1], url], capture_output=True, timeout=30, check=False)
+            refused = subprocess.run(
+                [*command[:-1], url], capture_output=True, timeout=30, check=False
+            )
+        finally:
+            server.shutdown()
+    assert (ok.returncode, ok.stdout) == (0, b'{"status": "ok"}')
+    assert refused.returncode != 0
+
+
+# --- global values, as Bitnami charts read them ---------------------------------
+
+EVERY_POD = {
+    "batch": {"enabled": True, "args": ["--input", "a", "--output", "b"]},
+    "worker": {"enabled": True},
+    "serving": {"jobsUrl": "redis://redis.queue.svc:6379/0"},
+}
+
+
+@pytest.mark.parametrize(
+    ("repository", "registry", "expected"),
+    [
+        ("ghcr.io/acme/app", "mirror.example.com", "mirror.example.com/acme/app"),
+        ("ghcr.io/acme/app", "mirror.example.com/ghcr/", "mirror.example.com/ghcr/acme/app"),
+        ("localhost:5000/app", "mirror.example.com", "mirror.example.com/app"),
+        # A Docker Hub path has no registry of its own: the mirror goes in front.
+        ("acme/app", "mirror.example.com", "mirror.example.com/acme/app"),
+    ],
+)
+def test_global_image_registry_replaces_the_registry_of_every_image(
+    chart: helm.Chart, repository: str, registry: str, expected: str
+) -> None:
+    values = tagged({"image": {"repository": repository}, "global": {"imageRegistry": registry}})
+    docs = render(chart, values | EVERY_POD)
+    images = {c["image"] for spec in pod_specs(docs) for c in spec["containers"]}
+    assert images == {f"{expected}:{TAG}", f"{expected}-nginx:{TAG}"}
+    assert len(pod_specs(docs)) == 4  # server, worker, batch, helm test
+
+
+def test_global_pull_secrets_join_the_pods_in_every_pod(chart: helm.Chart) -> None:
+    values = tagged(
+        {
+            "global": {"imagePullSecrets": ["mirror", {"name": "ghcr"}]},
+            "imagePullSecrets": [{"name": "ghcr"}, {"name": "own"}],
+        }
+    )
+    specs = pod_specs(render(chart, values | EVERY_POD))
+    assert len(specs) == 4
+    for spec in specs:
+        assert spec["imagePullSecrets"] == [{"name": "mirror"}, {"name": "ghcr"}, {"name": "own"}]
+    for spec in pod_specs(render(chart, tagged({}) | EVERY_POD)):
+        assert "imagePullSecrets" not in spec
+
+
 # --- bad values are refused with a readable message ----------------------------
 
 BAD_VALUES = [
@@ -1365,6 +1505,10 @@ TEMPLATE_REFUSALS = [
     (
         {"batch": {"enabled": True, "completions": 4, "args": ["--input", "a", "--shards=2"]}},
         "batch.args has --shards=2, but batch.completions (4) shards the input already",
+    ),
+    (
+        {"batch": {"enabled": True, "args": ["--input", "a"], "schedule": "@daily", "runId": "r2"}},
+        "batch.runId (r2) names a one-shot Job's run, but batch.schedule (@daily) makes a CronJob",
     ),
     (
         {"autoscaling": {"enabled": True, "minReplicas": 5, "maxReplicas": 2}},
@@ -1545,8 +1689,9 @@ def test_every_chart_value_is_documented_in_values_yaml(chart: helm.Chart) -> No
 
 
 # Kubernetes objects the schema only partly describes: a TopologySpreadConstraint's
-# many optional fields, a Volume's dozens of sources.
-OPEN_OBJECTS = {"topologySpreadConstraints[]", "extraVolumes[]"}
+# many optional fields, a Volume's dozens of sources; and Helm's `global`, which a
+# parent chart shares with all its subcharts, each reading its own keys.
+OPEN_OBJECTS = {"topologySpreadConstraints[]", "extraVolumes[]", "global"}
 
 
 def test_schema_refuses_unknown_keys_in_every_object_it_defines(chart: helm.Chart) -> None:
@@ -1575,8 +1720,265 @@ def test_schema_refuses_unknown_keys_in_every_object_it_defines(chart: helm.Char
 def test_schema_and_values_yaml_have_the_same_keys(chart: helm.Chart) -> None:
     schema = chart.schema
     assert schema is not None
-    assert set(schema["properties"]) - {"global"} == set(chart.values)
+    assert set(schema["properties"]) == set(chart.values)
     assert schema["additionalProperties"] is False
+
+
+# --- every value the schema accepts changes the render ---------------------------
+
+SCHEMA = json.loads((CHART / "values.schema.json").read_text())
+DEFAULTS = yaml.safe_load((CHART / "values.yaml").read_text())
+# Kubernetes objects the chart passes through whole: one value each.
+WHOLE_OBJECTS = {"resources", "nginx.resources", "batch.resources", "worker.resources"}
+WALK_QUEUE = "redis://redis.queue.svc:6379/0"
+# Values that matter only with others, by path prefix: each leaf under a prefix is
+# rendered with these values both before and after it changes (a context that
+# sets the leaf to the walk's sample, such as an `enabled`, is left out).
+WALK_CONTEXTS: list[tuple[str, dict[str, Any]]] = [
+    ("batch.", {"batch": {"enabled": True}}),
+    ("batch.", {"batch": {"args": ["--input", "a", "--output", "b"]}}),
+    *[
+        (f"batch.{key}", {"batch": {"schedule": "@daily"}})
+        for key in (
+            "timeZone",
+            "concurrencyPolicy",
+            "startingDeadlineSeconds",
+            "successfulJobsHistoryLimit",
+            "failedJobsHistoryLimit",
+            "suspend",
+            "ttlSecondsAfterFinished",
+        )
+    ],
+    ("worker.", {"serving": {"jobsUrl": WALK_QUEUE}}),
+    ("worker.", {"worker": {"enabled": True}}),
+    ("worker.keda.", {"worker": {"keda": {"enabled": True}}}),
+    ("worker.keda.", {"worker": {"queue": "model"}}),
+    # The workers consume their handler's queue whatever this says: it names the
+    # stream KEDA watches.
+    ("worker.queue", {"worker": {"queue": "model", "keda": {"enabled": True}}}),
+    *[
+        # Only when KEDA's address does not come from a plain serving.jobsUrl.
+        (
+            f"worker.keda.{key}",
+            {
+                "serving": {"jobsUrl": "", "jobsUrlSecret": {"name": "jobs"}},
+                "worker": {"keda": {"address": "redis.queue.svc:6379"}},
+            },
+        )
+        for key in ("databaseIndex", "enableTLS")
+    ],
+    ("ingress.", {"ingress": {"enabled": True}}),
+    ("autoscaling.", {"autoscaling": {"enabled": True}}),
+    ("autoscaling.podsMetric.", {"autoscaling": {"podsMetric": {"enabled": True}}}),
+    ("networkPolicy.", {"networkPolicy": {"enabled": True}}),
+    ("metrics.serviceMonitor.", {"metrics": {"serviceMonitor": {"enabled": True}}}),
+    ("metrics.grafanaDashboard.", {"metrics": {"grafanaDashboard": {"enabled": True}}}),
+    ("metrics.prometheusRule.", {"metrics": {"prometheusRule": {"enabled": True}}}),
+    ("serving.cacheUrlSecret.", {"serving": {"cacheUrlSecret": {"name": "cache"}}}),
+    ("serving.jobsUrlSecret.", {"serving": {"jobsUrlSecret": {"name": "jobs"}}}),
+    ("serving.apiKeysSecret.", {"serving": {"apiKeysSecret": {"name": "keys"}}}),
+    ("serving.maxRequestsJitter", {"serving": {"maxRequests": 1000}}),
+    ("nginx.rateLimit.burst", {"nginx": {"rateLimit": {"requestsPerSecond": 10}}}),
+    ("serving.followupQueue", {"serving": {"jobsUrl": WALK_QUEUE}}),
+    ("serving.threads", {"serving": {"workerClass": "gthread"}}),
+    ("serving.workerConnections", {"serving": {"workerClass": "gevent"}}),
+    ("extraVolumeMounts", {"extraVolumes": [{"name": "model", "emptyDir": {}}]}),
+    ("batch.extraVolumeMounts", {"batch": {"extraVolumes": [{"name": "out", "emptyDir": {}}]}}),
+]
+# A value the schema takes, other than the default, where the walk cannot make one
+# up from the type (strings, lists, objects).
+WALK_SAMPLES: dict[str, Any] = {
+    "nameOverride": "model",
+    "fullnameOverride": "model-server",
+    "global.imageRegistry": "mirror.example.com",
+    "global.imagePullSecrets": ["mirror"],
+    "image.repository": "ghcr.io/acme/app",
+    "image.tag": "1.2.3",
+    "image.digest": DIGEST,
+    "imagePullSecrets": [{"name": "ghcr"}],
+    "serving.handler": "handlers/echo/handler.py",
+    "serving.trustedProxies": ["10.0.0.0/8"],
+    "serving.device": "cuda",
+    "serving.maxQueue": 64,
+    "serving.cacheUrl": "redis://cache:6379/0",
+    "serving.cacheUrlSecret.name": "cache",
+    "serving.jobsUrlSecret.name": "jobs",
+    "serving.apiKeysSecret.name": "keys",
+    "lifecycle.terminationGracePeriodSeconds": 120,
+    "serving.cacheUrlSecret.key": "address",
+    "serving.jobsUrl": WALK_QUEUE,
+    "serving.jobsUrlSecret.key": "address",
+    "serving.jobsPath": "/tmp/jobs.db",
+    "serving.followupQueue": "next-model",
+    "serving.apiKeys": "key-1",
+    "serving.apiKeysFile": "/run/keys",
+    "serving.apiKeysSecret.key": "api-keys",
+    "serving.corsOrigins": ["https://app.example.com"],
+    "pipeline.stageUrls": {"PREP_URL": "http://prep:8000"},
+    "extraEnv": [{"name": "HF_HOME", "value": "/models"}],
+    "envFrom": [{"configMapRef": {"name": "env"}}],
+    "strategy": {"type": "Recreate"},
+    "resources": {"limits": {"cpu": "4", "memory": "2Gi"}},
+    "nginx.image.repository": "ghcr.io/acme/nginx",
+    "nginx.image.tag": "1.2.4",
+    "nginx.image.digest": DIGEST,
+    "nginx.workerProcesses": "auto",
+    "nginx.upstreamMaxConns": 500,
+    "nginx.resources": {"limits": {"memory": "256Mi"}},
+    "nginx.trustedProxies": ["10.0.0.0/8"],
+    "service.annotations": {"example.com/lb": "internal"},
+    "ingress.className": "nginx",
+    "ingress.annotations": {"example.com/tls": "yes"},
+    "ingress.hosts": [{"host": "a.example.com", "paths": [{"path": "/", "pathType": "Prefix"}]}],
+    "ingress.tls": [{"secretName": "tls", "hosts": ["a.example.com"]}],
+    "autoscaling.podsMetric.name": "serving_in_flight",
+    "autoscaling.podsMetric.averageValue": "4",
+    "autoscaling.behavior": {"scaleDown": {"stabilizationWindowSeconds": 600}},
+    "podDisruptionBudget.maxUnavailable": "50%",
+    "serviceAccount.name": "model",
+    "serviceAccount.annotations": {"example.com/role": "reader"},
+    "metrics.serviceMonitor.interval": "15s",
+    "metrics.serviceMonitor.scrapeTimeout": "5s",
+    "metrics.serviceMonitor.labels": {"release": "kps"},
+    "metrics.grafanaDashboard.labels": {"grafana_dashboard": "2"},
+    "metrics.prometheusRule.labels": {"release": "kps"},
+    "podSecurityContext": {"runAsNonRoot": True, "runAsUser": 20001},
+    "securityContext": {"runAsUser": 20002},
+    "tmpSizeLimit": "1Gi",
+    "podAnnotations": {"example.com/owner": "ml"},
+    "podLabels": {"team": "ml"},
+    "priorityClassName": "serving-high",
+    "nodeSelector": {"kubernetes.io/arch": "arm64"},
+    "tolerations": [{"key": "spot", "operator": "Exists"}],
+    "affinity.nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": [{"key": "gpu", "operator": "Exists"}]}]
+        }
+    },
+    "affinity.podAffinity": {
+        "preferredDuringSchedulingIgnoredDuringExecution": [
+            {
+                "weight": 1,
+                "podAffinityTerm": {
+                    "topologyKey": "kubernetes.io/hostname",
+                    "labelSelector": {"matchLabels": {"app": "cache"}},
+                },
+            }
+        ]
+    },
+    "affinity.podAntiAffinity": POD_KNOBS["affinity"]["podAntiAffinity"],
+    "topologySpreadConstraints": POD_KNOBS["topologySpreadConstraints"],
+    "networkPolicy.apiFrom": [{"podSelector": {"matchLabels": {"app": "client"}}}],
+    "networkPolicy.metricsFrom": [{"namespaceSelector": {"matchLabels": {"name": "mon"}}}],
+    "networkPolicy.egress": [{"to": [{"ipBlock": {"cidr": "10.0.0.0/8"}}]}],
+    "runtimeClassName": "nvidia",
+    "extraVolumes": [{"name": "model", "emptyDir": {}}],
+    "extraVolumeMounts": [{"name": "model", "mountPath": "/models"}],
+    "batch.args": ["--input", "c", "--output", "d"],
+    "batch.schedule": "0 2 * * *",
+    "batch.runId": "2026-12-01",
+    "batch.timeZone": "Europe/Berlin",
+    "batch.podFailurePolicy": {"rules": []},
+    "batch.resources": {"limits": {"cpu": "8"}},
+    "batch.extraVolumes": [{"name": "out", "emptyDir": {}}],
+    "batch.extraVolumeMounts": [{"name": "out", "mountPath": "/out"}],
+    "worker.queue": "other-model",
+    "worker.resources": {"limits": {"cpu": "8"}},
+    "worker.keda.address": "redis.other.svc:6379",
+    "worker.keda.addressFromEnv": "REDIS_ADDRESS",
+    "worker.keda.usernameFromEnv": "REDIS_USER",
+    "worker.keda.passwordFromEnv": "REDIS_PASSWORD",
+    "worker.keda.authenticationRef": "redis-auth",
+}
+# Leaves that change nothing by themselves, with the reason; none yet.
+WALK_EXCEPTIONS: dict[str, str] = {}
+
+
+def resolved(node: dict[str, Any]) -> dict[str, Any]:
+    """``node``, or the schema node its $ref names."""
+    while "$ref" in node:
+        target = SCHEMA
+        for part in node["$ref"].lstrip("#/").split("/"):
+            target = target[part]
+        node = target
+    return node
+
+
+def schema_leaves(node: dict[str, Any], path: str = "") -> list[str]:
+    """The paths of every value the schema describes: its leaves, whole objects as one."""
+    node = resolved(node)
+    children = node.get("properties", {})
+    if not children or path in WHOLE_OBJECTS:
+        return [path]
+    return [
+        leaf
+        for key, child in children.items()
+        for leaf in schema_leaves(child, f"{path}.{key}".lstrip("."))
+    ]
+
+
+def at(values: Any, path: str) -> Any:
+    for key in path.split("."):
+        values = values.get(key) if isinstance(values, dict) else None
+    return values
+
+
+def merged(base: dict[str, Any], more: dict[str, Any]) -> dict[str, Any]:
+    """``base`` with ``more`` over it, objects merged key by key as Helm merges values."""
+    out = copy.deepcopy(base)
+    for key, value in more.items():
+        if isinstance(value, dict) and value and isinstance(out.get(key), dict):
+            out[key] = merged(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def nested(path: str, value: Any) -> dict[str, Any]:
+    for key in reversed(path.split(".")):
+        value = {key: value}
+    return value  # type: ignore[no-any-return]
+
+
+def sample(path: str, node: dict[str, Any]) -> Any:
+    """A value the schema takes for ``path`` that is not its default."""
+    if path in WALK_SAMPLES:
+        return WALK_SAMPLES[path]
+    default = at(DEFAULTS, path)
+    kinds = node.get("type")
+    kinds = kinds if isinstance(kinds, list) else [kinds]
+    if "enum" in node:
+        return next(v for v in node["enum"] if v != default)
+    if "boolean" in kinds:
+        return not default
+    if "number" in kinds and 0 < default < 1:
+        return default / 2  # a ratio
+    if "integer" in kinds or "number" in kinds:
+        if "maximum" in node and default + 1 > node["maximum"]:
+            return default - 1
+        return default + 1
+    raise AssertionError(f"{path}: add a value the schema takes to WALK_SAMPLES")
+
+
+def schema_node(path: str) -> dict[str, Any]:
+    node = SCHEMA
+    for key in path.split("."):
+        node = resolved(node["properties"][key])
+    return node
+
+
+@pytest.mark.parametrize("path", schema_leaves(SCHEMA))
+def test_every_value_the_schema_takes_changes_the_render(chart: helm.Chart, path: str) -> None:
+    if path in WALK_EXCEPTIONS:
+        pytest.skip(WALK_EXCEPTIONS[path])
+    base = tagged({})
+    value = sample(path, schema_node(path))
+    for prefix, context in WALK_CONTEXTS:
+        if path.startswith(prefix) and at(context, path) != value:
+            base = merged(base, context)
+    changed = merged(base, nested(path, value))
+    assert at(changed, path) == value
+    assert render(chart, changed) != render(chart, base), f"{path}: {value!r} changed nothing"
 
 
 # --- the inference cache's Redis URL ----------------------------------------------
@@ -1649,7 +2051,8 @@ def test_batch_job_is_indexed_with_the_values_completions_and_parallelism(
     assert spec["completionMode"] == "Indexed"
     assert (spec["completions"], spec["parallelism"]) == (4, 2)
     assert (spec["backoffLimit"], spec["activeDeadlineSeconds"]) == (2, 3600)
-    assert spec["ttlSecondsAfterFinished"] == 86400
+    # Kept once finished: an upgrade that found it deleted would run it again.
+    assert "ttlSecondsAfterFinished" not in spec
     pod = spec["template"]["spec"]
     # A retry is a new pod (the failed one keeps its logs); podFailurePolicy needs Never.
     assert pod["restartPolicy"] == "Never"
@@ -1657,6 +2060,14 @@ def test_batch_job_is_indexed_with_the_values_completions_and_parallelism(
     assert container["command"] == ["serving-core", "batch"]
     # Each pod reads its index from JOB_COMPLETION_INDEX; the chart says how many.
     assert container["args"] == [*BATCH["args"], "--shards", "4"]
+
+
+@pytest.mark.parametrize("none", [{"rules": []}, None])
+def test_no_pod_failure_policy_counts_every_failed_pod(chart: helm.Chart, none: Any) -> None:
+    # Not {}: Helm merges an empty map into the default policy, leaving it as it is.
+    assert "podFailurePolicy" in batch_job(render(chart, tagged({"batch": BATCH})))
+    spec = batch_job(render(chart, tagged({"batch": BATCH | {"podFailurePolicy": none}})))
+    assert "podFailurePolicy" not in spec
 
 
 def test_one_completion_runs_the_whole_input_without_shards(chart: helm.Chart) -> None:
@@ -1677,7 +2088,10 @@ def test_a_schedule_makes_it_a_cronjob_running_the_same_job(
     assert cronjob["spec"]["schedule"] == "0 2 * * *"
     assert cronjob["spec"]["timeZone"] == "Europe/Berlin"
     assert cronjob["spec"]["concurrencyPolicy"] == "Forbid"
-    assert batch_job(docs) == batch_job(render(chart, tagged({"batch": BATCH})))
+    # The CronJob's Jobs are its own to delete; Helm never recreates them.
+    cron_spec = batch_job(docs)
+    assert cron_spec.pop("ttlSecondsAfterFinished") == 86400
+    assert cron_spec == batch_job(render(chart, tagged({"batch": BATCH})))
 
 
 @pytest.mark.parametrize("schedule", ["", "@daily"])
@@ -1755,16 +2169,25 @@ def test_batch_writes_only_to_emptydirs_and_volumes_it_is_given(chart: helm.Char
     assert writable == {"/tmp", env_of(batch)["SERVING_METRICS_DIR"]}
 
 
-def test_the_job_is_renamed_when_its_spec_changes_and_only_then(chart: helm.Chart) -> None:
+def test_the_job_is_named_after_its_run_and_only_a_new_run_renames_it(chart: helm.Chart) -> None:
     def job_name(values: dict[str, Any]) -> str:
         return find(render(chart, tagged(values)), "Job", "batch")["metadata"]["name"]  # type: ignore[no-any-return]
 
-    # A Job's pod template is immutable: a changed run is a new Job.
+    # `helm upgrade` with the same run renders the same Job, which Helm then
+    # leaves as it is (finished or not): the run is not started again.
     name = job_name({"batch": BATCH})
+    assert job_name({"batch": BATCH}) == name
     assert job_name({"batch": BATCH, "replicaCount": 5}) == name
+    # A Job's pod template is immutable: a changed run is a new Job ...
     assert (
         job_name({"batch": BATCH | {"args": ["--input", "a.jsonl", "--output", "b.jsonl"]}}) != name
     )
+    assert job_name({"batch": BATCH, "image": {"tag": "1.2.3"}}) != name
+    # ... and so is the same run asked for again, under a new runId.
+    rerun = job_name({"batch": BATCH | {"runId": "2026-12-01"}})
+    assert rerun != name
+    assert job_name({"batch": BATCH | {"runId": "2026-12-01"}}) == rerun
+    assert job_name({"batch": BATCH | {"runId": "2026-12-02"}}) not in (name, rerun)
 
 
 @pytest.mark.parametrize("schedule", ["", "@hourly"])

@@ -74,12 +74,73 @@ image.yml pushes "<repo>" and "<repo>-nginx" with the same tags.
 {{- .Values.nginx.image.tag | default (include "serving-core.imageTag" .) }}
 {{- end }}
 
-{{- /* (dict "repository" R "tag" T "digest" D "ctx" $) -> R:T, R:T@D or R@D */}}
+{{- /*
+(dict "repository" R "tag" T "digest" D "ctx" $) -> R:T, R:T@D or R@D.
+global.imageRegistry, when set, replaces R's registry as Bitnami charts do (a
+mirror or pull-through cache): ghcr.io/acme/app becomes
+<imageRegistry>/acme/app. R's first part is its registry when it has a "." or
+":" or is localhost, as Docker reads a reference; otherwise R is a Docker Hub
+path and the registry is put in front of it.
+*/}}
 {{- define "serving-core.imageRef" -}}
 {{- $ref := .repository }}
+{{- with dig "imageRegistry" "" (.ctx.Values.global | default dict) }}
+{{- $parts := splitList "/" $ref }}
+{{- $first := first $parts }}
+{{- if and (gt (len $parts) 1) (or (contains "." $first) (contains ":" $first) (eq $first "localhost")) }}
+{{- $ref = join "/" (rest $parts) }}
+{{- end }}
+{{- $ref = printf "%s/%s" (trimSuffix "/" .) $ref }}
+{{- end }}
 {{- if ne .tag (include "serving-core.unreleased" .ctx) }}{{ $ref = printf "%s:%s" $ref .tag }}{{ end }}
 {{- if .digest }}{{ $ref = printf "%s@%s" $ref .digest }}{{ end }}
 {{- $ref }}
+{{- end }}
+
+{{/*
+Pull secrets of every pod: global.imagePullSecrets (names or {name: ...}, as
+Bitnami charts take them) then imagePullSecrets, each name once. Nothing when
+both are empty.
+*/}}
+{{- define "serving-core.imagePullSecrets" -}}
+{{- $names := list }}
+{{- range concat (dig "imagePullSecrets" list (.Values.global | default dict)) .Values.imagePullSecrets }}
+{{- $name := "" }}
+{{- if kindIs "string" . }}{{ $name = . }}{{ else }}{{ $name = .name }}{{ end }}
+{{- if and $name (not (has $name $names)) }}{{ $names = append $names $name }}{{ end }}
+{{- end }}
+{{- if $names }}
+imagePullSecrets:
+{{- range $names }}
+  - name: {{ . | quote }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+Where every pod of the release may run: the pod knobs of scheduling, the same
+for the server, worker, batch and test pods (a GPU node pool's taint,
+selector and runtime class apply to all of them).
+*/}}
+{{- define "serving-core.podScheduling" -}}
+{{- with .Values.runtimeClassName }}
+runtimeClassName: {{ . }}
+{{- end }}
+{{- with .Values.priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- with .Values.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
 {{- end }}
 
 {{- define "serving-core.image" -}}
@@ -193,6 +254,9 @@ Checks that JSON Schema cannot express; each message says what to change.
 {{- $b := .Values.batch }}
 {{- if and $b.enabled (not $b.args) }}
 {{- fail "batch.enabled needs batch.args, the arguments of `serving-core batch`: at least [--input, <file or URL>, --output, <file or URL>]" }}
+{{- end }}
+{{- if and $b.enabled $b.schedule $b.runId }}
+{{- fail (printf "batch.runId (%s) names a one-shot Job's run, but batch.schedule (%s) makes a CronJob, which runs on its schedule: clear batch.runId, or batch.schedule for a single run (or run the CronJob now: kubectl create job --from=cronjob/<name> <name>-manual)" $b.runId $b.schedule) }}
 {{- end }}
 {{- if and $b.enabled (gt (int64 $b.completions) 1) }}
 {{- range $arg := $b.args }}
@@ -400,10 +464,8 @@ exec:
 
 {{/*
 Batch names. A CronJob's name must leave room for the 11-character suffix of
-the Jobs it creates (52 characters); a Job's gets a hash of its spec instead,
-since a Job's pod template is immutable: a `helm upgrade` that changes the
-batch run creates a new Job (the command is resumable, so it carries on from
-what the last one wrote), and one that changes nothing keeps the Job as it is.
+the Jobs it creates (52 characters); a one-shot Job's name carries the run's
+identity instead (batch.yaml): a hash of its spec and batch.runId.
 */}}
 {{- define "serving-core.batchName" -}}
 {{- printf "%s-batch" (include "serving-core.fullname" . | trunc 46 | trimSuffix "-") }}
@@ -445,14 +507,16 @@ completionMode: Indexed
 completions: {{ int64 $b.completions }}
 parallelism: {{ int64 $b.parallelism }}
 backoffLimit: {{ int64 $b.backoffLimit }}
+{{- /* Helm merges a {} over the default policy's map, so none is {rules: []} (or null). */}}
+{{- if dig "rules" list ($b.podFailurePolicy | default dict) }}
 {{- with $b.podFailurePolicy }}
 podFailurePolicy:
   {{- toYaml . | nindent 2 }}
 {{- end }}
+{{- end }}
 {{- if gt (int64 $b.activeDeadlineSeconds) 0 }}
 activeDeadlineSeconds: {{ int64 $b.activeDeadlineSeconds }}
 {{- end }}
-ttlSecondsAfterFinished: {{ int64 $b.ttlSecondsAfterFinished }}
 template:
   metadata:
     {{- with .Values.podAnnotations }}
@@ -469,32 +533,12 @@ template:
     restartPolicy: Never
     serviceAccountName: {{ include "serving-core.serviceAccountName" . }}
     automountServiceAccountToken: {{ .Values.serviceAccount.automount }}
-    {{- with .Values.imagePullSecrets }}
-    imagePullSecrets:
-      {{- toYaml . | nindent 6 }}
-    {{- end }}
+    {{- with include "serving-core.imagePullSecrets" . | trim }}{{ . | nindent 4 }}{{ end }}
     {{- with .Values.podSecurityContext }}
     securityContext:
       {{- toYaml . | nindent 6 }}
     {{- end }}
-    {{- with .Values.runtimeClassName }}
-    runtimeClassName: {{ . }}
-    {{- end }}
-    {{- with .Values.priorityClassName }}
-    priorityClassName: {{ . }}
-    {{- end }}
-    {{- with .Values.nodeSelector }}
-    nodeSelector:
-      {{- toYaml . | nindent 6 }}
-    {{- end }}
-    {{- with .Values.affinity }}
-    affinity:
-      {{- toYaml . | nindent 6 }}
-    {{- end }}
-    {{- with .Values.tolerations }}
-    tolerations:
-      {{- toYaml . | nindent 6 }}
-    {{- end }}
+    {{- with include "serving-core.podScheduling" . | trim }}{{ . | nindent 4 }}{{ end }}
     containers:
       - name: batch
         image: {{ include "serving-core.image" . | quote }}
@@ -642,8 +686,13 @@ The worker's rules beyond the schema; each message says what to change.
 {{/*
 nginx.upstreamMaxConns, "auto" resolved: what the app can hold at once, workers x
 (maxQueue + maxBatchSize), as the app resolves them (maxQueue 0 is twice the
-batch; workers 0 is one per CPU of the container's limit, rounded up). 0 (off)
-when the workers cannot be known here: no serving.workers and no CPU limit.
+batch). workers 0 is what serving_core/cores.py usable_cores() reads from the
+cgroup quota the kubelet derives from the CPU limit: the limit rounded down,
+at least 1 (1500m -> 1, 500m -> 1, 3.7 -> 3). Rounding up would let nginx pass
+twice what a 1500m pod holds. The app also caps it at the node's cores, which
+a limit larger than the node would lower: the chart cannot see the node. 0
+(off) when the workers cannot be known here: no serving.workers and no CPU
+limit.
 */}}
 {{- define "serving-core.upstreamMaxConns" -}}
 {{- $s := .Values.serving -}}
@@ -653,9 +702,9 @@ when the workers cannot be known here: no serving.workers and no CPU limit.
 {{- if eq $workers 0 -}}
 {{- $cpu := toString (dig "limits" "cpu" "" (.Values.resources | default dict)) -}}
 {{- if hasSuffix "m" $cpu -}}
-{{- $workers = int64 (ceil (divf (float64 (trimSuffix "m" $cpu)) 1000)) -}}
+{{- $workers = max 1 (int64 (floor (divf (float64 (trimSuffix "m" $cpu)) 1000))) -}}
 {{- else if $cpu -}}
-{{- $workers = int64 (ceil (float64 $cpu)) -}}
+{{- $workers = max 1 (int64 (floor (float64 $cpu))) -}}
 {{- end -}}
 {{- end -}}
 {{- $batch := int64 $s.maxBatchSize -}}
