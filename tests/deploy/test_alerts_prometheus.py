@@ -29,9 +29,9 @@ RELEASE = "iris-setosa"
 
 
 @contextlib.contextmanager
-def prometheus(metrics_url: str, rule: dict[str, Any]) -> Iterator[str]:
+def prometheus(metrics_url: str, rule: dict[str, Any]) -> Iterator[tuple[str, Path]]:
     """Prometheus scraping ``metrics_url`` every second as the release's job, with
-    ``rule``'s groups loaded; yields its URL."""
+    ``rule``'s groups loaded; yields its URL and its log."""
     found = shutil.which("prometheus")
     if found is None:
         pytest.fail("prometheus is not installed; `make system-deps` installs Debian's prometheus")
@@ -62,7 +62,7 @@ def prometheus(metrics_url: str, rule: dict[str, Any]) -> Iterator[str]:
                 command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
             )
         try:
-            yield url
+            yield url, root / "prometheus.log"
         finally:
             stop(process)
 
@@ -98,11 +98,15 @@ def test_app_down_goes_pending_when_gunicorn_is_gone_behind_a_live_nginx() -> No
     with (
         gunicorn_server({"SERVING_HANDLER": PROBE, "SERVING_WORKERS": "1"}) as app,
         nginx_server(app.bind) as proxy,
-        prometheus(proxy.metrics_url, rule) as url,
+        prometheus(proxy.metrics_url, rule) as (url, log),
     ):
         requests.post(proxy.url + "/predict", json={"text": "x"}, timeout=10).raise_for_status()
         up = f'up{{namespace="{NAMESPACE}", job="{JOBS[RELEASE]}"}}'
-        wait_for(lambda: [r for r in query(url, up) if r["value"][1] == "1"], "a scrape", 60)
+        wait_for(
+            lambda: [r for r in query(url, up) if r["value"][1] == "1"],
+            lambda: f"a scrape through nginx; Prometheus's log:\n{log.read_text()[-3000:]}",
+            60,
+        )
         # Every series the rules select is in Prometheus, scraped through nginx.
         for expr in rule_exprs(rule):
             for name in metric_names(expr):
