@@ -1842,6 +1842,7 @@ WALK_SAMPLES: dict[str, Any] = {
     "metrics.serviceMonitor.labels": {"release": "kps"},
     "metrics.grafanaDashboard.labels": {"grafana_dashboard": "2"},
     "metrics.prometheusRule.labels": {"release": "kps"},
+    "metrics.prometheusRule.runbookBaseUrl": "https://runbooks.example.com/serving-core",
     "podSecurityContext": {"runAsNonRoot": True, "runAsUser": 20001},
     "securityContext": {"runAsUser": 20002},
     "tmpSizeLimit": "1Gi",
