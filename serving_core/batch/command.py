@@ -16,9 +16,9 @@ A kill loses only the chunks in flight; a rerun with the same ``--output``
 skips every id written. A worker that dies fails the run at once (the pool
 notices its exit), and the workers die with the parent (``PR_SET_PDEATHSIG``).
 
-Imports only what the CLI already has at module level: ``serving-core
-healthcheck`` (the pods' exec probe) imports the CLI, which imports this for
-its flags; the records, the run, the engine and the handler are imported to run.
+The flags are ``batch.flags``: the CLI imports those for every verb,
+``serving-core healthcheck`` (the pods' exec probe) included, and this module
+only when ``batch`` runs.
 """
 
 from __future__ import annotations
@@ -28,90 +28,23 @@ import contextlib
 import logging
 import sys
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from serving_core.batch.pool import OnResult
-    from serving_core.batch.records import Shard
-    from serving_core.handler import Handler, Output, Params
-    from serving_core.settings import Settings
+from serving_core.batch.formats import open_sink, open_source
+from serving_core.batch.pool import OnResult
+from serving_core.batch.records import RecordsError, Shard, input_location, output_location
+from serving_core.batch.run import EXIT_CONFIG, BatchRun
+from serving_core.cache.core import from_settings
+from serving_core.errors import HandlerError
+from serving_core.handler import Handler, Output, Params, handler_name
+from serving_core.loading import load_handler
+from serving_core.preload import preload
+from serving_core.settings import Settings
 
 log = logging.getLogger("serving_core.batch.command")
-
-DEFAULT_CHUNK_SIZE = 64
-
-DESCRIPTION = """\
-Run the handler over every record of a file or a database table, with no
-HTTP: setup() once, then W forked workers (SERVING_WORKERS, else the usable
-cores) in chunks of --chunk-size, each through the same engine as /predict.
-
-Formats, by suffix: .jsonl/.ndjson, .csv, .parquet (a file or a directory),
-a SQLAlchemy URL (sqlite:///x.db, postgresql://...) or a bare .db/.sqlite
-path. Each output row is the id and either "output" or "error" (JSON text
-in CSV, Parquet and SQL columns). Parquet output is a directory of part files.
-
-Resume: a rerun with the same --output skips every id already written,
-failed ones included. Records without an id field get their 0-based position
-in the input as their id, so give them an id (or an ORDER BY) when the input
-may change between runs.
-
-Shards: --shard I/N runs the records whose id hashes to I. In an Indexed Job,
-pass --shards N and the index comes from JOB_COMPLETION_INDEX. JSONL and
-CSV outputs get one file per shard (NAME.shard-I-of-N.jsonl); Parquet
-directories and SQL tables are shared.
-
-Exit status: 0 every record succeeded, 1 some failed (written with their
-errors) or a worker died, 2 a configuration error, 130 interrupted.
-"""
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.description = DESCRIPTION
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.add_argument("--input", required=True, metavar="SRC", help="records to predict")
-    parser.add_argument("--input-table", metavar="TABLE", help="SQL input: read this table")
-    parser.add_argument("--input-query", metavar="SQL", help="SQL input: read this query")
-    parser.add_argument("--output", required=True, metavar="DST", help="where results go")
-    parser.add_argument(
-        "--output-table",
-        metavar="TABLE",
-        help="SQL output: the table (default results; created if missing)",
-    )
-    parser.add_argument(
-        "--id-field", default="id", help="the records' id column or key (default id)"
-    )
-    parser.add_argument("--handler", help="handler.py, its folder or a module (SERVING_HANDLER)")
-    parser.add_argument("--workers", type=int, help="worker processes (SERVING_WORKERS)")
-    parser.add_argument(
-        "--chunk-size",
-        type=int,
-        default=DEFAULT_CHUNK_SIZE,
-        help=f"records per work unit and per write (default {DEFAULT_CHUNK_SIZE})",
-    )
-    parser.add_argument("--shard", metavar="I/N", help="run shard I of N (0-based)")
-    parser.add_argument(
-        "--shards", type=int, metavar="N", help="N shards, this one from JOB_COMPLETION_INDEX"
-    )
-    parser.add_argument(
-        "--warm-cache",
-        action="store_true",
-        help="write each successful result into the inference cache (SERVING_CACHE_*)",
-    )
 
 
 def main(args: argparse.Namespace, settings: Settings, environ: Mapping[str, str]) -> int:
     """``serving-core batch``; ``environ`` only for Kubernetes' JOB_COMPLETION_INDEX."""
-    from serving_core.batch.formats import open_sink, open_source
-    from serving_core.batch.records import (
-        RecordsError,
-        input_location,
-        output_location,
-    )
-    from serving_core.batch.run import EXIT_CONFIG, BatchRun
-    from serving_core.errors import HandlerError
-    from serving_core.loading import load_handler
-    from serving_core.preload import preload
-
     with contextlib.ExitStack() as closing:
         try:
             if args.chunk_size < 1 or (args.workers is not None and args.workers < 1):
@@ -166,8 +99,6 @@ def main(args: argparse.Namespace, settings: Settings, environ: Mapping[str, str
 
 def resolve_shard(text: str | None, count: int | None, environ: Mapping[str, str]) -> Shard:
     """--shard I/N, else index JOB_COMPLETION_INDEX of --shards N, else the whole input."""
-    from serving_core.batch.records import RecordsError, Shard
-
     index = environ.get("JOB_COMPLETION_INDEX", "").strip()
     if text is not None:
         shard = Shard.parse(text)
@@ -192,10 +123,6 @@ def cache_writer(settings: Settings, handler: Handler) -> OnResult:
     """``--warm-cache``: a callback that puts each successful (params, output) into the
     shared inference cache, under the key the online service computes for the same
     request (handler name, version, canonical params). It runs in the workers."""
-    from serving_core.batch.records import RecordsError
-    from serving_core.cache.core import from_settings
-    from serving_core.handler import handler_name
-
     if not settings.cache_url:
         raise RecordsError(
             "--warm-cache fills the online service's shared cache: set SERVING_CACHE_URL "

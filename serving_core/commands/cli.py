@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from serving_core.batch.command import add_arguments as add_batch_arguments
+from serving_core.batch.flags import add_arguments as add_batch_arguments
 from serving_core.commands.failure import Failure
 from serving_core.settings import Settings, SettingsError
 

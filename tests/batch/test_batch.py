@@ -91,6 +91,7 @@ def test_the_batch_modules_load_no_web_stack():
         f"serving_core.{name}"
         for name in (
             "batch.command",
+            "batch.flags",
             "batch.run",
             "batch.pool",
             "batch.progress",
