@@ -23,7 +23,11 @@
 # | NGINX_UPSTREAM            | app:8000   | gunicorn: host:port or unix:/path/to.sock           |
 # | NGINX_PORT                | 8080       | plain HTTP listener                                 |
 # | NGINX_METRICS_PORT        | 9090       | the app's /metrics for Prometheus (keep it private) |
-# | NGINX_LISTEN_ADDRESS      | (all)      | address to listen on, e.g. 127.0.0.1 (all ports)    |
+# | NGINX_LISTEN_ADDRESS      | (all)      | address to listen on, e.g. 127.0.0.1 (the ports     |
+# |                           |            | above and NGINX_TLS_PORT)                           |
+# | NGINX_STATUS_PORT         | 0 (off)    | stub_status (nginx's connection and request counts) |
+# |                           |            | at /stub_status on 127.0.0.1 only, for              |
+# |                           |            | nginx-prometheus-exporter beside nginx              |
 # | SERVING_MAX_BODY_BYTES    | 1048576    | client_max_body_size (the app's own limit)          |
 # | SERVING_REQUEST_TIMEOUT_S | 10         | proxy read/send timeout = this + the margin         |
 # | NGINX_TIMEOUT_MARGIN_S    | 5          | how much longer nginx waits than the app's deadline |
@@ -89,6 +93,7 @@ NGINX_UPSTREAM=${NGINX_UPSTREAM:-app:8000}
 NGINX_PORT=${NGINX_PORT:-8080}
 NGINX_METRICS_PORT=${NGINX_METRICS_PORT:-9090}
 NGINX_LISTEN_ADDRESS=${NGINX_LISTEN_ADDRESS:-}
+NGINX_STATUS_PORT=${NGINX_STATUS_PORT:-0}
 SERVING_MAX_BODY_BYTES=${SERVING_MAX_BODY_BYTES:-1048576}
 SERVING_REQUEST_TIMEOUT_S=${SERVING_REQUEST_TIMEOUT_S:-10}
 NGINX_TIMEOUT_MARGIN_S=${NGINX_TIMEOUT_MARGIN_S:-5}
@@ -121,6 +126,15 @@ case $NGINX_UPSTREAM in
 esac
 check NGINX_PORT "$NGINX_PORT" is_port "a port number (1-65535)"
 check NGINX_METRICS_PORT "$NGINX_METRICS_PORT" is_port "a port number (1-65535)"
+if [ "$NGINX_STATUS_PORT" != 0 ]; then
+    check NGINX_STATUS_PORT "$NGINX_STATUS_PORT" is_port "a port number (1-65535), or 0 for off"
+    for other in "$NGINX_PORT" "$NGINX_METRICS_PORT" "$NGINX_TLS_PORT"; do
+        # On a port nginx also listens on for everyone, the status would be
+        # answered there (nginx binds the wildcard address once per port).
+        [ "$NGINX_STATUS_PORT" != "$other" ] ||
+            die "NGINX_STATUS_PORT ('$NGINX_STATUS_PORT') is also NGINX_PORT, NGINX_METRICS_PORT or NGINX_TLS_PORT; give it a port of its own"
+    done
+fi
 [ -z "$NGINX_LISTEN_ADDRESS" ] || check NGINX_LISTEN_ADDRESS "$NGINX_LISTEN_ADDRESS" is_host "an address or host name"
 check SERVING_MAX_BODY_BYTES "$SERVING_MAX_BODY_BYTES" is_uint "a whole number of bytes"
 [ "$SERVING_MAX_BODY_BYTES" -gt 0 ] || die "SERVING_MAX_BODY_BYTES must be above 0 (nginx reads 0 as no limit)"
@@ -213,6 +227,8 @@ tls=off
 [ -z "$NGINX_TLS_CERT" ] || tls=on
 real_ip=off
 [ -z "$proxies" ] || real_ip=on
+status=off
+[ "$NGINX_STATUS_PORT" = 0 ] || status=on
 keepalive=on
 case $SERVING_KEEPALIVE_S in 0 | 0.0) keepalive=off ;; esac
 NGINX_RATE_LIMIT_ZONE_INCLUDE=$(include $rate_limit rate-limit-zone.conf "NGINX_RATE_LIMIT_RPS is 0")
@@ -220,6 +236,7 @@ NGINX_RATE_LIMIT_INCLUDE=$(include $rate_limit rate-limit.conf "NGINX_RATE_LIMIT
 NGINX_CONN_LIMIT_ZONE_INCLUDE=$(include $conn_limit conn-limit-zone.conf "NGINX_CONN_LIMIT_PER_CLIENT is 0")
 NGINX_CONN_LIMIT_INCLUDE=$(include $conn_limit conn-limit.conf "NGINX_CONN_LIMIT_PER_CLIENT is 0")
 NGINX_TLS_INCLUDE=$(include $tls tls.conf "NGINX_TLS_CERT and NGINX_TLS_KEY are not set")
+NGINX_STATUS_INCLUDE=$(include $status status.conf "NGINX_STATUS_PORT is 0")
 NGINX_REAL_IP_INCLUDE=$(include $real_ip real-ip.conf \
     "NGINX_TRUSTED_PROXIES is not set; the client is the peer address")
 NGINX_UPSTREAM_KEEPALIVE_INCLUDE=$(include $keepalive upstream-keepalive.conf \
@@ -233,6 +250,7 @@ done
 
 # envsubst (and the awk that lists the names) reads them from the environment.
 export NGINX_UPSTREAM NGINX_PORT NGINX_METRICS_PORT NGINX_LISTEN_ADDRESS SERVING_MAX_BODY_BYTES \
+    NGINX_STATUS_PORT NGINX_STATUS_INCLUDE \
     SERVING_REQUEST_TIMEOUT_S NGINX_TIMEOUT_MARGIN_S SERVING_KEEPALIVE_S NGINX_UPSTREAM_KEEPALIVE \
     NGINX_UPSTREAM_MAX_CONNS NGINX_UPSTREAM_MAX_CONNS_PARAM \
     NGINX_CLIENT_TIMEOUT_S NGINX_KEEPALIVE_TIMEOUT_S NGINX_CONN_LIMIT_PER_CLIENT \
