@@ -841,7 +841,7 @@ def test_writable_paths_are_emptydirs(chart: helm.Chart) -> None:
     conf_dir = nginx_image_conf_path().rpartition("/")[0]
     assert any(conf_dir.startswith(d + "/") or conf_dir == d for d in writable(by_name["nginx"]))
     # The socket directory is the same emptyDir in both containers.
-    mounts = {c: {m["mountPath"]: m["name"] for m in by_name[c]["volumeMounts"]} for c in by_name}
+    mounts = {c: {m["mountPath"]: m["name"] for m in by_name[c].get("volumeMounts", [])} for c in by_name}
     assert mounts["app"][socket_dir] == mounts["nginx"][socket_dir]
 
 
@@ -1729,7 +1729,13 @@ def test_schema_and_values_yaml_have_the_same_keys(chart: helm.Chart) -> None:
 SCHEMA = json.loads((CHART / "values.schema.json").read_text())
 DEFAULTS = yaml.safe_load((CHART / "values.yaml").read_text())
 # Kubernetes objects the chart passes through whole: one value each.
-WHOLE_OBJECTS = {"resources", "nginx.resources", "batch.resources", "worker.resources"}
+WHOLE_OBJECTS = {
+    "resources",
+    "nginx.resources",
+    "nginx.exporter.resources",
+    "batch.resources",
+    "worker.resources",
+}
 WALK_QUEUE = "redis://redis.queue.svc:6379/0"
 # Values that matter only with others, by path prefix: each leaf under a prefix is
 # rendered with these values both before and after it changes (a context that
@@ -1779,6 +1785,7 @@ WALK_CONTEXTS: list[tuple[str, dict[str, Any]]] = [
     ("serving.apiKeysSecret.", {"serving": {"apiKeysSecret": {"name": "keys"}}}),
     ("serving.maxRequestsJitter", {"serving": {"maxRequests": 1000}}),
     ("nginx.rateLimit.burst", {"nginx": {"rateLimit": {"requestsPerSecond": 10}}}),
+    ("nginx.exporter.", {"nginx": {"exporter": {"enabled": True}}}),
     ("serving.followupQueue", {"serving": {"jobsUrl": WALK_QUEUE}}),
     ("serving.threads", {"serving": {"workerClass": "gthread"}}),
     ("serving.workerConnections", {"serving": {"workerClass": "gevent"}}),
@@ -1826,6 +1833,10 @@ WALK_SAMPLES: dict[str, Any] = {
     "nginx.upstreamMaxConns": 500,
     "nginx.resources": {"limits": {"memory": "256Mi"}},
     "nginx.trustedProxies": ["10.0.0.0/8"],
+    "nginx.exporter.image.repository": "ghcr.io/nginx/nginx-prometheus-exporter",
+    "nginx.exporter.image.tag": "1.5.0",
+    "nginx.exporter.image.digest": DIGEST,
+    "nginx.exporter.resources": {"limits": {"memory": "64Mi"}},
     "service.annotations": {"example.com/lb": "internal"},
     "ingress.className": "nginx",
     "ingress.annotations": {"example.com/tls": "yes"},

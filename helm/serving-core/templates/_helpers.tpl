@@ -147,6 +147,21 @@ tolerations:
 {{- include "serving-core.imageRef" (dict "repository" .Values.image.repository "tag" (include "serving-core.imageTag" .) "digest" .Values.image.digest "ctx" .) }}
 {{- end }}
 
+{{- define "serving-core.exporterImage" -}}
+{{- with .Values.nginx.exporter.image }}
+{{- include "serving-core.imageRef" (dict "repository" .repository "tag" .tag "digest" .digest "ctx" $) }}
+{{- end }}
+{{- end }}
+
+{{/*
+The Prometheus job of the release's nginx exporter targets: the
+ServiceMonitor relabels them from the metrics Service's name (the app's job,
+<fullname>-metrics) to this, so the app's up series count the app only.
+*/}}
+{{- define "serving-core.nginxJob" -}}
+{{- printf "%s-nginx" (include "serving-core.fullname" .) }}
+{{- end }}
+
 {{- define "serving-core.nginxImage" -}}
 {{- $img := .Values.nginx.image }}
 {{- $repo := $img.repository | default (printf "%s-nginx" .Values.image.repository) }}
@@ -271,6 +286,17 @@ Checks that JSON Schema cannot express; each message says what to change.
 {{- end }}
 {{- if and (eq (include "serving-core.nginxImageTag" .) $unreleased) (not .Values.nginx.image.digest) }}
 {{- fail "the nginx image has no tag: set nginx.image.tag (or image.tag, which it follows) to a tag image.yml pushed, e.g. sha-<full commit sha> or 1.2.3" }}
+{{- end }}
+{{- with .Values.nginx.exporter }}
+{{- if .enabled }}
+{{- $taken := dict (toString $.Values.nginx.port) "nginx.port" (toString $.Values.nginx.metricsPort) "nginx.metricsPort" }}
+{{- range $name, $port := dict "nginx.exporter.port" .port "nginx.exporter.statusPort" .statusPort }}
+{{- with get $taken (toString $port) }}
+{{- fail (printf "%s (%s) is also %s: the pod's containers share one network namespace, so give each port its own number" $name (toString $port) .) }}
+{{- end }}
+{{- $_ := set $taken (toString $port) $name }}
+{{- end }}
+{{- end }}
 {{- end }}
 {{- /* Every SERVING_* variable is a serving-core setting the chart already
 sets (from `serving`, or SERVING_BIND / SERVING_METRICS_DIR); any other name
@@ -440,6 +466,10 @@ proxy timeouts and upstream keep-alive from them.
 {{- end }}
 - name: NGINX_LOG_LEVEL
   value: {{ $n.logLevel | quote }}
+{{- if $n.exporter.enabled }}
+- name: NGINX_STATUS_PORT
+  value: {{ int64 $n.exporter.statusPort | quote }}
+{{- end }}
 {{- end }}
 
 {{/*
