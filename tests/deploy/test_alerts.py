@@ -1,7 +1,8 @@
 """The alerts under Prometheus's own rule engine: `promtool test rules` (Debian's
 prometheus package) over the series of two releases in one namespace. Each
-release's rules fire for its own metrics job only, by its own thresholds, and
-ServingCoreAppDown fires when the app's target fails its scrape or is gone."""
+release's rules fire for its own metrics job only, by its own thresholds;
+ServingCoreAppDown fires when the app's target fails its scrape or is gone, and
+the nginx alerts when nginx stops answering its exporter or the exporter goes."""
 
 from __future__ import annotations
 
@@ -32,20 +33,27 @@ ALERTS = {
     "ServingCoreSustained503",
     "ServingCoreP99OverDeadline",
 }
+# The chart's alerts over nginx's exporter (nginx.exporter.enabled); the
+# standalone rules have none, since they know of no exporter.
+NGINX_ALERTS = {"ServingCoreNginxDown", "ServingCoreNginxExporterDown"}
 # Two releases of the iris example side by side, with different thresholds:
 # under the same traffic (TROUBLED below) only setosa's are crossed.
 RELEASES: dict[str, dict[str, Any]] = {
     "iris-setosa": {
         "serving": {"requestTimeoutSeconds": 5},
         "metrics": {"prometheusRule": {"enabled": True, "errorRatio": 0.1, "overloadRatio": 0.1}},
+        "nginx": {"exporter": {"enabled": True}},
     },
     "iris-virginica": {
         "serving": {"requestTimeoutSeconds": 30},
         "metrics": {"prometheusRule": {"enabled": True, "errorRatio": 0.3, "overloadRatio": 0.3}},
+        "nginx": {"exporter": {"enabled": True}},
     },
 }
 # What the Prometheus Operator names the release's targets' job: its metrics Service.
 JOBS = {release: f"{release}-serving-core-metrics" for release in RELEASES}
+# The exporter's targets, relabelled by the ServiceMonitor to a job of their own.
+NGINX_JOBS = {release: f"{release}-serving-core-nginx" for release in RELEASES}
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +91,9 @@ def release_rules(chart: helm.Chart) -> dict[str, dict[str, Any]]:
 def series(job: str, traffic: dict[str, str]) -> list[dict[str, str]]:
     """One release's input series from `traffic`, in answers per minute: `ok` (fast
     200s), `failed` (500s), `refused` (503s) and `slow` (200s that took up to the
-    `slow_le` bucket's bound); `up` is the target's scrape results, None: no target."""
+    `slow_le` bucket's bound); `up` is the target's scrape results, None: no target.
+    `nginx_up` (what the exporter found) and `exporter_up` (its scrape) are the
+    exporter's series, under the release's nginx job; None: no exporter target."""
     at = f'namespace="{NAMESPACE}", job="{job}"'
     predict = f'{at}, route="/predict"'
     ok, failed, refused, slow = (int(traffic[k]) for k in ("ok", "failed", "refused", "slow"))
@@ -99,6 +109,12 @@ def series(job: str, traffic: dict[str, str]) -> list[dict[str, str]]:
     if traffic["up"] is not None:
         pod = f'pod="{job}-7d9f-x2x", instance="10.0.0.7:9090", endpoint="metrics"'
         found.append({"series": f"up{{{at}, {pod}}}", "values": traffic["up"]})
+    if traffic.get("exporter_up") is not None:
+        nginx_job = job.removesuffix("-metrics") + "-nginx"
+        at = f'namespace="{NAMESPACE}", job="{nginx_job}"'
+        pod = f'pod="{job}-7d9f-x2x", instance="10.0.0.7:9113", endpoint="nginx-metrics"'
+        found.append({"series": f"up{{{at}, {pod}}}", "values": traffic["exporter_up"]})
+        found.append({"series": f"nginx_up{{{at}, {pod}}}", "values": traffic["nginx_up"]})
     return found
 
 
@@ -110,6 +126,8 @@ HEALTHY: dict[str, Any] = {
     "slow": "0",
     "slow_le": "1",
     "up": "1x60",
+    "nginx_up": "1x60",
+    "exporter_up": "1x60",
 }
 # 20% 500s, 20% 503s and a p99 of 9.95 s: over iris-setosa's thresholds, under
 # iris-virginica's.
@@ -120,6 +138,8 @@ TROUBLED: dict[str, Any] = {
     "slow": "100",
     "slow_le": "10",
     "up": "1x60",
+    "nginx_up": "1x60",
+    "exporter_up": "1x60",
 }
 # 40% 500s, 40% 503s and a p99 of 59.7 s: over both releases' thresholds.
 FAILING: dict[str, Any] = {**TROUBLED, "failed": "40", "refused": "40", "slow_le": "60"}
@@ -130,7 +150,8 @@ def expected(rule: dict[str, Any], release: str, alerts: set[str]) -> list[dict[
     tests = []
     for r in rules_of(rule):
         annotations = {k: v for k, v in r["annotations"].items() if k != "description"}
-        labels = {"namespace": NAMESPACE, "job": JOBS[release], **r["labels"]}
+        job = NGINX_JOBS[release] if r["alert"] in NGINX_ALERTS else JOBS[release]
+        labels = {"namespace": NAMESPACE, "job": job, **r["labels"]}
         fired = (
             [{"exp_labels": labels, "exp_annotations": annotations}] if r["alert"] in alerts else []
         )
@@ -253,7 +274,51 @@ def test_promtool_accepts_every_rule_with_its_description(
             timeout=60,
         )
         assert result.returncode == 0, result.stdout + result.stderr
-        assert {r["alert"] for r in rules_of(rule)} == ALERTS
+        assert {r["alert"] for r in rules_of(rule)} == (
+            ALERTS if name == "standalone" else ALERTS | NGINX_ALERTS
+        )
+
+
+@pytest.mark.parametrize(
+    ("nginx", "fired"),
+    [
+        # nginx gone in the pod: the exporter still answers, with nginx_up 0.
+        pytest.param({"nginx_up": "1x5 0x55"}, "ServingCoreNginxDown", id="nginx-gone"),
+        # A failed scrape has no nginx_up at all: its series ends.
+        pytest.param(
+            {"nginx_up": "1x5", "exporter_up": "1x5 0x55"},
+            "ServingCoreNginxExporterDown",
+            id="exporter-fails",
+        ),
+        pytest.param(
+            {"nginx_up": "1x5", "exporter_up": "1x5"},
+            "ServingCoreNginxExporterDown",
+            id="exporter-gone",
+        ),
+        pytest.param({"exporter_up": None}, "ServingCoreNginxExporterDown", id="never-scraped"),
+    ],
+)
+def test_nginx_alerts_fire_for_the_release_whose_nginx_or_exporter_is_gone(
+    promtool: str,
+    tmp_path: Path,
+    release_rules: dict[str, dict[str, Any]],
+    nginx: dict[str, str | None],
+    fired: str,
+) -> None:
+    down = "iris-setosa"
+    inputs = [
+        s
+        for release in RELEASES
+        for s in series(JOBS[release], {**HEALTHY, **nginx} if release == down else HEALTHY)
+    ]
+    alerts = expected(release_rules[down], down, {fired})
+    promtool_test(promtool, tmp_path, list(release_rules.values()), inputs, alerts)
+
+
+def test_the_nginx_alerts_come_with_the_exporter_only(chart: helm.Chart) -> None:
+    values = copy.deepcopy(RELEASES["iris-setosa"])
+    values["nginx"]["exporter"]["enabled"] = False
+    assert {r["alert"] for r in rules_of(prometheus_rule(chart, "x", values))} == ALERTS
 
 
 def anchors(markdown: str) -> set[str]:
@@ -280,7 +345,9 @@ def test_the_runbook_base_url_is_a_value(chart: helm.Chart) -> None:
     values = copy.deepcopy(RELEASES["iris-setosa"])
     values["metrics"]["prometheusRule"]["runbookBaseUrl"] = "https://docs.example.com/runbooks/"
     urls = {r["annotations"]["runbook_url"] for r in rules_of(prometheus_rule(chart, "x", values))}
-    assert urls == {f"https://docs.example.com/runbooks/#{alert.lower()}" for alert in ALERTS}
+    assert urls == {
+        f"https://docs.example.com/runbooks/#{alert.lower()}" for alert in ALERTS | NGINX_ALERTS
+    }
 
 
 def test_a_runbook_base_url_with_an_anchor_is_refused(chart: helm.Chart) -> None:

@@ -841,7 +841,9 @@ def test_writable_paths_are_emptydirs(chart: helm.Chart) -> None:
     conf_dir = nginx_image_conf_path().rpartition("/")[0]
     assert any(conf_dir.startswith(d + "/") or conf_dir == d for d in writable(by_name["nginx"]))
     # The socket directory is the same emptyDir in both containers.
-    mounts = {c: {m["mountPath"]: m["name"] for m in by_name[c].get("volumeMounts", [])} for c in by_name}
+    mounts = {
+        c: {m["mountPath"]: m["name"] for m in by_name[c].get("volumeMounts", [])} for c in by_name
+    }
     assert mounts["app"][socket_dir] == mounts["nginx"][socket_dir]
 
 
