@@ -7,8 +7,9 @@ PIP := $(BIN)/python -m pip
 # Every process that tokenises: the Rust tokenizer's own thread pool is not
 # fork-safe and fights the model for the cores.
 export TOKENIZERS_PARALLELISM := false
-# prometheus: its promtool runs the alerts' rule tests (tests/deploy/test_alerts.py).
-SYSTEM_PACKAGES := nginx redis-server shellcheck gettext-base chromium prometheus
+# prometheus: its promtool runs the alerts' rule tests (tests/deploy/test_alerts.py);
+# prometheus-nginx-exporter: the chart's nginx sidecar, run by test_alerts_prometheus.py.
+SYSTEM_PACKAGES := nginx redis-server shellcheck gettext-base chromium prometheus prometheus-nginx-exporter
 # The container tests (tests/container) build and run the images with docker
 # when its daemon answers, else with podman as root: podman, its OCI runtime and
 # networking, and debootstrap for the stand-in base images built where no
