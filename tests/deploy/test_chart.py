@@ -1149,13 +1149,15 @@ def test_service_monitor_scrapes_the_metrics_service_only(chart: helm.Chart) -> 
     assert selector.items() <= find(docs, "Service", "metrics")["metadata"]["labels"].items()
     assert not selector.items() <= find(docs, "Service")["metadata"]["labels"].items()
     assert monitor["metadata"]["labels"]["release"] == "prometheus"
-    (endpoint,) = monitor["spec"]["endpoints"]
+    # The app's /metrics through nginx; then the nginx exporter's (nginx.exporter).
+    endpoint, exporter = monitor["spec"]["endpoints"]
     assert endpoint == {
         "port": "metrics",
         "path": "/metrics",
         "interval": "15s",
         "scrapeTimeout": "5s",
     }
+    assert exporter["port"] == "nginx-metrics"
 
 
 # --- NetworkPolicy ---------------------------------------------------------------
