@@ -164,6 +164,12 @@ def query(url: str, expr: str) -> list[dict[str, Any]]:
     return []
 
 
+def value(url: str, expr: str) -> float | None:
+    """The one sample ``expr`` selects now, or None when there is none (yet)."""
+    found = query(url, expr)
+    return float(found[0]["value"][1]) if found else None
+
+
 def rules_state(url: str) -> dict[str, dict[str, Any]]:
     with contextlib.suppress(requests.RequestException):
         groups = requests.get(f"{url}/api/v1/rules", timeout=5).json()["data"]["groups"]
@@ -264,7 +270,8 @@ def test_app_and_nginx_alerts_go_pending_as_gunicorn_nginx_and_the_exporter_go()
             wait_state(url, alert, "inactive", 30)
         assert rules_state(url)["ServingCoreNginxDown"]["state"] == "inactive"
         handled = f'nginx_http_requests_total{{job="{NGINX_JOBS[RELEASE]}"}}'
-        before = float(query(url, handled)[0]["value"][1])
+        wait_for(lambda: query(url, handled), f"{handled} in Prometheus", 30)
+        before = value(url, handled) or 0
 
         stop(app.process)
         assert requests.get(proxy.metrics_url + "/metrics", timeout=10).status_code == 502
@@ -273,7 +280,7 @@ def test_app_and_nginx_alerts_go_pending_as_gunicorn_nginx_and_the_exporter_go()
         assert (alert["labels"]["job"], alert["labels"]["namespace"]) == (JOBS[RELEASE], NAMESPACE)
         # nginx still answers (its 502s), and counts them among its requests.
         assert rules_state(url)["ServingCoreNginxDown"]["state"] == "inactive"
-        wait_for(lambda: float(query(url, handled)[0]["value"][1]) > before, "nginx's count rising")
+        wait_for(lambda: (value(url, handled) or 0) > before, "nginx's count rising", 30)
 
         stop(proxy.process)
         wait_state(url, "ServingCoreNginxDown", "pending")
