@@ -302,7 +302,7 @@ def test_nginx_alerts_fire_for_the_release_whose_nginx_or_exporter_is_gone(
     promtool: str,
     tmp_path: Path,
     release_rules: dict[str, dict[str, Any]],
-    nginx: dict[str, str | None],
+    nginx: dict[str, Any],
     fired: str,
 ) -> None:
     down = "iris-setosa"
