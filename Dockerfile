@@ -7,8 +7,15 @@
 #     --build-arg SHARED_DIRS=handlers/iris .                  # imports handlers/iris
 #   docker build -t serving-core:cu128 --build-arg TORCH_VARIANT=cu128 .
 #
+# Base image: python:3.11-slim-bookworm, named literally by both stages' FROM
+# lines so that Dependabot (its docker ecosystem, .github/dependabot.yml) reads
+# and bumps it; it cannot see a base named by an ARG default (dependabot-core
+# #2057). Another base without editing this file, by name:
+#   docker buildx build --build-context python:3.11-slim-bookworm=docker-image://REGISTRY/python:TAG .
+#   podman build --build-context python:3.11-slim-bookworm=docker-image://REGISTRY/python:TAG .
+# (the container tests build on a local stand-in that way, tests/container/bases.py).
+#
 # Build arguments
-#   PYTHON_IMAGE     base for both stages                (python:3.11-slim-bookworm)
 #   HANDLER_DIR      the handler folder to serve: its requirements.txt (optional)
 #                    is installed, its files copied to /app/HANDLER_DIR, and
 #                    SERVING_HANDLER points at the folder, so a handler.py or a
@@ -23,7 +30,10 @@
 #   TORCH_INDEX_URL  the index of that build, an extra index beside PyPI; empty
 #                    for PyPI alone, where that index cannot be reached
 #                    (https://download.pytorch.org/whl/${TORCH_VARIANT})
-#   VERSION, REVISION, SOURCE   OCI labels: version, git commit, repository URL
+#   VERSION, REVISION, SOURCE   OCI labels of a local build: version, git commit,
+#                    repository URL. CI sets every OCI label once, with
+#                    docker/metadata-action's --label flags, which take
+#                    precedence over the LABEL below (image.yml)
 #
 # Environment (the full table is docs/settings.md; these are the image's values)
 #   SERVING_HANDLER  ${HANDLER_DIR}, relative to /app
@@ -55,9 +65,7 @@
 # build, not the deployment. Runs as uid 10001; writes only under /tmp, so the
 # root filesystem may be read-only with /tmp as a tmpfs.
 
-ARG PYTHON_IMAGE=python:3.11-slim-bookworm
-
-FROM ${PYTHON_IMAGE} AS build
+FROM python:3.11-slim-bookworm AS build
 ARG HANDLER_DIR=handlers/minilm
 ARG SHARED_DIRS=""
 ARG TORCH_VARIANT=cpu
@@ -119,7 +127,8 @@ RUN for dir in ${SHARED_DIRS}; do \
 COPY ${HANDLER_DIR}/ /app/${HANDLER_DIR}/
 
 
-FROM ${PYTHON_IMAGE}
+# The same base as the build stage (its venv's python is this one's).
+FROM python:3.11-slim-bookworm
 ARG HANDLER_DIR=handlers/minilm
 ARG VERSION=0.0.0-dev
 ARG REVISION=unknown
