@@ -100,8 +100,10 @@ def test_image_builds_both_dockerfiles_and_tests_them_before_pushing() -> None:
         assert build["with"]["load"] is True
         assert "push" not in build["with"]
         assert order.index(build["name"]) < tests_at
-    # Pushed only once the image job, its container tests included, passed.
+    # Pushed only once the image job, its container tests included, passed;
+    # one leg's failure cancels no other's push half-way.
     assert push_job()["needs"] == "image"
+    assert push_job()["strategy"]["fail-fast"] is False
     assert the_push()["with"]["push"] is True
     assert the_push()["with"]["context"] == "${{ matrix.context }}"
 
