@@ -65,12 +65,11 @@ def legs(ref: str) -> list[dict[str, Any]]:
     return combos
 
 
-def names(leg: dict[str, Any], tmp_path: Path) -> dict[str, str]:
-    """The push job's `Image names` step run for one leg: its outputs."""
-    output = tmp_path / f"names-{leg['image']}-{leg['torch']}"
+def run_step(step: dict[str, Any], env: dict[str, str], tmp_path: Path) -> dict[str, str]:
+    """A `run:` step run by bash as on the runner, for repository Serving-Core/serving-core:
+    the outputs it wrote."""
+    output = tmp_path / f"output-{len(list(tmp_path.iterdir()))}"
     output.write_text("")
-    step = step_named("image", "Image names", job="push")
-    env = {k: evaluate(v, {"matrix": leg}) for k, v in step["env"].items()}
     result = subprocess.run(
         ["bash", "-e", "-o", "pipefail", "-c", step["run"]],
         env={
@@ -85,6 +84,13 @@ def names(leg: dict[str, Any], tmp_path: Path) -> dict[str, str]:
     )
     assert result.returncode == 0, result.stdout + result.stderr
     return dict(line.split("=", 1) for line in output.read_text().splitlines())
+
+
+def names(leg: dict[str, Any], tmp_path: Path) -> dict[str, str]:
+    """The push job's `Image names` step run for one leg: its outputs."""
+    step = step_named("image", "Image names", job="push")
+    env = {k: evaluate(v, {"matrix": leg}) for k, v in step["env"].items()}
+    return run_step(step, env, tmp_path)
 
 
 def test_image_builds_both_dockerfiles_and_tests_them_before_pushing() -> None:
@@ -168,6 +174,16 @@ def test_pull_requests_build_without_logging_in_pushing_or_writing_the_cache() -
         )
         assert written == read.format(**outputs["names"]["outputs"]) + ",mode=max"
     assert the_push()["with"]["cache-to"].startswith(the_push()["with"]["cache-from"])
+
+
+def test_the_push_reads_the_cache_the_tested_builds_wrote(tmp_path: Path) -> None:
+    tested = run_step(step_named("image", "Image names", job="image"), {}, tmp_path)
+    on_push = {"github": {"event_name": "push"}, "steps": {"names": {"outputs": tested}}}
+    written = {evaluate(b["with"]["cache-to"], on_push) for b in loads()}
+    read = the_push()["with"]["cache-from"]
+    for leg in legs("refs/heads/main"):
+        ref = read.replace("${{ steps.names.outputs.cache }}", names(leg, tmp_path)["cache"])
+        assert f"{ref},mode=max" in written, leg
 
 
 def test_images_go_to_ghcr_with_sha_branch_semver_and_latest_tags(tmp_path: Path) -> None:
