@@ -15,13 +15,14 @@ from serving_core.logs import ROUTE_KEY
 from serving_core.metrics.core import Metrics
 from serving_core.online.service import Service
 from serving_core.settings import Settings
-from serving_core.web import access, arrival, docs, incoming, openapi
+from serving_core.web import access, arrival, docs, incoming, openapi, v2routes
 from serving_core.web.params import JsonLimits
 from serving_core.web.responses import (
     JSON,
     ROUTES_HINT,
     ErrorFunnelApi,
     error_response,
+    is_v2,
     json_response,
 )
 from serving_core.web.routes import (
@@ -86,6 +87,7 @@ def create_app(settings: Settings, service: Service, metrics: Metrics) -> Flask:
     # same funnel either way (``error_response``).
     predict = Predict(service, limits, settings.max_body_bytes)
     app.add_url_rule("/predict", "predict", predict.view, methods=["POST"])
+    v2routes.add_routes(app, service, limits, settings.max_body_bytes)
     if settings.jobs_enabled:
         api.add_resource(Jobs, "/jobs", resource_class_args=(service, limits))
     if settings.jobs_enabled or settings.followup_queue:
@@ -122,7 +124,8 @@ def create_app(settings: Settings, service: Service, metrics: Metrics) -> Flask:
         route = rule.rule if rule is not None else _unmatched_route(req)
         req.environ[ROUTE_KEY] = route  # for the JSON access line
         now = time.monotonic()
-        metrics.request(route, response.status_code, now - g.get("arrival", now))
+        protocol = "v2" if is_v2(req.path) else "predict"
+        metrics.request(route, response.status_code, now - g.get("arrival", now), protocol)
         return response
 
     # Errors outside Flask-RESTful's routes (unknown URLs, wrong methods) take the same funnel.
