@@ -75,8 +75,7 @@ class TensorMap:
                 )
             if spec is not None and datatype not in spec.accepts:
                 raise BadRequest(
-                    f"input {quote(name)}: datatype {datatype}, and it takes "
-                    f"{' or '.join(sorted(spec.accepts))}"
+                    f"input {quote(name)}: datatype {datatype}, and it takes {_kinds(spec)}"
                 )
             rows = array.shape[0]
             if batch is not None and rows != batch:
@@ -131,6 +130,14 @@ def _inferred(name: str, prop: Any) -> Input | None:
         return None
     datatype, accepts = _SCALARS[prop["type"]]
     return Input(Tensor(name, datatype, (-1,) * depth), accepts)
+
+
+def _kinds(spec: Input) -> str:
+    if spec.accepts == NUMBERS:
+        return "a number (INT*, UINT* or FP*)"
+    if spec.accepts == INTEGERS:
+        return "an integer (INT* or UINT*)"
+    return " or ".join(sorted(spec.accepts))
 
 
 def _metadata(tensor: Tensor) -> dict[str, Any]:

@@ -17,7 +17,6 @@ from flask import Flask, Response, g
 from serving_core import context, encoding
 from serving_core.errors import BadRequest, quote
 from serving_core.logs import BATCH_SIZE_KEY
-from serving_core.online.service import Service
 from serving_core.v2 import request as v2request
 from serving_core.v2.model import InferResponse, Model
 from serving_core.v2.tensors import to_json, to_raw
@@ -32,8 +31,8 @@ MODEL = "/v2/models/<name>"
 VERSION = "/v2/models/<name>/versions/<version>"
 
 
-def add_routes(app: Flask, service: Service, limits: JsonLimits, max_body_bytes: int) -> None:
-    model = Model(service)
+def add_routes(app: Flask, model: Model, limits: JsonLimits, max_body_bytes: int) -> None:
+    service = model.service
 
     def server_metadata() -> Response:
         return json_response(model.server_metadata(), 200)
