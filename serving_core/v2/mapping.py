@@ -17,7 +17,7 @@ import numpy as np
 
 from serving_core.errors import BadRequest, ServingError, quote
 from serving_core.handler import Handler, Output, Params, Tensor
-from serving_core.v2.datatypes import INTEGERS, NUMBERS, NUMPY, of_array
+from serving_core.v2.datatypes import FLOATS, INTEGERS, NUMBERS, NUMPY, of_array
 from serving_core.v2.tensors import MAX_RANK, Array
 
 # A JSON Schema type -> (the datatype metadata reports, the datatypes accepted).
@@ -132,6 +132,16 @@ def _inferred(name: str, prop: Any) -> Input | None:
     return Input(Tensor(name, datatype, (-1,) * depth), accepts)
 
 
+def _undeclared(datatype: str | None) -> str | None:
+    """An undeclared output's datatype: the JSON kind of its values (FP64, INT64), so
+    that an answer from the cache (stored as JSON) has the one the model's had."""
+    if datatype in FLOATS:
+        return "FP64"
+    if datatype in INTEGERS:
+        return "INT64"
+    return datatype
+
+
 def _kinds(spec: Input) -> str:
     if spec.accepts == NUMBERS:
         return "a number (INT*, UINT* or FP*)"
@@ -182,7 +192,7 @@ def _array(tensor: Tensor, values: list[Any]) -> tuple[str, Array]:
             f"{where} has rows of different shapes, which no tensor holds; return one shape "
             "per row (pad it) or leave it out of Handler.tensors' outputs"
         ) from None
-    datatype = tensor.datatype or of_array(array)
+    datatype = tensor.datatype or _undeclared(of_array(array))
     if datatype is None or datatype not in NUMPY:
         raise OutputNotTensor(f"{where} is {array.dtype}, which has no V2 datatype")
     if datatype == "BYTES":
