@@ -184,8 +184,19 @@ def v2_requests(draw: st.DrawFn) -> tuple[bytes, dict[str, str]]:
     return header + binary, headers
 
 
+@st.composite
+def near_valid(draw: st.DrawFn) -> tuple[bytes, dict[str, str]]:
+    """A text tensor with its shape, length or elements a little off (or right)."""
+    rows = draw(st.integers(0, 3))
+    texts = draw(st.lists(st.text(max_size=30), min_size=rows, max_size=rows))
+    shape = draw(st.sampled_from([[rows], [rows, 1], [1, rows], [rows + 1], [rows, 0]]))
+    data: Any = draw(st.sampled_from([texts, [texts], [[t] for t in texts], texts[:-1]]))
+    body = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": shape, "data": data}]}
+    return json.dumps(body).encode(), {"Content-Type": "application/json"}
+
+
 @settings(max_examples=200, deadline=None, database=None, suppress_health_check=list(HealthCheck))
-@given(request=v2_requests(), versioned=st.booleans())
+@given(request=v2_requests() | near_valid(), versioned=st.booleans())
 def test_fuzzed_v2_requests_get_no_5xx_and_a_v2_error(
     server: Server, request: tuple[bytes, dict[str, str]], versioned: bool
 ) -> None:
