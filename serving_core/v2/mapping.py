@@ -102,23 +102,31 @@ class TensorMap:
         return [_metadata(tensor) for tensor in self.outputs or ()]
 
     def output_arrays(self, outputs: Sequence[Output]) -> list[tuple[str, str, Array]]:
-        """The output tensors of the batch's answers: (name, datatype, array)."""
-        if self.outputs is None:
-            tensors = [Tensor(str(key), "") for key in outputs[0]]
-        else:
-            tensors = list(self.outputs)
+        """The output tensors of the batch's answers: (name, datatype, array). An
+        undeclared key that no tensor holds (None, dicts, rows of different shapes) is
+        left out; a declared output that does not fit is the handler's error."""
+        if self.outputs is not None:
+            return [(t.name, *_array(t, _values(t, outputs))) for t in self.outputs]
         found = []
-        for tensor in tensors:
-            values = []
-            for output in outputs:
-                if tensor.key not in output:
-                    raise OutputNotTensor(
-                        f"an output of the handler has no {tensor.key!r}, which another "
-                        "(or Handler.tensors) has; return the same keys for every row"
-                    )
-                values.append(output[tensor.key])
-            found.append((tensor.name, *_array(tensor, values)))
+        for key in outputs[0]:
+            tensor = Tensor(str(key), "")
+            try:
+                found.append((tensor.name, *_array(tensor, _values(tensor, outputs))))
+            except OutputNotTensor:
+                continue
         return found
+
+
+def _values(tensor: Tensor, outputs: Sequence[Output]) -> list[Any]:
+    values = []
+    for output in outputs:
+        if tensor.key not in output:
+            raise OutputNotTensor(
+                f"an output of the handler has no {tensor.key!r}, which Handler.tensors "
+                "(or another row) has; return the same keys for every row"
+            )
+        values.append(output[tensor.key])
+    return values
 
 
 def _inferred(name: str, prop: Any) -> Input | None:

@@ -35,7 +35,7 @@ _MARGIN_S = 5.0
 @dataclass(frozen=True)
 class InferResponse:
     outputs: list[tuple[str, str, Array]]  # (name, datatype, array), in the order asked
-    served: CacheResult | None  # one row's: how the cache served it
+    served: CacheResult | None  # how the cache served a request of one row
 
 
 class Model:
@@ -155,7 +155,8 @@ class Model:
         for result in results:
             if isinstance(result, BaseException):
                 raise result
-        return [output for output, _ in results], results[0][1]
+        # X-Cache tells how one answer was served: a request of several has none.
+        return [output for output, _ in results], results[0][1] if len(rows) == 1 else None
 
 
 def _settle(future: Future[Any], call: Callable[[], Any]) -> Callable[[], None]:

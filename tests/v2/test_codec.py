@@ -121,3 +121,11 @@ def test_the_schema_maps_each_typed_field_to_a_tensor_of_its_name() -> None:
         tensors.rows({"anything": ("FP32", np.zeros(1, dtype=np.float32))}, max_rows=8)
     with pytest.raises(BadRequest, match="more than SERVING_MAX_QUEUE=1"):
         tensors.rows({"text": ("BYTES", from_json("text", "BYTES", (2,), ["a", "b"]))}, 1)
+
+
+def test_an_undeclared_output_that_no_tensor_holds_is_left_out() -> None:
+    answers = [{"a": 1, "b": None, "c": [1]}, {"a": 2.5, "b": None, "c": [1, 2]}]
+    arrays = TensorMap(Schema()).output_arrays(answers)
+    assert [(name, datatype, array.tolist()) for name, datatype, array in arrays] == [
+        ("a", "FP64", [1.0, 2.5])
+    ]
