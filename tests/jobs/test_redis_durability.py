@@ -9,13 +9,14 @@ import logging
 import pytest
 import redis
 import requests
+import yaml
 
 from serving_core.jobs.backend import open_queue
 from serving_core.jobs.redis_durability import UnsafeRedis, check_redis
 from serving_core.settings import Settings
 from tests.conftest import PROBE
 from tests.redis_server import redis_server
-from tests.servers import free_port, job_worker, spawn, stop, wait_for
+from tests.servers import ROOT, free_port, job_worker, spawn, stop, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -106,3 +107,17 @@ def test_a_missing_job_record_and_a_recreated_group_are_logged_and_counted(tmp_p
         finally:
             client.close()
             queue.close()
+
+
+def test_the_compose_stacks_redis_passes_the_check_without_a_warning(caplog):
+    """docker-compose.yml's Redis flags, run by Debian's redis-server: what the
+    guarantees page promises (appendfsync always, noeviction), and nothing to warn of."""
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    command = compose["services"]["redis"]["command"]
+    assert command[0] == "redis-server"
+    with redis_server(options=command[1:]) as url, caplog.at_level(logging.WARNING):
+        check_redis(url)
+        with redis.Redis.from_url(url, decode_responses=True) as client:
+            config = client.config_get("*")
+    assert caplog.records == []
+    assert (config["appendfsync"], config["maxmemory-policy"]) == ("always", "noeviction")
