@@ -22,12 +22,16 @@ REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
 
 
 @contextlib.contextmanager
-def redis_server(*, ready_timeout_s: float = 15.0, options: Sequence[str] = ()) -> Iterator[str]:
+def redis_server(
+    *, ready_timeout_s: float = 15.0, options: Sequence[str] = (), data_dir: Path | None = None
+) -> Iterator[str]:
     """Run redis-server on a free port; yields its URL (``redis://127.0.0.1:PORT/0``).
 
-    ``options`` come last, so they override the defaults (``--appendonly yes``)."""
+    ``options`` come last, so they override the defaults (``--appendonly yes``).
+    ``data_dir``: its files there, for a server started again on what one left."""
     port = free_port()
-    with tempfile.TemporaryDirectory(prefix="serving-redis-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="serving-redis-") as own:
+        tmp = str(data_dir or own)
         log_path = Path(tmp) / "redis.log"
         # No persistence: nothing is written to tmp but the log.
         command = [REDIS_SERVER, "--bind", "127.0.0.1", "--port", str(port), "--dir", tmp]
