@@ -76,8 +76,8 @@ def create_private(path: str) -> None:
     directory = os.path.dirname(os.path.abspath(path))
     if os.path.basename(directory) == os.path.basename(private_directory()):
         _own_directory(directory)
-    # O_NOFOLLOW: a link planted at the name is an error, not a file opened elsewhere.
-    os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600))
+    # Made before SQLite opens it, which would make it 0644 (less the umask).
+    os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
 
 
 def _own_directory(directory: str) -> None:
