@@ -150,7 +150,8 @@ class RedisJobQueue:
     def _take_scripted(self, script: Script, lease: str, extra: list[Arg]) -> list[Job]:
         argv: list[Arg] = [GROUP, self.prefix, repr(time.time()), self.max_attempts]
         argv += [self.ttl_ms, lease, encoding.dumps(lease_expired_error(self.max_attempts))]
-        rows = self.redis.run(script, [self.stream, self.dead], argv + extra)
+        rows, missing = self.redis.run(script, [self.stream, self.dead], argv + extra)
+        self.redis.records_missing(missing)
         return [job_of(row, self.queue) for row in rows]
 
     def complete(self, job: Job, result: Any) -> None:

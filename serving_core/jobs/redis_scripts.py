@@ -31,7 +31,8 @@ return {'new', entry}
 """
 
 # Shared by the two take scripts. KEYS: stream, dead. ARGV: group, prefix, now,
-# max_attempts, ttl_ms, lease, lease_expired error, then the script's own.
+# max_attempts, ttl_ms, lease, lease_expired error, then the script's own. Each
+# returns {the marked jobs' fields, the ids whose record was missing}.
 MARK_PRELUDE = """
 local stream, dead = KEYS[1], KEYS[2]
 local group, prefix, now = ARGV[1], ARGV[2], ARGV[3]
@@ -40,9 +41,15 @@ local function drop(entry)
   redis.call('XACK', stream, group, entry)
   redis.call('XDEL', stream, entry)
 end
+local missing = {}
 local function mark(entry, id, out)
   local key = prefix .. 'job:' .. id
   local state = redis.call('HMGET', key, 'status', 'attempts', 'entry')
+  if not state[1] then
+    drop(entry)  -- no record: evicted or deleted, since a finished job's entry goes first
+    missing[#missing + 1] = id
+    return
+  end
   if (state[1] ~= 'queued' and state[1] ~= 'running') or state[3] ~= entry then
     drop(entry)  -- cancelled, finished or expired while its entry waited
     return
@@ -71,7 +78,7 @@ for _, e in ipairs(reply[2]) do
   if type(e) == 'table' and e[2] then mark(e[1], e[2][2], out)
   elseif type(e) == 'table' then redis.call('XACK', stream, group, e[1]) end
 end
-return out
+return {out, missing}
 """
 )
 
@@ -80,7 +87,7 @@ MARK = (
     MARK_PRELUDE
     + """
 for i = 8, #ARGV, 2 do mark(ARGV[i], ARGV[i + 1], out) end
-return out
+return {out, missing}
 """
 )
 

@@ -4,19 +4,28 @@ handle the queue and its consumers' heartbeats share.
 WAL lets readers (``get``, ``depth``) run while one writer commits.
 ``synchronous=FULL``: a job is on disk when ``submit`` returns, since the queue
 must lose nothing it accepted (NORMAL would survive a killed process but not a
-power cut).
+power cut). Its cost is an fsync of the WAL at every commit: each submit,
+take and finish waits for the disk.
+
+The file is private: made mode 0600 before SQLite opens it (its ``-wal`` and
+``-shm`` files take the database's mode), and the default directory
+(``settings.private``) is made 0700 and refused if another user owns it, since
+``/tmp`` lets anyone create a name first.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
+import stat
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from serving_core.jobs.base import QueueUnavailable
+from serving_core.settings.private import private_directory
 
 BUSY_TIMEOUT_S = 30.0  # how long a call waits for another process's write
 WAL_RETRY_S = 0.005  # how often an opening connection asks for WAL mode again
@@ -60,6 +69,29 @@ def translated(path: str) -> Iterator[None]:
         yield
     except sqlite3.OperationalError as error:
         raise QueueUnavailable(f"the job queue's SQLite file {path}: {error}") from error
+
+
+def create_private(path: str) -> None:
+    """Make ``path`` mode 0600 if it is new, in a 0700 directory if that is the default one."""
+    directory = os.path.dirname(os.path.abspath(path))
+    if os.path.basename(directory) == os.path.basename(private_directory()):
+        _own_directory(directory)
+    # Made before SQLite opens it, which would make it 0644 (less the umask).
+    os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+
+
+def _own_directory(directory: str) -> None:
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(directory, 0o700)
+    found = os.lstat(directory)
+    if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.getuid():
+        raise QueueUnavailable(
+            f"the job queue's directory {directory} is not a directory of this user "
+            f"(uid {os.getuid()}): another user may have made it to read the jobs; "
+            "remove it, or set SERVING_JOBS_PATH to a file in a directory of your own"
+        )
+    if found.st_mode & 0o077:
+        os.chmod(directory, 0o700)  # ours, made before this rule: close it
 
 
 def connect(path: str) -> sqlite3.Connection:
@@ -108,6 +140,10 @@ class SqliteFile:
         self._pid = -1
         self._db: sqlite3.Connection | None = None
         self._next_purge = 0.0
+        try:
+            create_private(path)
+        except OSError as error:
+            raise QueueUnavailable(f"the job queue's SQLite file {path}: {error}") from error
         with self.transaction():
             pass  # connect now, so a bad path fails at start-up
 

@@ -27,6 +27,7 @@ from serving_core.settings.parsers import (
     setting,
     spec,
 )
+from serving_core.settings.private import default_jobs_path
 
 PREFIX = "SERVING_"
 DEFAULT_HANDLER = "handlers/minilm/handler.py"
@@ -138,7 +139,12 @@ class Settings:
     )
     jobs_enabled: bool = setting(True, BOOLEAN, "accept `POST /jobs`; off, `/jobs` is `404`")
     jobs_url: str = setting("", JOBS_URL, "the job queue's Redis; empty: a SQLite file")
-    jobs_path: str = setting("/tmp/serving-core-jobs.db", TEXT, "that SQLite file")
+    jobs_path: str = setting(
+        default_jobs_path(),
+        TEXT,
+        "that SQLite file (made mode 0600)",
+        shown="`$TMPDIR/serving-core-UID/jobs.db`, a 0700 directory",
+    )
     jobs_max_queue: int = setting(
         100_000, integer(1, 1 << 40), "unfinished jobs before `POST /jobs` answers `503`"
     )
@@ -191,6 +197,8 @@ class Settings:
                     values[name] = parse(PREFIX + name.upper(), raw.strip())
                 except ValueError as error:  # the parser's message names variable and value
                     raise SettingsError(str(error)) from None
+        if "jobs_path" not in values and environ.get("TMPDIR"):
+            values["jobs_path"] = default_jobs_path(environ["TMPDIR"])  # as tempfile does
         settings = cls(**values)
         return settings.resolved(usable_cores() if cores is None else cores)
 
