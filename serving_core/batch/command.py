@@ -31,7 +31,13 @@ from collections.abc import Mapping
 
 from serving_core.batch.formats import open_sink, open_source
 from serving_core.batch.pool import OnResult
-from serving_core.batch.records import RecordsError, Shard, input_location, output_location
+from serving_core.batch.records import (
+    RecordsError,
+    Shard,
+    input_location,
+    output_location,
+    refuse_overlap,
+)
 from serving_core.batch.run import EXIT_CONFIG, BatchRun
 from serving_core.cache.core import from_settings
 from serving_core.errors import HandlerError
@@ -52,6 +58,7 @@ def main(args: argparse.Namespace, settings: Settings, environ: Mapping[str, str
             shard = resolve_shard(args.shard, args.shards, environ)
             source_at = input_location(args.input, args.input_table, args.input_query)
             sink_at = output_location(args.output, args.output_table)
+            refuse_overlap(source_at, sink_at, shard)  # before the output is opened
             loaded = load_handler(
                 args.handler or settings.handler,
                 device=settings.device,

@@ -396,6 +396,19 @@ def test_a_configuration_error_exits_2_saying_what_to_fix(tmp_path, args, messag
     assert message in result.stderr
 
 
+@pytest.mark.parametrize("output", ["in.jsonl", "link.jsonl"])
+def test_an_output_that_is_the_input_is_refused_and_the_input_kept(tmp_path, doubler, output):
+    write_jsonl(tmp_path / "in.jsonl", [{"n": 1}, {"n": 2}])
+    (tmp_path / "link.jsonl").symlink_to("in.jsonl")
+    before = (tmp_path / "in.jsonl").read_bytes()
+    result = batch(
+        doubler, "--input", str(tmp_path / "in.jsonl"), "--output", str(tmp_path / output)
+    )
+    assert result.returncode == 2
+    assert "must not be the input; name another --output" in result.stderr
+    assert (tmp_path / "in.jsonl").read_bytes() == before
+
+
 def test_a_broken_handler_exits_2(tmp_path):
     (tmp_path / "handler.py").write_text(
         textwrap.dedent(
