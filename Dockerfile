@@ -23,7 +23,8 @@
 #   TORCH_INDEX_URL  the index of that build, an extra index beside PyPI; empty
 #                    for PyPI alone, where that index cannot be reached
 #                    (https://download.pytorch.org/whl/${TORCH_VARIANT})
-#   VERSION, REVISION, SOURCE   OCI labels: version, git commit, repository URL
+#   VERSION, REVISION, SOURCE   OCI labels: version, git commit, repository URL;
+#                    REVISION is also SERVING_MODEL_REVISION (the cache's build key)
 #
 # Environment (the full table is docs/settings.md; these are the image's values)
 #   SERVING_HANDLER  ${HANDLER_DIR}, relative to /app
@@ -32,6 +33,8 @@
 #                    container, set 0.0.0.0:8000 (docker-compose.yml does; the
 #                    chart uses a unix socket). The HEALTHCHECK follows it (TCP
 #                    or unix:)
+#   SERVING_MODEL_REVISION  ${REVISION}: part of every inference cache key, so a
+#                    new image never serves the old one's cached answers
 #   SERVING_*        workers, threads, batching, limits and timeouts: unset
 #                    here, so serving-core's defaults apply (docs/settings.md)
 #   HF_HUB_OFFLINE, TRANSFORMERS_OFFLINE = 1: the model is in the image and
@@ -146,7 +149,8 @@ ENV PATH=/opt/venv/bin:$PATH \
     TRANSFORMERS_OFFLINE=1 \
     HF_HOME=/tmp/huggingface \
     SERVING_HANDLER=${HANDLER_DIR} \
-    SERVING_BIND=127.0.0.1:8000
+    SERVING_BIND=127.0.0.1:8000 \
+    SERVING_MODEL_REVISION=${REVISION}
 
 # The Rust tokenizer's thread pool is not fork-safe and competes with the model
 # for the cores. DL3064 reads "TOKEN" in the name as a secret; it is not one.

@@ -129,11 +129,18 @@ def resolve_shard(text: str | None, count: int | None, environ: Mapping[str, str
 def cache_writer(settings: Settings, handler: Handler) -> OnResult:
     """``--warm-cache``: a callback that puts each successful (params, output) into the
     shared inference cache, under the key the online service computes for the same
-    request (handler name, version, canonical params). It runs in the workers."""
+    request from a caller without a key (handler name, version, SERVING_MODEL_REVISION,
+    canonical params). It runs in the workers."""
     if not settings.cache_url:
         raise RecordsError(
             "--warm-cache fills the online service's shared cache: set SERVING_CACHE_URL "
             "to the same redis://… URL it uses (a cache in this run's memory ends with it)"
+        )
+    if (settings.api_keys or settings.api_keys_file) and settings.cache_per_key:
+        raise RecordsError(
+            "--warm-cache writes entries for callers without a key, and with API keys on "
+            "each key has its own: set SERVING_CACHE_PER_KEY=false here and on the "
+            "service to share entries between keys, or drop --warm-cache"
         )
     cache = from_settings(settings, handler)
     if cache is None:

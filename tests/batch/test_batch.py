@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import os
 import signal
@@ -17,6 +18,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from bench.workload import SENTENCES
+from serving_core.batch.command import cache_writer
+from serving_core.batch.records import RecordsError
+from serving_core.handler import Handler
+from serving_core.settings import Settings
 from tests.servers import ROOT, SERVING_CORE, base_env, wait_for
 
 ECHO = str(ROOT / "handlers" / "echo")
@@ -430,3 +435,10 @@ def test_a_broken_handler_exits_2(tmp_path):
     )
     assert result.returncode == 2
     assert "no model file" in result.stderr
+
+
+def test_warm_cache_with_api_keys_and_entries_per_key_is_refused_saying_how_to_share():
+    keyed = Settings(cache_url="redis://127.0.0.1:1/0", api_keys=("k" * 16,))
+    with pytest.raises(RecordsError, match="SERVING_CACHE_PER_KEY=false"):
+        cache_writer(keyed, Handler())
+    assert cache_writer(dataclasses.replace(keyed, cache_per_key=False), Handler())
