@@ -2,10 +2,10 @@
 
 One ``Cache`` serves one handler build. Its key is the handler's name,
 version and revision (``SERVING_MODEL_REVISION``), the caller when entries
-are per API key, and the canonical parameters (``key``); its entries are the outputs as
-orjson bytes, in each worker's memory or in Redis (``store``). A numpy
-array comes back from the cache as a list of numbers, which encodes to the
-same JSON body.
+are per API key, and the canonical parameters (``key``); its entries are
+the outputs as orjson bytes, in each worker's memory or in Redis
+(``store``). A numpy array comes back from the cache as a list of numbers,
+which encodes to the same JSON body.
 
 Identical concurrent misses share one model call (``single_flight``):
 
@@ -14,9 +14,8 @@ Identical concurrent misses share one model call (``single_flight``):
   greenlet never blocks the hub). An error about the parameters or the model
   (a 4xx, the handler's exception) reaches them all: they asked the same, and a
   second call would fail the same way at the same cost. An error of the
-  leader's own request (``LEADERS_OWN``: its deadline, the admission it met, a
-  cancelled leader whose client left) does not: the waiters try again, one of
-  them leading.
+  leader's own request (``LEADERS_OWN``: its deadline, the admission it met;
+  or a cancelled leader) does not: the waiters try again, one of them leading.
 - Across workers and replicas, with Redis, the first one to miss also sets a
   short lock key (``SET NX PX``). A worker that finds the lock taken polls
   for the value every ``poll_s`` for up to ``lock_s``, then computes itself.

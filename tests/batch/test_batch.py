@@ -267,6 +267,7 @@ def test_bad_records_carry_their_error_and_the_run_goes_on(tmp_path, doubler):
         doubler, "--input", str(tmp_path / "in.jsonl"), "--output", str(tmp_path / "out.jsonl")
     )
     assert again.returncode == 1
+    assert "exit status 1: 3 records failed in an earlier run" in again.stderr
     assert len(read_jsonl(tmp_path / "out.jsonl")) == 5
 
 
