@@ -34,6 +34,8 @@
 #                    repository URL. CI sets every OCI label once, with
 #                    docker/metadata-action's --label flags, which take
 #                    precedence over the LABEL below (image.yml)
+#   MODEL_REVISION   SERVING_MODEL_REVISION, the cache's build key (default:
+#                    REVISION); CI passes the commit
 #
 # Environment (the full table is docs/settings.md; these are the image's values)
 #   SERVING_HANDLER  ${HANDLER_DIR}, relative to /app
@@ -42,6 +44,8 @@
 #                    container, set 0.0.0.0:8000 (docker-compose.yml does; the
 #                    chart uses a unix socket). The HEALTHCHECK follows it (TCP
 #                    or unix:)
+#   SERVING_MODEL_REVISION  ${MODEL_REVISION}: part of every inference cache key, so a
+#                    new image never serves the old one's cached answers
 #   SERVING_*        workers, threads, batching, limits and timeouts: unset
 #                    here, so serving-core's defaults apply (docs/settings.md)
 #   HF_HUB_OFFLINE, TRANSFORMERS_OFFLINE = 1: the model is in the image and
@@ -133,6 +137,7 @@ ARG HANDLER_DIR=handlers/minilm
 ARG VERSION=0.0.0-dev
 ARG REVISION=unknown
 ARG SOURCE=https://github.com/serving-core/serving-core
+ARG MODEL_REVISION=${REVISION}
 LABEL org.opencontainers.image.title="serving-core" \
       org.opencontainers.image.description="A handler.py served over REST by gunicorn with batching and backpressure" \
       org.opencontainers.image.licenses="Apache-2.0" \
@@ -155,7 +160,8 @@ ENV PATH=/opt/venv/bin:$PATH \
     TRANSFORMERS_OFFLINE=1 \
     HF_HOME=/tmp/huggingface \
     SERVING_HANDLER=${HANDLER_DIR} \
-    SERVING_BIND=127.0.0.1:8000
+    SERVING_BIND=127.0.0.1:8000 \
+    SERVING_MODEL_REVISION=${MODEL_REVISION}
 
 # The Rust tokenizer's thread pool is not fork-safe and competes with the model
 # for the cores. DL3064 reads "TOKEN" in the name as a secret; it is not one.

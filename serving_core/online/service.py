@@ -228,12 +228,20 @@ class Service:
         arrival: float | None = None,
         timeout_s: float | None = None,
         client: Any = None,
+        caller: str | None = None,
     ) -> tuple[Output, CacheResult | None]:
         """``/predict``: the answer, from the inference cache when it has it, and how the
-        cache served it (None: not cached). With a follow-up queue (the time-lag
-        pattern), the same request is queued for the slow handler too."""
-        if self.cache is not None and (key := self.cache.key_for(params)) is not None:
-            cache = self.cache
+        cache served it (None: not cached). ``caller``: who asks (an API key's digest;
+        None without keys), whose entries are their own unless SERVING_CACHE_PER_KEY is
+        off. With a follow-up queue (the time-lag pattern), the same request is queued
+        for the slow handler too."""
+        cache = self.cache
+        if cache is not None:
+            # A hit answers what a miss would: parameters the schema refuses get
+            # the same 400, whatever an entry (another build's, a batch's) holds.
+            self.engine.validate(params)
+            caller = caller if self.settings.cache_per_key else None
+        if cache is not None and (key := cache.key_for(params, caller)) is not None:
 
             def compute() -> Output:
                 return self.predict(

@@ -137,6 +137,16 @@ class Settings:
     cache_ttl_s: float = setting(
         3600.0, number(0.001, 365 * 86400.0), "how long a cached answer is used"
     )
+    cache_header: bool = setting(
+        False, BOOLEAN, "send `X-Cache` on `/predict` (it tells whether others asked the same)"
+    )
+    cache_per_key: bool = setting(
+        True, BOOLEAN, "with API keys, each key has its own cache entries; `false`: shared"
+    )
+    # The Dockerfile sets it to the image's REVISION (its git commit).
+    model_revision: str = setting(
+        "", TEXT, "the model build in every cache key: the image's git commit, or a weights digest"
+    )
     jobs_enabled: bool = setting(True, BOOLEAN, "accept `POST /jobs`; off, `/jobs` is `404`")
     jobs_url: str = setting("", JOBS_URL, "the job queue's Redis; empty: a SQLite file")
     jobs_path: str = setting(

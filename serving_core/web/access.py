@@ -11,7 +11,11 @@
   or not, unless ``SERVING_PRIVATE_ENDPOINTS``: then they need a key, or are
   not served at all when there are no keys (``/docs`` with them).
 - CORS (``SERVING_CORS_ORIGINS``) is flask-cors over the listed origins;
-  without origins the app sends no CORS headers.
+  without origins the app sends no CORS headers. ``X-Cache`` is exposed to
+  pages only when it is sent at all (``SERVING_CACHE_HEADER``).
+- Who called: a request with a valid key carries ``g.caller``, the key's
+  SHA-256 digest in hex, which the inference cache keys its entries by; never
+  the key itself.
 
 No key is ever logged or echoed: messages name the header, never its value.
 """
@@ -27,7 +31,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from flask import Flask, request
+from flask import Flask, g, request
 from flask_cors import CORS
 from werkzeug.datastructures import Headers
 
@@ -52,7 +56,7 @@ CORS_HEADERS = [
     "X-Request-Timeout",
     "Idempotency-Key",
 ]
-CORS_EXPOSED = ["X-Request-ID", "X-Cache", "Retry-After", "Location", "WWW-Authenticate"]
+CORS_EXPOSED = ["X-Request-ID", "Retry-After", "Location", "WWW-Authenticate"]
 CORS_MAX_AGE_S = 600
 _FILE_VAR = "SERVING_API_KEYS_FILE"
 
@@ -155,6 +159,7 @@ class Guard:
             )
         if not self.keys.allows(presented):
             raise Unauthorized("the API key is not one this server accepts; check the key")
+        g.caller = _digest(presented.encode("latin-1", "replace")).hex()
 
 
 def _is_preflight() -> bool:
@@ -165,8 +170,9 @@ def _is_preflight() -> bool:
     )
 
 
-def enable_cors(app: Flask, origins: tuple[str, ...]) -> None:
-    """CORS headers for ``origins`` (exact matches, or ``*``); nothing when empty."""
+def enable_cors(app: Flask, origins: tuple[str, ...], *, cache_header: bool = False) -> None:
+    """CORS headers for ``origins`` (exact matches, or ``*``); nothing when empty.
+    ``cache_header``: ``X-Cache`` is sent, so pages may read it."""
     if not origins:
         return
     allowed: list[str | re.Pattern[str]] = (
@@ -181,7 +187,7 @@ def enable_cors(app: Flask, origins: tuple[str, ...]) -> None:
         origins=allowed,
         methods=["GET", "POST", "DELETE"],
         allow_headers=CORS_HEADERS,
-        expose_headers=CORS_EXPOSED,
+        expose_headers=[*CORS_EXPOSED, "X-Cache"] if cache_header else CORS_EXPOSED,
         max_age=CORS_MAX_AGE_S,
         send_wildcard=origins == ("*",),
         # Keys travel in headers, not cookies: no credentialed requests.

@@ -117,7 +117,7 @@ def create_app(settings: Settings, service: Service, metrics: Metrics) -> Flask:
     app.before_request(lambda: incoming.start(proxies))
     # After the request id is set: a 401 carries it too.
     app.before_request(guard.check)
-    access.enable_cors(app, settings.cors_origins)
+    access.enable_cors(app, settings.cors_origins, cache_header=settings.cache_header)
     app.after_request(incoming.tag)
 
     @app.after_request

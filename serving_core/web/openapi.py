@@ -162,7 +162,8 @@ def document(
                     "X-Cache": {
                         "description": (
                             "how the inference cache served it: hit, miss or coalesced (an "
-                            "identical request's model call). Without SERVING_CACHE_URL the "
+                            "identical request's model call); sent only with "
+                            "SERVING_CACHE_HEADER=true. Without SERVING_CACHE_URL the "
                             "cache is each worker's own, so a repeated request misses once "
                             "per worker"
                         ),

@@ -45,9 +45,13 @@ class Predict(Resource):  # type: ignore[misc]
             timeout_s=timeout_s,
             # gunicorn's client socket: the worker watches it while the request waits.
             client=environ.get("gunicorn.socket"),
+            caller=g.get("caller"),  # the API key's digest, set by the keys check
         )
         environ[BATCH_SIZE_KEY] = context.take_batch_size()  # for the JSON access line
-        return output, 200, {"X-Cache": served} if served else {}
+        # Off by default: a hit tells a client that someone sent these parameters.
+        if served is None or not self.service.settings.cache_header:
+            return output, 200, {}
+        return output, 200, {"X-Cache": served}
 
     def view(self) -> Response:
         return json_response(*self.post())
