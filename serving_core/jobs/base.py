@@ -200,7 +200,7 @@ class KeyReused(Exception):
     """An idempotency key came back with other parameters than its job was made from."""
 
     def __init__(self, job: Job) -> None:
-        super().__init__(f"idempotency key reused with other parameters (job {job.id[:8]}…)")
+        super().__init__(f"idempotency key reused with other parameters (job {job.id[:8]}...)")
         self.job = job
 
 

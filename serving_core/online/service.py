@@ -228,10 +228,12 @@ class Service:
         arrival: float | None = None,
         timeout_s: float | None = None,
         client: Any = None,
+        caller: str = "",
     ) -> tuple[Output, CacheResult | None]:
         """``/predict``: the answer, from the inference cache when it has it, and how the
         cache served it (None: not cached). With a follow-up queue (the time-lag
-        pattern), the same request is queued for the slow handler too."""
+        pattern), the same request is queued for the slow handler too, as ``caller``'s
+        job (a repeat, such as a cache hit, shares the first one's job)."""
         if self.cache is not None and (key := self.cache.key_for(params)) is not None:
             cache = self.cache
 
@@ -260,7 +262,7 @@ class Service:
                 params, request_id=request_id, arrival=arrival, timeout_s=timeout_s, client=client
             )
             served = None
-        return self.jobs.follow_up(output, params, request_id), served
+        return self.jobs.follow_up(output, params, request_id, caller), served
 
     def metadata(self) -> dict[str, Any]:
         batching: dict[str, Any] = {

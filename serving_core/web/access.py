@@ -14,6 +14,9 @@
   without origins the app sends no CORS headers.
 
 No key is ever logged or echoed: messages name the header, never its value.
+A request that passed with a key has a caller (``caller()``): a digest of the
+key that owns the jobs it submits (``online.jobsapi``); it is stored, the key
+never is.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from flask import Flask, request
+from flask import Flask, g, request
 from flask_cors import CORS
 from werkzeug.datastructures import Headers
 
@@ -57,8 +60,25 @@ CORS_MAX_AGE_S = 600
 _FILE_VAR = "SERVING_API_KEYS_FILE"
 
 
+# The caller's identity is a digest apart from the check's (its own prefix): what is
+# stored with a job says nothing about the digests the check compares.
+_CALLER_PREFIX = b"serving-core caller\0"
+CALLER_HEX = 32  # 128 bits: no two keys share one
+
+
 def _digest(key: bytes) -> bytes:
     return hashlib.sha256(key).digest()
+
+
+def caller_of(presented: str) -> str:
+    """The identity of the key ``presented``: a hex digest, never the key."""
+    key = presented.encode("latin-1", "replace")
+    return hashlib.sha256(_CALLER_PREFIX + key).hexdigest()[:CALLER_HEX]
+
+
+def caller() -> str:
+    """This request's caller: its key's identity, or ``""`` when the API has no keys."""
+    return str(g.get("caller", ""))
 
 
 class ApiKeys:
@@ -155,6 +175,7 @@ class Guard:
             )
         if not self.keys.allows(presented):
             raise Unauthorized("the API key is not one this server accepts; check the key")
+        g.caller = caller_of(presented)
 
 
 def _is_preflight() -> bool:
