@@ -18,7 +18,6 @@ bounds it), which blocks the hub that long.
 
 from __future__ import annotations
 
-import sqlite3
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -30,15 +29,13 @@ from serving_core.jobs.base import (
     Job,
     KeyReused,
     QueueFull,
-    QuotaExceeded,
     lease_expired_error,
     new_job_id,
     params_digest,
-    quota_message,
-    store_full_retry_after,
 )
 from serving_core.jobs.sqlite_consumers import SqliteConsumers
 from serving_core.jobs.sqlite_file import SqliteFile
+from serving_core.jobs.sqlite_limits import Limits, admit
 from serving_core.jobs.sqlite_rows import LIVE, finish, job_of, live
 from serving_core.settings import Settings
 
@@ -51,9 +48,7 @@ class SqliteJobQueue:
     def __init__(self, settings: Settings, queue: str) -> None:
         self.queue = queue
         self.path = settings.jobs_path
-        self.max_queue = settings.jobs_max_queue
-        self.max_stored = settings.jobs_max_stored
-        self.max_per_caller = settings.jobs_max_per_caller
+        self.limits = Limits.of(settings)
         self.ttl_s = settings.jobs_ttl_s
         self.max_attempts = settings.jobs_max_attempts
         self.lease_s = settings.jobs_lease_s
@@ -93,7 +88,7 @@ class SqliteJobQueue:
                         return job
                     # The key outlived its window: free it for the new job.
                     db.execute("UPDATE jobs SET idempotency_key = NULL WHERE id = ?", (job.id,))
-            self._admit(db, owner, now)
+            admit(db, self.queue, owner, now, self.limits)
             job_id = new_job_id()
             db.execute(
                 "INSERT INTO jobs (id, queue, status, params, created_at, idempotency_key, due,"
@@ -124,46 +119,6 @@ class SqliteJobQueue:
             owner=owner,
             digest=digest,
         )
-
-    def _admit(self, db: sqlite3.Connection, owner: str, now: float) -> None:
-        """Raise QueueFull or QuotaExceeded if one more job would pass a limit."""
-        (depth,) = db.execute(
-            "SELECT count(*) FROM jobs WHERE queue = ? AND due IS NOT NULL", (self.queue,)
-        ).fetchone()
-        if depth >= self.max_queue:
-            raise QueueFull(
-                f"the {self.queue!r} job queue holds {depth} unfinished jobs "
-                f"(SERVING_JOBS_MAX_QUEUE={self.max_queue}); retry later"
-            )
-        stored = self._stored(db)
-        if stored >= self.max_stored:
-            (oldest,) = db.execute(
-                "SELECT min(expires_at) FROM jobs WHERE queue = ? AND expires_at IS NOT NULL",
-                (self.queue,),
-            ).fetchone()
-            raise QueueFull(
-                f"the {self.queue!r} job queue holds {stored} jobs "
-                f"({MAX_STORED}={self.max_stored}); retry later",
-                retry_after_s=store_full_retry_after(oldest, now),
-                setting=MAX_STORED,
-            )
-        if self.max_per_caller and owner:
-            (mine,) = db.execute(
-                "SELECT count(*) FROM jobs WHERE queue = ? AND owner = ? AND due IS NOT NULL",
-                (self.queue, owner),
-            ).fetchone()
-            if mine >= self.max_per_caller:
-                raise QuotaExceeded(quota_message(mine, self.max_per_caller))
-
-    def _stored(self, db: sqlite3.Connection) -> int:
-        """Rows of this queue, expired ones not yet purged included: what the file holds."""
-        row = db.execute("SELECT jobs FROM stored WHERE queue = ?", (self.queue,)).fetchone()
-        if row is not None:
-            return int(row[0])
-        # A file from before the count, or a new queue: count once.
-        (count,) = db.execute("SELECT count(*) FROM jobs WHERE queue = ?", (self.queue,)).fetchone()
-        db.execute("INSERT INTO stored (queue, jobs) VALUES (?, ?)", (self.queue, count))
-        return int(count)
 
     def get(self, job_id: str) -> Job | None:
         with self.file.reading() as db:
