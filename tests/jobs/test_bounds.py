@@ -142,3 +142,34 @@ def test_a_full_sqlite_queue_purges_at_once_when_its_jobs_have_expired(tmp_path:
         assert _file(path, "SELECT count(*) FROM jobs") == 2
     finally:
         queue.close()
+
+
+# The schema serving-core made before jobs had owners (2026-11): its files must open.
+OLD_SCHEMA = """
+CREATE TABLE jobs (
+    id TEXT PRIMARY KEY, queue TEXT NOT NULL, status TEXT NOT NULL, params BLOB NOT NULL,
+    attempts INTEGER NOT NULL DEFAULT 0, created_at REAL NOT NULL, started_at REAL,
+    finished_at REAL, result BLOB, error BLOB, idempotency_key TEXT,
+    lease TEXT NOT NULL DEFAULT '', due REAL, expires_at REAL
+);
+CREATE UNIQUE INDEX jobs_key ON jobs (queue, idempotency_key) WHERE idempotency_key IS NOT NULL;
+INSERT INTO jobs (id, queue, status, params, created_at, idempotency_key, due)
+    VALUES ('0123456789abcdef0123456789abcdef', 'q', 'queued', '{"n":1}', 1e10, 'k', 1e10);
+"""
+
+
+def test_a_sqlite_file_from_before_owners_opens_with_its_jobs(tmp_path: Any) -> None:
+    path = str(tmp_path / "jobs.db")
+    with sqlite3.connect(path) as db:
+        db.executescript(OLD_SCHEMA)
+    queue = open_queue(Settings(jobs_path=path, jobs_max_stored=2), "q")
+    try:
+        old = queue.get("0123456789abcdef0123456789abcdef")
+        assert old is not None
+        assert (old.params, old.owner) == ({"n": 1}, "")
+        assert queue.submit({"n": 1}, idempotency_key="k").id == old.id
+        queue.submit({"n": 2})
+        with pytest.raises(QueueFull):  # the old job counts among those held
+            queue.submit({"n": 3})
+    finally:
+        queue.close()
