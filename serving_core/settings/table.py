@@ -158,6 +158,14 @@ class Settings:
     jobs_max_queue: int = setting(
         100_000, integer(1, 1 << 40), "unfinished jobs before `POST /jobs` answers `503`"
     )
+    jobs_max_stored: int = setting(
+        1_000_000,
+        integer(1, 1 << 40),
+        "jobs a queue holds in all (unfinished, or finished within the TTL) before `503`",
+    )
+    jobs_max_per_caller: int = setting(
+        0, integer(0, 1 << 40), "unfinished jobs one API key may hold before `429`; `0`: no limit"
+    )
     jobs_ttl_s: float = setting(
         86_400.0, number(1.0, 365 * 86400.0), "how long a finished job stays readable"
     )

@@ -84,12 +84,17 @@ class Model:
         arrival: float,
         timeout_s: float | None = None,
         client: Any = None,
+        caller: str = "",
     ) -> InferResponse:
+        """``caller``: who asks (as ``Service.answer``'s): whose cache entries and
+        follow-up jobs the rows are."""
         rows = self.tensors.rows(request.inputs, self.service.settings.max_queue)
         declared = self.tensors.outputs
         if request.outputs is not None and declared is not None:
             self._check_asked(request.outputs, [t.name for t in declared])
-        answers, served = self._answer(rows, request_id, arrival, timeout_s, client)
+        answers, served = self._answer(
+            rows, request_id, arrival, timeout_s, client=client, caller=caller
+        )
         try:
             arrays = self.tensors.output_arrays(answers)
         except OutputNotTensor as exc:
@@ -116,7 +121,9 @@ class Model:
         request_id: str,
         arrival: float,
         timeout_s: float | None,
+        *,
         client: Any,
+        caller: str,
     ) -> tuple[list[Output], CacheResult | None]:
         """Every row's answer, the rows waiting at once (each where the runtime runs a
         task: a greenlet, or a thread); the first row's error, in row order, if any."""
@@ -130,6 +137,7 @@ class Model:
                 arrival=arrival,
                 timeout_s=timeout_s,
                 client=row_client,
+                caller=caller,
             )
 
         futures: list[Future[tuple[Output, CacheResult | None]]] = []

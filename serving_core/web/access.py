@@ -13,9 +13,10 @@
 - CORS (``SERVING_CORS_ORIGINS``) is flask-cors over the listed origins;
   without origins the app sends no CORS headers. ``X-Cache`` is exposed to
   pages only when it is sent at all (``SERVING_CACHE_HEADER``).
-- Who called: a request with a valid key carries ``g.caller``, the key's
-  SHA-256 digest in hex, which the inference cache keys its entries by; never
-  the key itself.
+- Who called: a request that passed with a key has a caller (``caller()``), a
+  digest of the key: it owns the jobs it submits (``online.jobsapi``) and, unless
+  ``SERVING_CACHE_PER_KEY`` is off, its own inference cache entries. The digest
+  is stored; the key never is.
 
 No key is ever logged or echoed: messages name the header, never its value.
 """
@@ -61,8 +62,25 @@ CORS_MAX_AGE_S = 600
 _FILE_VAR = "SERVING_API_KEYS_FILE"
 
 
+# The caller's identity is a digest apart from the check's (its own prefix): what is
+# stored with a job says nothing about the digests the check compares.
+_CALLER_PREFIX = b"serving-core caller\0"
+CALLER_HEX = 32  # 128 bits: no two keys share one
+
+
 def _digest(key: bytes) -> bytes:
     return hashlib.sha256(key).digest()
+
+
+def caller_of(presented: str) -> str:
+    """The identity of the key ``presented``: a hex digest, never the key."""
+    key = presented.encode("latin-1", "replace")
+    return hashlib.sha256(_CALLER_PREFIX + key).hexdigest()[:CALLER_HEX]
+
+
+def caller() -> str:
+    """This request's caller: its key's identity, or ``""`` when the API has no keys."""
+    return str(g.get("caller", ""))
 
 
 class ApiKeys:
@@ -159,7 +177,7 @@ class Guard:
             )
         if not self.keys.allows(presented):
             raise Unauthorized("the API key is not one this server accepts; check the key")
-        g.caller = _digest(presented.encode("latin-1", "replace")).hex()
+        g.caller = caller_of(presented)
 
 
 def _is_preflight() -> bool:

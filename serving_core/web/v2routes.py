@@ -20,6 +20,7 @@ from serving_core.logs import BATCH_SIZE_KEY
 from serving_core.v2 import request as v2request
 from serving_core.v2.model import InferResponse, Model
 from serving_core.v2.tensors import to_json, to_raw
+from serving_core.web.access import caller
 from serving_core.web.incoming import this_request
 from serving_core.web.params import JsonLimits, _json_object
 from serving_core.web.responses import json_response
@@ -71,6 +72,7 @@ def add_routes(app: Flask, model: Model, limits: JsonLimits, max_body_bytes: int
             arrival=arrived,
             timeout_s=timeout_s,
             client=req.environ.get("gunicorn.socket"),
+            caller=caller(),  # the API key's identity: its own cache entries
         )
         req.environ[BATCH_SIZE_KEY] = context.take_batch_size()  # for the JSON access line
         return _response(model, parsed, result)

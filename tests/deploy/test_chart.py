@@ -485,6 +485,8 @@ SETTINGS_TABLE = [
     ("jobsUrl", "redis://queue:6379/1", "SERVING_JOBS_URL", "redis://queue:6379/1"),
     ("jobsPath", "/data/jobs.db", "SERVING_JOBS_PATH", "/data/jobs.db"),
     ("jobsMaxQueue", 5000, "SERVING_JOBS_MAX_QUEUE", "5000"),
+    ("jobsMaxStored", 20000, "SERVING_JOBS_MAX_STORED", "20000"),
+    ("jobsMaxPerCaller", 50, "SERVING_JOBS_MAX_PER_CALLER", "50"),
     ("jobsTtlSeconds", 600, "SERVING_JOBS_TTL_S", "600"),
     ("jobsMaxAttempts", 5, "SERVING_JOBS_MAX_ATTEMPTS", "5"),
     ("jobsLeaseSeconds", 30.5, "SERVING_JOBS_LEASE_S", "30.5"),
