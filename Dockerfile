@@ -7,8 +7,15 @@
 #     --build-arg SHARED_DIRS=handlers/iris .                  # imports handlers/iris
 #   docker build -t serving-core:cu128 --build-arg TORCH_VARIANT=cu128 .
 #
+# Base image: python:3.11-slim-bookworm, named literally by both stages' FROM
+# lines so that Dependabot (its docker ecosystem, .github/dependabot.yml) reads
+# and bumps it; it cannot see a base named by an ARG default (dependabot-core
+# #2057). Another base without editing this file, by name:
+#   docker buildx build --build-context python:3.11-slim-bookworm=docker-image://REGISTRY/python:TAG .
+#   podman build --build-context python:3.11-slim-bookworm=docker-image://REGISTRY/python:TAG .
+# (the container tests build on a local stand-in that way, tests/container/bases.py).
+#
 # Build arguments
-#   PYTHON_IMAGE     base for both stages                (python:3.11-slim-bookworm)
 #   HANDLER_DIR      the handler folder to serve: its requirements.txt (optional)
 #                    is installed, its files copied to /app/HANDLER_DIR, and
 #                    SERVING_HANDLER points at the folder, so a handler.py or a
@@ -23,7 +30,12 @@
 #   TORCH_INDEX_URL  the index of that build, an extra index beside PyPI; empty
 #                    for PyPI alone, where that index cannot be reached
 #                    (https://download.pytorch.org/whl/${TORCH_VARIANT})
-#   VERSION, REVISION, SOURCE   OCI labels: version, git commit, repository URL
+#   VERSION, REVISION, SOURCE   OCI labels of a local build: version, git commit,
+#                    repository URL. CI sets every OCI label once, with
+#                    docker/metadata-action's --label flags, which take
+#                    precedence over the LABEL below (image.yml)
+#   MODEL_REVISION   SERVING_MODEL_REVISION, the cache's build key (default:
+#                    REVISION); CI passes the commit
 #
 # Environment (the full table is docs/settings.md; these are the image's values)
 #   SERVING_HANDLER  ${HANDLER_DIR}, relative to /app
@@ -32,6 +44,8 @@
 #                    container, set 0.0.0.0:8000 (docker-compose.yml does; the
 #                    chart uses a unix socket). The HEALTHCHECK follows it (TCP
 #                    or unix:)
+#   SERVING_MODEL_REVISION  ${MODEL_REVISION}: part of every inference cache key, so a
+#                    new image never serves the old one's cached answers
 #   SERVING_*        workers, threads, batching, limits and timeouts: unset
 #                    here, so serving-core's defaults apply (docs/settings.md)
 #   HF_HUB_OFFLINE, TRANSFORMERS_OFFLINE = 1: the model is in the image and
@@ -55,9 +69,7 @@
 # build, not the deployment. Runs as uid 10001; writes only under /tmp, so the
 # root filesystem may be read-only with /tmp as a tmpfs.
 
-ARG PYTHON_IMAGE=python:3.11-slim-bookworm
-
-FROM ${PYTHON_IMAGE} AS build
+FROM python:3.11-slim-bookworm AS build
 ARG HANDLER_DIR=handlers/minilm
 ARG SHARED_DIRS=""
 ARG TORCH_VARIANT=cpu
@@ -119,11 +131,13 @@ RUN for dir in ${SHARED_DIRS}; do \
 COPY ${HANDLER_DIR}/ /app/${HANDLER_DIR}/
 
 
-FROM ${PYTHON_IMAGE}
+# The same base as the build stage (its venv's python is this one's).
+FROM python:3.11-slim-bookworm
 ARG HANDLER_DIR=handlers/minilm
 ARG VERSION=0.0.0-dev
 ARG REVISION=unknown
 ARG SOURCE=https://github.com/serving-core/serving-core
+ARG MODEL_REVISION=${REVISION}
 LABEL org.opencontainers.image.title="serving-core" \
       org.opencontainers.image.description="A handler.py served over REST by gunicorn with batching and backpressure" \
       org.opencontainers.image.licenses="Apache-2.0" \
@@ -146,7 +160,8 @@ ENV PATH=/opt/venv/bin:$PATH \
     TRANSFORMERS_OFFLINE=1 \
     HF_HOME=/tmp/huggingface \
     SERVING_HANDLER=${HANDLER_DIR} \
-    SERVING_BIND=127.0.0.1:8000
+    SERVING_BIND=127.0.0.1:8000 \
+    SERVING_MODEL_REVISION=${MODEL_REVISION}
 
 # The Rust tokenizer's thread pool is not fork-safe and competes with the model
 # for the cores. DL3064 reads "TOKEN" in the name as a secret; it is not one.

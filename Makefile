@@ -66,7 +66,7 @@ SHARED_DIRS ?=
 IMAGE ?= serving-core:$(notdir $(patsubst %/,%,$(HANDLER_DIR)))$(if $(filter-out cpu,$(TORCH_VARIANT)),-$(TORCH_VARIANT))
 
 .PHONY: serve test test-template fuzz lint typecheck docs check image install install-dev install-handlers \
-	system-deps bench clean docs-settings
+	system-deps bench clean docs-settings chart-docs chart-docs-tools
 
 ## make serve: install the framework and $SERVING_HANDLER's requirements, then serve it.
 serve: $(BIN)/.runtime $(call stamps,$(SERVE_DIR))
@@ -74,7 +74,7 @@ serve: $(BIN)/.runtime $(call stamps,$(SERVE_DIR))
 
 ## make test: install everything, then lint, type-check, build the docs, check every handler,
 ## run the suite (tests/container builds both images and runs them, with docker or podman).
-test: install-dev install-handlers system-deps lint typecheck docs check
+test: install-dev install-handlers system-deps chart-docs-tools lint typecheck docs check
 	$(BIN)/pytest
 
 ## make test-template: the template made a new owner's on a fresh clone (init a handler, point
@@ -94,6 +94,28 @@ lint: $(BIN)/.dev
 ## make docs-settings: regenerate docs/settings.md's table from Settings (a test keeps them equal).
 docs-settings: $(BIN)/.runtime
 	$(BIN)/python -m serving_core.settings.doc docs/settings.md
+
+# The chart README's Parameters tables come from values.yaml's `## @param`
+# comments through Bitnami's readme-generator-for-helm, at the version (and with
+# the dependencies) tools/chart-docs/package-lock.json pins: `npm ci` installs
+# exactly those. tests/deploy/test_chart_docs.py runs it on a copy and fails when
+# the README is not what it generates.
+CHART_DOCS_TOOLS := tools/chart-docs
+CHART_DOCS_STAMP := $(CHART_DOCS_TOOLS)/node_modules/.installed
+CHART_DIR := helm/serving-core
+
+## make chart-docs: regenerate helm/serving-core/README.md's Parameters tables from values.yaml.
+chart-docs: $(CHART_DOCS_STAMP)
+	$(CHART_DOCS_TOOLS)/node_modules/.bin/readme-generator \
+	  --values $(CHART_DIR)/values.yaml --readme $(CHART_DIR)/README.md
+
+## make chart-docs-tools: install the generator (node and npm needed; make test runs it).
+chart-docs-tools: $(CHART_DOCS_STAMP)
+
+$(CHART_DOCS_STAMP): $(CHART_DOCS_TOOLS)/package.json $(CHART_DOCS_TOOLS)/package-lock.json
+	@command -v npm >/dev/null || { echo "make chart-docs needs node and npm (apt-get install nodejs npm)" >&2; exit 1; }
+	npm ci --prefix $(CHART_DOCS_TOOLS) --no-audit --no-fund --loglevel=error
+	touch $@
 
 # mypy strict on serving_core (pyproject), and on the example handlers users
 # copy while they are there (a template's owner may delete them).

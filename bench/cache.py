@@ -109,7 +109,9 @@ def main() -> None:
         f"{'c':>3} {'ok/s':>7} {'p50 ms':>7} {'p99 ms':>7} {'from cache':>10} {'non-200':>7}"
     )
     for store in args.stores:
-        with store_settings(store) as settings, gunicorn_server({**settings, **extra}) as server:
+        # X-Cache is off by default; the hit share below counts it.
+        env = {"SERVING_CACHE_HEADER": "true", **extra}
+        with store_settings(store) as settings, gunicorn_server({**settings, **env}) as server:
             workers = int(extra.get("SERVING_WORKERS") or 0) or usable_cores()
             wrk(server.url, "half", 8, 3)  # warm-up: the cost model and the allocator settle
             hit_cols = f"{'-':>10} {'-':>10} {'-':>16}"

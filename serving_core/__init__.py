@@ -7,6 +7,8 @@ and the batch and queue tools stay light. The web app is ``serving_core.web.app`
 
 from serving_core.handler import Handler as Handler
 from serving_core.handler import InvalidInput as InvalidInput
+from serving_core.handler import Tensor as Tensor
+from serving_core.handler import Tensors as Tensors
 from serving_core.settings import Settings as Settings
 
 
@@ -22,4 +24,4 @@ def __getattr__(name: str) -> str:
     raise AttributeError(f"module 'serving_core' has no attribute {name!r}")
 
 
-__all__ = ["Handler", "InvalidInput", "Settings", "__version__"]
+__all__ = ["Handler", "InvalidInput", "Settings", "Tensor", "Tensors", "__version__"]

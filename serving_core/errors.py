@@ -140,6 +140,21 @@ class Conflict(ServingError):
     type = "conflict"
 
 
+class Unprocessable(ServingError):
+    """Well-formed, but not acceptable as it stands (an idempotency key reused with
+    other parameters)."""
+
+    status = 422
+    type = "unprocessable"
+
+
+class TooManyRequests(ServingError):
+    """The caller is over its own quota; Retry-After says when to try again."""
+
+    status = 429
+    type = "too_many_requests"
+
+
 class HandlerError(Exception):
     """The handler cannot be served; the message says why and how to fix it.
 

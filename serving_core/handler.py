@@ -3,10 +3,45 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 Params = dict[str, Any]
 Output = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """One named tensor of the Open Inference Protocol (V2) and the field it carries.
+
+    ``datatype`` is V2's (``BYTES``, ``BOOL``, ``INT8``..``INT64``,
+    ``UINT8``..``UINT64``, ``FP16``, ``FP32``, ``FP64``). ``shape`` is one row's,
+    without the batch dimension: ``()`` a scalar per row, ``(384,)`` a vector,
+    ``-1`` a dimension of any size. ``field`` is the key in the handler's
+    parameters (an input) or output dict (an output); empty: the tensor's name.
+    """
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...] = ()
+    field: str = ""
+
+    @property
+    def key(self) -> str:
+        return self.field or self.name
+
+
+@dataclass(frozen=True)
+class Tensors:
+    """How a handler's dicts map to V2's named tensors (``Handler.tensors``).
+
+    Each row of a V2 request's batch dimension is one parameters dict; each
+    output dict is one row of the response's tensors. ``outputs=None``: every
+    key of the output dict, as it comes.
+    """
+
+    inputs: tuple[Tensor, ...]
+    outputs: tuple[Tensor, ...] | None = None
 
 
 class InvalidInput(Exception):
@@ -66,6 +101,10 @@ class Handler:
     #: True: ``predict`` runs where the request runs, concurrently, without the
     #: batcher (see the class docstring); only ``predict``, not ``predict_batch``.
     concurrent: ClassVar[bool] = False
+    #: How the Open Inference Protocol (V2, ``/v2/models/NAME/infer``) maps to the
+    #: parameters and the output dict. None: inferred from ``input_schema`` (each
+    #: property an input tensor of its name) and from each output's keys.
+    tensors: ClassVar[Tensors | None] = None
 
     def setup(self) -> None:
         """Load the model; runs once in the master before the workers fork."""

@@ -13,7 +13,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from tests.servers import free_port, stop
@@ -22,14 +22,20 @@ REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
 
 
 @contextlib.contextmanager
-def redis_server(*, ready_timeout_s: float = 15.0) -> Iterator[str]:
-    """Run redis-server on a free port; yields its URL (``redis://127.0.0.1:PORT/0``)."""
+def redis_server(
+    *, ready_timeout_s: float = 15.0, options: Sequence[str] = (), data_dir: Path | None = None
+) -> Iterator[str]:
+    """Run redis-server on a free port; yields its URL (``redis://127.0.0.1:PORT/0``).
+
+    ``options`` come last, so they override the defaults (``--appendonly yes``).
+    ``data_dir``: its files there, for a server started again on what one left."""
     port = free_port()
-    with tempfile.TemporaryDirectory(prefix="serving-redis-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="serving-redis-") as own:
+        tmp = str(data_dir or own)
         log_path = Path(tmp) / "redis.log"
         # No persistence: nothing is written to tmp but the log.
         command = [REDIS_SERVER, "--bind", "127.0.0.1", "--port", str(port), "--dir", tmp]
-        command += ["--save", "", "--appendonly", "no", "--daemonize", "no"]
+        command += ["--save", "", "--appendonly", "no", "--daemonize", "no", *options]
         with log_path.open("wb") as log:
             process = subprocess.Popen(
                 command,
@@ -56,7 +62,8 @@ def _wait_ready(
             )
         with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1) as s:
             s.sendall(b"PING\r\n")
-            if s.recv(16).startswith(b"+PONG"):
+            # NOAUTH: a server started with --requirepass answers, so it is up.
+            if s.recv(16).startswith((b"+PONG", b"-NOAUTH")):
                 return
         time.sleep(0.02)
     raise RuntimeError(

@@ -31,13 +31,16 @@ class Echo(Handler):
 
 
 def sample(text, name, **labels):
-    """The value of one sample in a Prometheus exposition, or None."""
-    wanted = ",".join(f'{k}="{v}"' for k, v in labels.items())
-    pattern = rf"^{re.escape(name)}(?:\{{{re.escape(wanted)}\}})? ([0-9.e+-]+)$"
-    if not labels:
-        pattern = rf"^{re.escape(name)} ([0-9.e+-]+)$"
-    match = re.search(pattern, text, re.MULTILINE)
-    return None if match is None else float(match.group(1))
+    """The value of the one sample in a Prometheus exposition with these labels (and
+    any others: ``protocol`` on the request metrics), or None."""
+    pattern = rf"^{re.escape(name)}(?:\{{(.*)\}})? ([0-9.e+-]+)$"
+    found = []
+    for match in re.finditer(pattern, text, re.MULTILINE):
+        has = dict(re.findall(r'(\w+)="([^"]*)"', match.group(1) or ""))
+        if all(has.get(k) == str(v) for k, v in labels.items()):
+            found.append(float(match.group(2)))
+    assert len(found) <= 1, f"{len(found)} samples of {name} with {labels}"
+    return found[0] if found else None
 
 
 def test_the_batcher_and_requests_feed_the_metrics():

@@ -45,4 +45,11 @@ def test_the_cli_stays_light_for_the_pods_exec_probe():
 
 def test_the_package_says_its_version():
     assert serving_core.__version__.count(".") >= 2
-    assert set(serving_core.__all__) == {"Handler", "InvalidInput", "Settings", "__version__"}
+    assert set(serving_core.__all__) == {
+        "Handler",
+        "InvalidInput",
+        "Settings",
+        "Tensor",
+        "Tensors",
+        "__version__",
+    }

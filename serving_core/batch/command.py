@@ -31,7 +31,13 @@ from collections.abc import Mapping
 
 from serving_core.batch.formats import open_sink, open_source
 from serving_core.batch.pool import OnResult
-from serving_core.batch.records import RecordsError, Shard, input_location, output_location
+from serving_core.batch.records import (
+    RecordsError,
+    Shard,
+    input_location,
+    output_location,
+    refuse_overlap,
+)
 from serving_core.batch.run import EXIT_CONFIG, BatchRun
 from serving_core.cache.core import from_settings
 from serving_core.errors import HandlerError
@@ -52,6 +58,7 @@ def main(args: argparse.Namespace, settings: Settings, environ: Mapping[str, str
             shard = resolve_shard(args.shard, args.shards, environ)
             source_at = input_location(args.input, args.input_table, args.input_query)
             sink_at = output_location(args.output, args.output_table)
+            refuse_overlap(source_at, sink_at, shard)  # before the output is opened
             loaded = load_handler(
                 args.handler or settings.handler,
                 device=settings.device,
@@ -122,11 +129,18 @@ def resolve_shard(text: str | None, count: int | None, environ: Mapping[str, str
 def cache_writer(settings: Settings, handler: Handler) -> OnResult:
     """``--warm-cache``: a callback that puts each successful (params, output) into the
     shared inference cache, under the key the online service computes for the same
-    request (handler name, version, canonical params). It runs in the workers."""
+    request from a caller without a key (handler name, version, SERVING_MODEL_REVISION,
+    canonical params). It runs in the workers."""
     if not settings.cache_url:
         raise RecordsError(
             "--warm-cache fills the online service's shared cache: set SERVING_CACHE_URL "
             "to the same redis://… URL it uses (a cache in this run's memory ends with it)"
+        )
+    if (settings.api_keys or settings.api_keys_file) and settings.cache_per_key:
+        raise RecordsError(
+            "--warm-cache writes entries for callers without a key, and with API keys on "
+            "each key has its own: set SERVING_CACHE_PER_KEY=false here and on the "
+            "service to share entries between keys, or drop --warm-cache"
         )
     cache = from_settings(settings, handler)
     if cache is None:

@@ -3,10 +3,13 @@
 A Parquet file cannot be appended to, and one written at the end is lost
 whole to a kill. So the output is a directory (``out.parquet/``, the layout
 Spark and ``pyarrow.dataset`` write and ``pandas.read_parquet`` reads) with
-one part file per chunk, written under a hidden temporary name and renamed:
-a part file is there whole or not at all, and resume reads the ids of the
-parts that are there. Part names carry the shard, so the pods of one Indexed
-Job can write into one directory without clashing.
+one part file per chunk, written under a hidden temporary name, fsynced,
+renamed, and the directory fsynced: a part file is there whole or not at
+all, even after a power cut, and resume reads the ids of the parts that are
+there. A part that cannot be read anyway (a copy cut short, a disk that lied)
+stops the run with the part's name and the fix: delete it and rerun. Part
+names carry the shard, so the pods of one Indexed Job can write into one
+directory without clashing.
 
 Columns: ``ID_FIELD`` (the id as text), ``output`` and ``error`` (JSON text;
 one of them null).
@@ -63,7 +66,9 @@ class ParquetSink:
                 f"--output {path} is a file; Parquet output is a directory of part files "
                 "(one per chunk, so that a killed run can resume): name a new path"
             )
-        self._root.mkdir(parents=True, exist_ok=True)
+        if not self._root.is_dir():
+            self._root.mkdir(parents=True, exist_ok=True)  # shards may race here
+            _fsync_directory(self._root.parent)
         self._id_field = id_field
         self._prefix = f"part-{shard.index}of{shard.count}-"
         self._next = 0
@@ -72,19 +77,36 @@ class ParquetSink:
         )
 
     def written(self) -> dict[str, bool]:
-        for stale in self._root.glob(f".{self._prefix}*.tmp"):
-            stale.unlink()  # this shard's part that a kill caught mid-write
         keys: dict[str, bool] = {}
         mine = re.compile(re.escape(self._prefix) + r"(\d+)\.parquet")
         for part in sorted(self._root.glob("part-*.parquet")):
-            table = pq.read_table(part, columns=[self._id_field, "error"])
-            ids = table.column(self._id_field).to_pylist()
-            errors = table.column("error").to_pylist()
+            ids, errors = self._read(part)
             keys.update((str(key), error is None) for key, error in zip(ids, errors, strict=True))
             match = mine.fullmatch(part.name)
             if match is not None:
                 self._next = max(self._next, int(match[1]) + 1)
+        # Only once every part was read: a refused run changes nothing.
+        for stale in self._root.glob(f".{self._prefix}*.tmp"):
+            stale.unlink()  # this shard's part that a kill caught mid-write
         return keys
+
+    def _read(self, part: Path) -> tuple[list[object], list[object]]:
+        try:
+            columns = pq.read_schema(part).names
+            if self._id_field not in columns:
+                raise RecordsError(
+                    f"--output {self.where} has the columns {','.join(columns)} ({part.name}), "
+                    f"not {','.join(self._schema.names)}; choose another output "
+                    "(or the same --id-field)"
+                )
+            table = pq.read_table(part, columns=[self._id_field, "error"])
+        except (OSError, pa.ArrowInvalid) as exc:
+            raise RecordsError(
+                f"--output {self.where}: the part {part} cannot be read ({exc}); a power cut "
+                f"or a copy cut it short. Delete it (rm '{part}') and rerun: the rerun "
+                "predicts its records again, and reads every other part"
+            ) from exc
+        return table.column(self._id_field).to_pylist(), table.column("error").to_pylist()
 
     def write(self, rows: Sequence[Row]) -> None:
         table = pa.table(
@@ -97,9 +119,24 @@ class ParquetSink:
         )
         name = f"{self._prefix}{self._next:06d}.parquet"
         temporary = self._root / f".{name}.tmp"
-        pq.write_table(table, temporary)
+        # The part's bytes reach the disk before its name does, and the name
+        # before the next part is written: a power cut leaves a hidden
+        # temporary (removed on resume), never a named part that is torn.
+        with open(temporary, "wb") as file:
+            pq.write_table(table, file)
+            file.flush()
+            os.fsync(file.fileno())
         os.replace(temporary, self._root / name)
+        _fsync_directory(self._root)
         self._next += 1
 
     def close(self) -> None:
         pass
+
+
+def _fsync_directory(path: Path) -> None:
+    descriptor = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)

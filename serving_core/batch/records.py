@@ -16,6 +16,7 @@ the input. Resume and shards compare ids as text (``id_key``), so ``7`` and
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -176,6 +177,40 @@ def output_location(value: str, table: str | None = None) -> Location:
     if table is not None:
         raise RecordsError(f"--output-table is for databases; --output {value} is a file")
     return Location(kind, target)
+
+
+def refuse_overlap(source: Location, sink: Location, shard: Shard) -> None:
+    """Refuse an output that is the input (or holds it, or is inside it), before
+    anything is opened for writing: a run appends to, cuts the torn tail off and
+    adds part files to its output, none of which an input may suffer."""
+    if source.kind == "sql" or sink.kind == "sql":
+        if (source.target, source.table) == (sink.target, sink.table):
+            raise RecordsError(
+                f"--output-table {sink.table} is --input-table {source.table} of "
+                f"{_shown(sink.target)}: name another --output-table"
+            )
+        return
+    given, output = Path(source.target), Path(sharded_path(sink.target, shard))
+    if _same(given, output) or _within(given, output) or _within(output, given):
+        raise RecordsError(
+            f"--output {output} is (or holds, or is inside) --input {source.target}: a run "
+            "writes to its output, so it must not be the input; name another --output"
+        )
+
+
+def _same(a: Path, b: Path) -> bool:
+    if a.exists() and b.exists():
+        return os.path.samefile(a, b)  # a symlink, a hard link, another spelling
+    return a.resolve() == b.resolve()
+
+
+def _within(inner: Path, outer: Path) -> bool:
+    return outer.is_dir() and inner.resolve().is_relative_to(outer.resolve())
+
+
+def _shown(url: str) -> str:
+    # No SQLAlchemy here (it takes a second to import): the password cut by hand.
+    return re.sub(r"(://[^/:@]*:)[^/@]*@", r"\1***@", url)
 
 
 def sharded_path(path: str, shard: Shard) -> str:

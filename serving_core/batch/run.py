@@ -150,6 +150,13 @@ class BatchRun:
             tally.skipped_failed,
             tally.duplicates,
         )
+        if tally.skipped_failed and not tally.failed:
+            log.warning(
+                "exit status 1: %d records failed in an earlier run; their errors are in %s "
+                "(a rerun skips every id written, failed ones too)",
+                tally.skipped_failed,
+                sink.where,
+            )
 
 
 def _interrupt(signum: int, frame: Any) -> None:

@@ -7,6 +7,12 @@ appends, and the records from there on are simply predicted again. (The page
 cache survives a killed process, so a flush per chunk is enough; ``close``
 fsyncs for a machine that loses power after a finished run.)
 
+Only the last row can be torn: a kill stops the one writer mid-append, and
+nothing follows it. So ``written()`` cuts off a bad last row, and refuses
+anything else it cannot read (a bad row earlier, rows of another
+``--id-field``, a file that is no batch output) with a ``RecordsError`` naming
+``file:line``, before it changes a byte: a rerun never deletes rows.
+
 Output rows: JSONL ``{ID_FIELD: id, "output": {...}}`` or
 ``{ID_FIELD: id, "error": {"type", "message"}}``; CSV the columns
 ``ID_FIELD,output,error`` with the output or the error as JSON text and the
@@ -157,17 +163,40 @@ class JsonlSink(_AppendSink):
 
     def _scan(self, file: IO[bytes], keys: dict[str, bool]) -> int:
         end = 0
-        for line in file:
-            if not line.endswith(b"\n"):
-                break
+        for number, line in enumerate(iter(file.readline, b""), 1):
             try:
-                row = encoding.loads(line)
-                key = row[self._id_field]
-            except (encoding.JSONDecodeError, KeyError, TypeError):
-                break
+                row = encoding.loads(line) if line.endswith(b"\n") else None
+            except encoding.JSONDecodeError:
+                row = None
+            if row is None:
+                if file.read(1):  # rows follow it: no kill left this
+                    raise self._refused(number, "is not a whole JSON row")
+                break  # the torn last row of a killed run
+            key = self._key(row, number)
             keys[key if isinstance(key, str) else encoding.dumps(key).decode()] = "error" not in row
             end += len(line)
         return end
+
+    def _key(self, row: Any, number: int) -> Any:
+        if not isinstance(row, dict):
+            raise self._refused(number, f"is a JSON {type(row).__name__}, not a row")
+        if "output" not in row and "error" not in row:
+            raise self._refused(number, "has no output and no error: not a batch output row")
+        if self._id_field not in row:
+            first = next(iter(row))  # the id comes first in every row written
+            raise RecordsError(
+                f"{self.where}:{number}: the rows' id field is {first!r}, not "
+                f"{self._id_field!r}: rerun with --id-field {first} (or choose another "
+                "--output); nothing was written"
+            )
+        return row[self._id_field]
+
+    def _refused(self, number: int, what: str) -> RecordsError:
+        return RecordsError(
+            f"{self.where}:{number}: line {number} {what}, and only the last row can be "
+            "torn (by a kill); the file was changed by something else. Fix or delete that "
+            "line, or choose another --output; nothing was written"
+        )
 
     def write(self, rows: Sequence[Row]) -> None:
         parts = []
@@ -186,6 +215,7 @@ class CsvSink(_AppendSink):
         self._header = [id_field, *CSV_COLUMNS]
 
     def _scan(self, file: IO[bytes], keys: dict[str, bool]) -> int:
+        size = os.fstat(file.fileno()).st_size
         lines = _TrackedLines(file)
         # csv.reader pulls exactly the lines of one row (a quoted field may span
         # several), so the offset after each row is where that row ends.
@@ -193,8 +223,12 @@ class CsvSink(_AppendSink):
         end = 0
         try:
             header = next(reader, None)
-            if header is None or not lines.whole:
-                return 0  # empty, or a torn header: start the file again
+            if header is None:
+                return 0
+            if not lines.whole:
+                file.seek(0)
+                if self._csv([self._header]).startswith(file.read()):
+                    return 0  # the header a kill tore: start the file again
             if header != self._header:
                 raise RecordsError(
                     f"--output {self.where} has the columns {','.join(header)}, not "
@@ -208,6 +242,13 @@ class CsvSink(_AppendSink):
                 end = lines.offset
         except csv.Error:
             pass  # a quoted field cut by a kill: everything from the last whole row goes
+        if lines.offset < size:  # rows follow the bad one: no kill left this
+            raise RecordsError(
+                f"{self.where}:{reader.line_num}: the row ending on line {reader.line_num} "
+                "is not a whole row of the columns "
+                f"{','.join(self._header)}, and only the last row can be torn (by a kill); "
+                "fix or delete it, or choose another --output; nothing was written"
+            )
         return end
 
     def written(self) -> dict[str, bool]:

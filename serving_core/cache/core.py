@@ -1,16 +1,21 @@
 """The inference cache: answers repeated requests without running the model.
 
-One ``Cache`` serves one handler. Its key is the handler's name and version
-plus the canonical parameters (``key``); its entries are the outputs as
-orjson bytes, in each worker's memory or in Redis (``store``). A numpy
-array comes back from the cache as a list of numbers, which encodes to the
-same JSON body.
+One ``Cache`` serves one handler build. Its key is the handler's name,
+version and revision (``SERVING_MODEL_REVISION``), the caller when entries
+are per API key, and the canonical parameters (``key``); its entries are
+the outputs as orjson bytes, in each worker's memory or in Redis
+(``store``). A numpy array comes back from the cache as a list of numbers,
+which encodes to the same JSON body.
 
 Identical concurrent misses share one model call (``single_flight``):
 
 - In one process, the first request computes and the others wait on a future
   made by ``new_future`` (a ``GreenFuture`` in a gevent worker, so a waiting
-  greenlet never blocks the hub); an exception from the model reaches them all.
+  greenlet never blocks the hub). An error about the parameters or the model
+  (a 4xx, the handler's exception) reaches them all: they asked the same, and a
+  second call would fail the same way at the same cost. An error of the
+  leader's own request (``LEADERS_OWN``: its deadline, the admission it met;
+  or a cancelled leader) does not: the waiters try again, one of them leading.
 - Across workers and replicas, with Redis, the first one to miss also sets a
   short lock key (``SET NX PX``). A worker that finds the lock taken polls
   for the value every ``poll_s`` for up to ``lock_s``, then computes itself.
@@ -35,6 +40,7 @@ from typing import Any, Literal, Protocol
 from serving_core import encoding
 from serving_core.cache.key import Keyer
 from serving_core.cache.store import MemoryStore, RedisStore, Store, StoreError, StoreUnavailable
+from serving_core.errors import DeadlineExceeded, NotReady, Overloaded, RequestTimeout
 from serving_core.handler import Handler, Output, handler_name
 from serving_core.settings import Settings
 
@@ -42,6 +48,14 @@ log = logging.getLogger("serving_core.cache.core")
 
 CacheResult = Literal["hit", "miss", "coalesced"]
 NewFuture = Callable[[], "Future[Any]"]
+# Errors that say something of the leading request, not of its parameters: its
+# deadline ran out, or admission refused it (a full queue, a model not ready)
+# at the moment it came. The requests waiting on it compute again.
+LEADERS_OWN = (DeadlineExceeded, Overloaded, NotReady, RequestTimeout)
+
+
+class _LeaderGaveUp(Exception):
+    """Set on the waiters' future when the leader failed for a reason of its own."""
 
 
 class CacheObserver(Protocol):
@@ -63,6 +77,7 @@ class Cache:
         observer: CacheObserver | None = None,
         new_future: NewFuture = Future,
         *,
+        revision: str = "",
         lock_s: float = 1.0,
         poll_s: float = 0.005,
     ) -> None:
@@ -73,26 +88,30 @@ class Cache:
         self.lock_s = lock_s
         self.poll_s = poll_s
         self._new_future = new_future
-        self._key = Keyer(name, version)
+        self.revision = revision
+        self._key = Keyer(name, version, revision)
         # Held only to read or change the table, never while waiting.
         self._lock = threading.Lock()
         self._in_flight: dict[str, Future[Any] | None] = {}
 
-    def key_for(self, params: Mapping[str, Any]) -> str | None:
-        """The key of ``params``, or None when they cannot be cached (not JSON values)."""
+    def key_for(self, params: Mapping[str, Any], caller: str | None = None) -> str | None:
+        """The key of ``params`` (as asked by ``caller``, when entries are per caller),
+        or None when they cannot be cached (not JSON values)."""
         try:
-            return self._key(params)
+            return self._key(params, caller)
         except TypeError as exc:
             log.debug("not cached: %s", exc)
             return None
 
-    def lookup(self, params: Mapping[str, Any]) -> tuple[str | None, Output | None]:
+    def lookup(
+        self, params: Mapping[str, Any], caller: str | None = None
+    ) -> tuple[str | None, Output | None]:
         """``(key, output)``: the output on a hit, None on a miss; key None if uncacheable.
 
         Counts a hit or a miss. For one request use either ``lookup`` then
         ``fill``, or ``key_for`` then ``single_flight``, which looks up itself.
         """
-        key = self.key_for(params)
+        key = self.key_for(params, caller)
         if key is None:
             return None, None
         output = self._get(key)
@@ -126,38 +145,47 @@ class Cache:
         """The output for ``key``: from the store, from an identical call in flight, or computed.
 
         Only one ``compute`` runs per key at a time in this process; the others
-        wait for its output (or its exception) for up to ``timeout_s``, then
-        raise ``TimeoutError``. A computed output is returned as ``fill`` returns it,
-        so a miss, a hit and a coalesced request have the same JSON body. Treat
-        the output as read-only: it may be shared.
+        wait for its output (or its error, unless ``LEADERS_OWN``: then they try
+        again) for up to ``timeout_s`` in all, then raise ``TimeoutError``. A
+        computed output is returned as ``fill`` returns it, so a miss, a hit and a
+        coalesced request have the same JSON body. Treat the output as read-only:
+        it may be shared.
         """
-        waited: Future[Any] | None = None
-        with self._lock:
-            if key not in self._in_flight:
-                # The future is made by the first request to wait on it: most keys
-                # are never asked for twice at once, and a future costs its wake-up.
-                self._in_flight[key] = None
-            else:
-                waited = self._in_flight[key] or self._new_future()
-                self._in_flight[key] = waited
-        if waited is not None:
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while (waited := self._follow(key)) is not None:
             self._count("coalesced")
-            output: Output = waited.result(timeout_s)
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                output: Output = waited.result(left)
+            except _LeaderGaveUp:
+                continue  # lead now, or follow whoever does
             return output, "coalesced"
         try:
             output, result = self._lead(key, compute)
         except BaseException as exc:
             future = self._done(key)
             if future is not None:
-                # A BaseException: the leader was cancelled (GreenletExit, KeyboardInterrupt).
-                stopped = RuntimeError("the request computing this output stopped")
-                future.set_exception(exc if isinstance(exc, Exception) else stopped)
+                # Not an Exception: the leader was cancelled (GreenletExit, KeyboardInterrupt).
+                own = isinstance(exc, LEADERS_OWN) or not isinstance(exc, Exception)
+                future.set_exception(_LeaderGaveUp() if own else exc)
             raise
         future = self._done(key)
         if future is not None:
             future.set_result(output)
         self._count(result)
         return output, result
+
+    def _follow(self, key: str) -> Future[Any] | None:
+        """What to wait on for ``key``, or None: this caller leads (computes) it."""
+        with self._lock:
+            if key not in self._in_flight:
+                # The future is made by the first request to wait on it: most keys
+                # are never asked for twice at once, and a future costs its wake-up.
+                self._in_flight[key] = None
+                return None
+            waited = self._in_flight[key] or self._new_future()
+            self._in_flight[key] = waited
+            return waited
 
     def followed(self, key: str) -> bool:
         """Whether an identical request waits on the call in flight for ``key``."""
@@ -259,4 +287,11 @@ def from_settings(
         store = MemoryStore(settings.cache_size, settings.cache_ttl_s)
     else:
         return None
-    return Cache(store, handler_name(handler), handler.version, observer, new_future)
+    return Cache(
+        store,
+        handler_name(handler),
+        handler.version,
+        observer,
+        new_future,
+        revision=settings.model_revision,
+    )

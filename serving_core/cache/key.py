@@ -1,4 +1,5 @@
-"""The inference cache's key: a handler's name and version plus its canonical parameters.
+"""The inference cache's key: a handler's name, version and build, the caller when
+entries are per caller, and the canonical parameters.
 
 Two requests share a key when a JSON client would call them the same request:
 
@@ -15,8 +16,10 @@ Two requests share a key when a JSON client would call them the same request:
 Anything else (a ``set``, a ``datetime``, an object) raises ``TypeError``:
 its canonical form is not obvious, so the request is not cached. The key is
 ``serving:cache:<name>:<version>:`` (readable in ``redis-cli --scan``) and a
-128-bit BLAKE2b digest of the name, the version and the parameters, so keys
-are short whatever the parameters weigh.
+128-bit BLAKE2b digest of the name, the version, the model build
+(``SERVING_MODEL_REVISION``), the caller and the parameters, so keys are
+short whatever the parameters weigh. The build and the caller are in the
+digest only: a key names no API key, not even its hash.
 """
 
 from __future__ import annotations
@@ -31,22 +34,32 @@ PREFIX = "serving:cache:"
 DIGEST_BYTES = 16
 
 
-def key(name: str, version: str, params: Mapping[str, Any]) -> str:
+def key(
+    name: str,
+    version: str,
+    params: Mapping[str, Any],
+    *,
+    revision: str = "",
+    caller: str | None = None,
+) -> str:
     """The cache key of ``params`` for this handler; ``TypeError`` if they cannot be keyed."""
-    return Keyer(name, version)(params)
+    return Keyer(name, version, revision)(params, caller)
 
 
 class Keyer:
-    """``key`` for one handler: its name and version are hashed once, not per request."""
+    """``key`` for one handler build: its name, version and revision are hashed once."""
 
-    def __init__(self, name: str, version: str) -> None:
+    def __init__(self, name: str, version: str, revision: str = "") -> None:
         self._prefix = f"{PREFIX}{name}:{version}:"
         self._base = blake2b(digest_size=DIGEST_BYTES)
         _feed(self._base, name)
         _feed(self._base, version)
+        _feed(self._base, revision)
 
-    def __call__(self, params: Mapping[str, Any]) -> str:
+    def __call__(self, params: Mapping[str, Any], caller: str | None = None) -> str:
+        """``caller``: who asks, when entries are per caller (None: shared by all)."""
         digest = self._base.copy()
+        _feed(digest, caller)  # None is its own token: no caller's entries are the shared ones
         _feed(digest, params)
         return self._prefix + digest.hexdigest()
 

@@ -12,7 +12,12 @@ from serving_core.settings import Settings
 
 def main(settings: Settings) -> int:
     # A gevent worker's pipeline stage calls run on greenlets.
-    loaded = startup.load(settings, shared_metrics=True, runtime=runtime_for(settings))
+    loaded = startup.load(
+        settings,
+        shared_metrics=True,
+        runtime=runtime_for(settings),
+        uses_queue=settings.jobs_enabled or bool(settings.followup_queue),
+    )
     try:
         serve(settings, loaded)
     except Exception as exc:

@@ -1,4 +1,5 @@
-"""How ``serve``, ``worker`` and ``check`` start: logging as the settings say, then the handler."""
+"""How ``serve``, ``worker`` and ``check`` start: logging as the settings say, the job
+queue's store checked, then the handler."""
 
 from __future__ import annotations
 
@@ -7,24 +8,34 @@ import os
 from serving_core import logs
 from serving_core.commands.failure import Failure
 from serving_core.errors import HandlerError
+from serving_core.jobs.redis_durability import UnsafeRedis, check_redis, count_losses
 from serving_core.loading import LoadedHandler, load_handler
 from serving_core.metrics.directory import enable_multiprocess
 from serving_core.runtime import THREADS, Runtime
 from serving_core.settings import Settings, SettingsError
 
 
-def load(settings: Settings, *, shared_metrics: bool, runtime: Runtime = THREADS) -> LoadedHandler:
+def load(
+    settings: Settings,
+    *,
+    shared_metrics: bool,
+    runtime: Runtime = THREADS,
+    uses_queue: bool = False,
+) -> LoadedHandler:
     """The handler ``settings`` name; a broken one, or a bad setting, is a ``Failure``.
 
     ``shared_metrics``: the processes' metrics are summed in SERVING_METRICS_DIR
     (serve and worker fork), chosen before the handler is imported, since it
     might import prometheus_client. ``runtime``: how a pipeline's stage calls wait
-    (``serve`` passes its worker's).
+    (``serve`` passes its worker's). ``uses_queue``: the command opens the job
+    queue, whose store is checked first (before a model loads for minutes).
     """
     try:
         logs.configure(settings.log_level, settings.log_format)
         if shared_metrics:
             enable_multiprocess(settings.metrics_dir)
+        if uses_queue:
+            check_queue(settings)
         return load_handler(
             settings.handler,
             device=settings.device,
@@ -32,5 +43,13 @@ def load(settings: Settings, *, shared_metrics: bool, runtime: Runtime = THREADS
             environ=os.environ,
             runtime=runtime,
         )
-    except (SettingsError, HandlerError) as exc:
+    except (SettingsError, HandlerError, UnsafeRedis) as exc:
         raise Failure(str(exc)) from exc
+
+
+def check_queue(settings: Settings) -> None:
+    """Refuse a job queue store that would drop jobs it accepted (``UnsafeRedis``); every
+    command that opens the queue (``serve``, ``worker``, and any later one) calls it."""
+    if settings.jobs_url:
+        check_redis(settings.jobs_url)
+        count_losses()  # 0 from the start, not "no data" until the first loss

@@ -11,7 +11,7 @@ from serving_core.settings import Settings
 
 
 def main(settings: Settings) -> int:
-    loaded = startup.load(settings, shared_metrics=True)
+    loaded = startup.load(settings, shared_metrics=True, uses_queue=True)
     try:
         return Master(settings, loaded).run()
     except Exception as exc:

@@ -20,8 +20,18 @@ Kubernetes deployments use). Both give the same guarantees:
 - Finished jobs (done, failed, cancelled) and their results are readable for
   ``jobs_ttl_s``, then ``get`` answers None. Queued and running jobs never
   expire: the queue loses nothing it accepted.
-- An idempotency key maps to its job for ``jobs_ttl_s`` after submission, as
-  long as that job is still readable.
+- A job belongs to its ``owner`` (the caller's identity, ``""`` without API
+  keys); the HTTP layer answers another caller as if the job did not exist.
+- An idempotency key is the caller's own: it maps ``(owner, key)`` to its job
+  for ``jobs_ttl_s`` after submission, as long as that job is still readable,
+  and is bound to a digest of the parameters: the same key with other
+  parameters raises ``KeyReused`` instead of answering the first job.
+- Every store is bounded. ``jobs_max_queue`` caps unfinished jobs and
+  ``jobs_max_stored`` every job held (unfinished, or finished and not yet
+  expired); past either ``submit`` raises ``QueueFull``. With
+  ``jobs_max_per_caller``, one owner holds at most that many unfinished jobs
+  (``QuotaExceeded``). A finished job keeps its result or error, never its
+  parameters.
 - A queue knows whether anyone consumes it. ``take`` and ``renew`` leave the
   consumer's heartbeat in the store (at most every ``HEARTBEAT_S``), and
   ``consumers`` reads them back: without it, a job submitted while no
@@ -50,11 +60,14 @@ chooses it by URL scheme.
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal, Protocol
+
+from serving_core import encoding
 
 JobStatus = Literal["queued", "running", "done", "failed", "cancelled"]
 FINISHED: frozenset[JobStatus] = frozenset({"done", "failed", "cancelled"})  # never change again
@@ -68,11 +81,17 @@ HEARTBEAT_S = 5.0
 # Told to a client refused by a full queue. The queue does not know how fast
 # its workers drain it, so this is a polite "soon", not a prediction.
 QUEUE_FULL_RETRY_AFTER_S = 1.0
+MAX_STORED = "SERVING_JOBS_MAX_STORED"
 
 
 def new_job_id() -> str:
     """128 random bits, URL-safe: unguessable, so a job id is its own capability."""
     return uuid.uuid4().hex
+
+
+def params_digest(params: dict[str, Any]) -> str:
+    """What an idempotency key is bound to: SHA-256 of the parameters, keys sorted."""
+    return hashlib.sha256(encoding.dumps_sorted(params)).hexdigest()
 
 
 def lease_expired_error(attempts: int) -> dict[str, Any]:
@@ -93,7 +112,7 @@ class Job:
     id: str
     queue: str  # the handler the job is for
     status: JobStatus
-    params: dict[str, Any]
+    params: dict[str, Any]  # {} once finished: a finished job keeps only its outcome
     attempts: int  # hand-outs to a consumer so far (a release gives one back)
     created_at: float  # unix seconds
     started_at: float | None  # when the latest attempt was handed out
@@ -104,6 +123,8 @@ class Job:
     # fail and release act only on the current lease, so a consumer whose lease
     # expired cannot fail or requeue a job another consumer now holds.
     lease: str = ""
+    owner: str = ""  # who submitted it: a caller's identity, "" without API keys
+    digest: str = ""  # params_digest of its parameters, which it drops once finished
 
     def public(self) -> dict[str, Any]:
         """What ``GET /jobs/<id>`` answers; timestamps are ISO-8601 UTC strings or null."""
@@ -152,11 +173,49 @@ class Heartbeat:
 
 
 class QueueFull(Exception):
-    """The queue holds ``jobs_max_queue`` unfinished jobs; the client should retry later."""
+    """The queue holds ``jobs_max_queue`` unfinished jobs, or ``jobs_max_stored`` jobs in
+    all (``setting`` says which); the client should retry after ``retry_after_s``."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        retry_after_s: float = QUEUE_FULL_RETRY_AFTER_S,
+        setting: str = "SERVING_JOBS_MAX_QUEUE",
+    ) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+        self.setting = setting
+
+
+class QuotaExceeded(Exception):
+    """The owner holds ``jobs_max_per_caller`` unfinished jobs; it should wait for them."""
 
     def __init__(self, message: str, *, retry_after_s: float = QUEUE_FULL_RETRY_AFTER_S) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+
+
+class KeyReused(Exception):
+    """An idempotency key came back with other parameters than its job was made from."""
+
+    def __init__(self, job: Job) -> None:
+        super().__init__(f"idempotency key reused with other parameters (job {job.id[:8]}...)")
+        self.job = job
+
+
+def quota_message(held: int, limit: int) -> str:
+    return (
+        f"this API key holds {held} unfinished jobs (SERVING_JOBS_MAX_PER_CALLER={limit}); "
+        "wait for one to finish, or cancel one, then retry"
+    )
+
+
+def store_full_retry_after(oldest_expiry: float | None, now: float) -> float:
+    """How long until the next finished job expires and frees a place (at least 1 s)."""
+    if oldest_expiry is None:
+        return QUEUE_FULL_RETRY_AFTER_S  # all unfinished: a place frees as workers finish
+    return max(QUEUE_FULL_RETRY_AFTER_S, oldest_expiry - now)
 
 
 class QueueUnavailable(Exception):
@@ -168,8 +227,12 @@ class JobQueue(Protocol):
 
     queue: str  # its name: the handler's
 
-    def submit(self, params: dict[str, Any], *, idempotency_key: str | None = None) -> Job:
-        """Queue a job. Raises QueueFull; a repeated key returns the job it first made."""
+    def submit(
+        self, params: dict[str, Any], *, idempotency_key: str | None = None, owner: str = ""
+    ) -> Job:
+        """Queue a job for ``owner``. Raises QueueFull or QuotaExceeded; the owner's
+        repeated key returns the job it first made, or raises KeyReused when the
+        parameters differ."""
         ...
 
     def get(self, job_id: str) -> Job | None:

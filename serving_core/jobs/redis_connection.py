@@ -1,8 +1,9 @@
 """The Redis queue's connection: one client, the stream's consumer group, its errors.
 
 Every command goes through ``call``, which creates the group on first use (so
-opening needs no Redis), creates it again when Redis answers NOGROUP, and
-turns Redis and socket errors into ``QueueUnavailable``.
+opening needs no Redis), creates it again when Redis answers NOGROUP (and says
+so: ``redis_durability`` logs and counts it, since the jobs the stream held
+are lost), and turns Redis and socket errors into ``QueueUnavailable``.
 
 gevent: redis-py's plain ``ConnectionPool`` (redis 8.1's ``connection.py``)
 holds its native lock only to pop or push a connection, never across I/O, and
@@ -18,6 +19,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from serving_core.jobs.base import QueueUnavailable
+from serving_core.jobs.redis_durability import group_recreated, job_records_missing
 
 if TYPE_CHECKING:
     import redis
@@ -27,6 +29,7 @@ GROUP = "workers"
 COMMAND_TIMEOUT_S = 10.0  # connect, and every command (socket timeout)
 T = TypeVar("T")
 Arg = bytes | str | int | float  # what a script's ARGV takes
+STREAM_GONE = ("NOGROUP", "UNBLOCKED the stream key no longer exists")
 
 
 class RedisConnection:
@@ -62,10 +65,17 @@ class RedisConnection:
             except redis.ResponseError as error:
                 # The stream was deleted under us (FLUSHDB, a restarted Redis
                 # without persistence): recreate the group and try once more.
-                if "NOGROUP" not in str(error):
+                # A read blocked on the stream then is UNBLOCKED (Redis 7).
+                if not any(sign in str(error) for sign in STREAM_GONE):
                     raise
                 self._create_group()
+                group_recreated(self.stream)
                 return command()
+
+    def records_missing(self, job_ids: list[str]) -> None:
+        """The take scripts dropped these jobs' stream entries: their records were gone."""
+        if job_ids:
+            job_records_missing(self.stream, job_ids)
 
     def _create_group(self) -> None:
         import redis

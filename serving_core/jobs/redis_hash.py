@@ -33,7 +33,7 @@ def job_of(pairs: list[str], queue: str) -> Job:
         id=fields["id"],
         queue=queue,
         status=cast(JobStatus, fields["status"]),
-        params=encoding.loads(fields["params"]),
+        params=optional_json("params") or {},  # a finished job has none
         attempts=int(fields["attempts"]),
         created_at=float(fields["created_at"]),
         started_at=optional_float("started_at"),
@@ -41,4 +41,6 @@ def job_of(pairs: list[str], queue: str) -> Job:
         result=optional_json("result"),
         error=optional_json("error"),
         lease=fields.get("lease", ""),
+        owner=fields.get("owner", ""),
+        digest=fields.get("digest", ""),
     )

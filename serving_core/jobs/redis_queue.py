@@ -9,8 +9,17 @@ Cluster keeps a queue's keys in one slot and its scripts may touch them all):
   nobody ran) and ``XLEN`` is exactly the depth.
 - ``job:ID``: a hash with the job's record; no expiry until it finishes, then
   ``jobs_ttl_s``.
-- ``key:KEY``: an idempotency key's job id, for ``jobs_ttl_s``.
+- ``job:ID``'s fields: ``id``, ``status``, ``params`` (deleted when the job
+  finishes), ``attempts``, ``created_at``, ``started_at``, ``finished_at``,
+  ``result``, ``error``, ``entry`` (its stream entry), ``lease``, ``owner``
+  (the submitting caller's identity, empty without API keys) and ``digest``
+  (the parameters' SHA-256, which an idempotency key is bound to).
+- ``key:OWNER:KEY``: an idempotency key's job id, for ``jobs_ttl_s``; each
+  caller's keys are its own.
 - ``dead``: failed job ids scored by when they failed.
+- ``finished``: finished job ids scored by when they expire; with ``XLEN``, what
+  ``jobs_max_stored`` counts (trimmed by each submit).
+- ``owners``: each owner's count of unfinished jobs, for ``jobs_max_per_caller``.
 - ``consumers``: each consumer's latest heartbeat, scored by its time; the key
   expires ``jobs_ttl_s`` after the last one.
 
@@ -37,11 +46,17 @@ from typing import TYPE_CHECKING, Any
 
 from serving_core import encoding
 from serving_core.jobs.base import (
+    MAX_STORED,
     Consumers,
     Job,
+    KeyReused,
     QueueFull,
+    QuotaExceeded,
     lease_expired_error,
     new_job_id,
+    params_digest,
+    quota_message,
+    store_full_retry_after,
 )
 from serving_core.jobs.redis_connection import GROUP, Arg, RedisConnection
 from serving_core.jobs.redis_consumers import RedisConsumers
@@ -70,6 +85,8 @@ class RedisJobQueue:
     def __init__(self, settings: Settings, queue: str) -> None:
         self.queue = queue
         self.max_queue = settings.jobs_max_queue
+        self.max_stored = settings.jobs_max_stored
+        self.max_per_caller = settings.jobs_max_per_caller
         self.ttl_s = settings.jobs_ttl_s
         self.ttl_ms = max(1, round(settings.jobs_ttl_s * 1000))
         self.lease_ms = max(1, round(settings.jobs_lease_s * 1000))
@@ -77,6 +94,8 @@ class RedisJobQueue:
         self.prefix = f"serving-core:jobs:{{{queue}}}:"
         self.stream = self.prefix + "stream"
         self.dead = self.prefix + "dead"
+        self.finished = self.prefix + "finished"
+        self.owners = self.prefix + "owners"
         self.redis = RedisConnection(settings.jobs_url, self.stream)
         self._consumers = RedisConsumers(
             self.redis,
@@ -90,28 +109,58 @@ class RedisJobQueue:
         self._release, self._cancel = script(RELEASE), script(CANCEL)
         self._renew = script(RENEW)
 
-    def submit(self, params: dict[str, Any], *, idempotency_key: str | None = None) -> Job:
+    def submit(
+        self, params: dict[str, Any], *, idempotency_key: str | None = None, owner: str = ""
+    ) -> Job:
         now = time.time()
         job_id = new_job_id()
-        keys = [self.stream, self._job_key(job_id), self.prefix + "key:" + (idempotency_key or "")]
+        digest = params_digest(params)
+        keys = [self.stream, self._job_key(job_id), f"{self.prefix}key:{owner}:{idempotency_key}"]
+        keys += [self.finished, self.owners]
         argv: list[Arg] = [job_id, encoding.dumps(params), repr(now), self.ttl_ms, self.max_queue]
-        argv += ["0" if idempotency_key is None else "1", self.prefix]
-        kind, value = self.redis.run(self._submit, keys, argv)
+        argv += ["0" if idempotency_key is None else "1", self.prefix, digest, owner]
+        argv += [self.max_stored, self.max_per_caller]
+        kind, value, *more = self.redis.run(self._submit, keys, argv)
         if kind == "existing":
-            return job_of(value, self.queue)
+            job = job_of(value, self.queue)
+            if job.digest and job.digest != digest:
+                raise KeyReused(job)
+            return job
         if kind == "full":
             raise QueueFull(
                 f"the {self.queue!r} job queue holds {value} unfinished jobs "
                 f"(SERVING_JOBS_MAX_QUEUE={self.max_queue}); retry later"
             )
-        return Job(job_id, self.queue, "queued", params, 0, now, None, None, None, None)
+        if kind == "stored":
+            raise QueueFull(
+                f"the {self.queue!r} job queue holds {value} jobs "
+                f"({MAX_STORED}={self.max_stored}); retry later",
+                retry_after_s=store_full_retry_after(float(more[0]) if more[0] else None, now),
+                setting=MAX_STORED,
+            )
+        if kind == "quota":
+            raise QuotaExceeded(quota_message(int(value), self.max_per_caller))
+        return Job(
+            job_id,
+            self.queue,
+            "queued",
+            params,
+            0,
+            now,
+            None,
+            None,
+            None,
+            None,
+            owner=owner,
+            digest=digest,
+        )
 
     def get(self, job_id: str) -> Job | None:
         fields: Any = self.redis.call(lambda: self.redis.client.hgetall(self._job_key(job_id)))
         return job_of(flat(fields), self.queue) if fields else None
 
     def cancel(self, job_id: str) -> Job | None:
-        keys = [self.stream, self._job_key(job_id)]
+        keys = [self.stream, self._job_key(job_id), self.finished, self.owners]
         pairs = self.redis.run(self._cancel, keys, [GROUP, repr(time.time()), self.ttl_ms])
         return job_of(pairs, self.queue) if pairs else None
 
@@ -150,7 +199,8 @@ class RedisJobQueue:
     def _take_scripted(self, script: Script, lease: str, extra: list[Arg]) -> list[Job]:
         argv: list[Arg] = [GROUP, self.prefix, repr(time.time()), self.max_attempts]
         argv += [self.ttl_ms, lease, encoding.dumps(lease_expired_error(self.max_attempts))]
-        rows = self.redis.run(script, [self.stream, self.dead], argv + extra)
+        rows, missing = self.redis.run(script, [self.stream, self.dead], argv + extra)
+        self.redis.records_missing(missing)
         return [job_of(row, self.queue) for row in rows]
 
     def complete(self, job: Job, result: Any) -> None:
@@ -167,14 +217,15 @@ class RedisJobQueue:
             pipe = self.redis.client.pipeline(transaction=False)
             for job, result in finished:
                 argv: list[Arg] = [GROUP, encoding.dumps(result), now, self.ttl_ms]
-                self._complete(keys=[self.stream, self._job_key(job.id)], args=argv, client=pipe)
+                keys = [self.stream, self._job_key(job.id), self.finished, self.owners]
+                self._complete(keys=keys, args=argv, client=pipe)
             pipe.execute()
 
         self.redis.call(store)
 
     def fail(self, job: Job, error: dict[str, Any], *, retry: bool = True) -> None:
         now = time.time()
-        keys = [self.stream, self._job_key(job.id), self.dead]
+        keys = [self.stream, self._job_key(job.id), self.dead, self.finished, self.owners]
         argv: list[Arg] = [GROUP, job.lease, encoding.dumps(error), repr(now), self.ttl_ms]
         argv += [self.max_attempts, job.id, "1" if retry else "0", repr(now - self.ttl_s)]
         self.redis.run(self._fail, keys, argv)

@@ -1,57 +1,39 @@
-"""The SQLite job queue's file: its schema, its connections (WAL), and ``SqliteFile``, the
-handle the queue and its consumers' heartbeats share.
+"""The SQLite job queue's file: its connections (WAL), and ``SqliteFile``, the handle the
+queue and its consumers' heartbeats share (``sqlite_schema`` has the tables).
 
 WAL lets readers (``get``, ``depth``) run while one writer commits.
 ``synchronous=FULL``: a job is on disk when ``submit`` returns, since the queue
 must lose nothing it accepted (NORMAL would survive a killed process but not a
-power cut).
+power cut). Its cost is an fsync of the WAL at every commit: each submit,
+take and finish waits for the disk.
+
+The file is private: made mode 0600 before SQLite opens it (its ``-wal`` and
+``-shm`` files take the database's mode), and the default directory
+(``settings.private``) is made 0700 and refused if another user owns it, since
+``/tmp`` lets anyone create a name first.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
+import stat
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from serving_core.jobs.base import QueueUnavailable
+from serving_core.jobs.sqlite_schema import AUTO_VACUUM, prepare
+from serving_core.settings.private import private_directory
 
 BUSY_TIMEOUT_S = 30.0  # how long a call waits for another process's write
 WAL_RETRY_S = 0.005  # how often an opening connection asks for WAL mode again
 PURGE_EVERY_S = 60.0  # how often a handle deletes expired rows
-PURGE_BATCH = 1000  # rows per purge, so a purge never holds the write lock long
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS jobs (
-    id TEXT PRIMARY KEY,
-    queue TEXT NOT NULL,
-    status TEXT NOT NULL,
-    params BLOB NOT NULL,
-    attempts INTEGER NOT NULL DEFAULT 0,
-    created_at REAL NOT NULL,
-    started_at REAL,
-    finished_at REAL,
-    result BLOB,
-    error BLOB,
-    idempotency_key TEXT,
-    lease TEXT NOT NULL DEFAULT '',
-    due REAL,
-    expires_at REAL
-);
-CREATE INDEX IF NOT EXISTS jobs_due ON jobs (queue, due) WHERE due IS NOT NULL;
-CREATE INDEX IF NOT EXISTS jobs_expiry ON jobs (expires_at) WHERE expires_at IS NOT NULL;
-CREATE INDEX IF NOT EXISTS jobs_dead ON jobs (queue, finished_at) WHERE status = 'failed';
-CREATE UNIQUE INDEX IF NOT EXISTS jobs_key ON jobs (queue, idempotency_key)
-    WHERE idempotency_key IS NOT NULL;
-CREATE TABLE IF NOT EXISTS consumers (
-    queue TEXT NOT NULL,
-    consumer TEXT NOT NULL,
-    seen_at REAL NOT NULL,
-    PRIMARY KEY (queue, consumer)
-);
-"""
+PURGE_BATCH = 1000  # rows per purge transaction, so none holds the write lock long
+VACUUM_PAGES = 2048  # pages handed back to the file system per step (8 MiB at 4 KiB)
 
 
 @contextmanager
@@ -62,6 +44,29 @@ def translated(path: str) -> Iterator[None]:
         raise QueueUnavailable(f"the job queue's SQLite file {path}: {error}") from error
 
 
+def create_private(path: str) -> None:
+    """Make ``path`` mode 0600 if it is new, in a 0700 directory if that is the default one."""
+    directory = os.path.dirname(os.path.abspath(path))
+    if os.path.basename(directory) == os.path.basename(private_directory()):
+        _own_directory(directory)
+    # Made before SQLite opens it, which would make it 0644 (less the umask).
+    os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+
+
+def _own_directory(directory: str) -> None:
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(directory, 0o700)
+    found = os.lstat(directory)
+    if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.getuid():
+        raise QueueUnavailable(
+            f"the job queue's directory {directory} is not a directory of this user "
+            f"(uid {os.getuid()}): another user may have made it to read the jobs; "
+            "remove it, or set SERVING_JOBS_PATH to a file in a directory of your own"
+        )
+    if found.st_mode & 0o077:
+        os.chmod(directory, 0o700)  # ours, made before this rule: close it
+
+
 def connect(path: str) -> sqlite3.Connection:
     # isolation_level=None: no implicit transactions; every write above opens
     # its own BEGIN IMMEDIATE, which takes the write lock up front instead of
@@ -70,9 +75,10 @@ def connect(path: str) -> sqlite3.Connection:
         path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
     )
     db.row_factory = sqlite3.Row
+    db.execute(AUTO_VACUUM)
     use_wal(db)
     db.execute("PRAGMA synchronous = FULL")
-    db.executescript(SCHEMA)
+    prepare(db)
     return db
 
 
@@ -108,6 +114,10 @@ class SqliteFile:
         self._pid = -1
         self._db: sqlite3.Connection | None = None
         self._next_purge = 0.0
+        try:
+            create_private(path)
+        except OSError as error:
+            raise QueueUnavailable(f"the job queue's SQLite file {path}: {error}") from error
         with self.transaction():
             pass  # connect now, so a bad path fails at start-up
 
@@ -136,20 +146,52 @@ class SqliteFile:
                 raise
             db.execute("COMMIT")
 
-    def purge(self, now: float) -> None:
-        """Delete some expired rows, at most every ``PURGE_EVERY_S``.
+    def purge(self, now: float, *, force: bool = False) -> int:
+        """Delete every expired row, at most every ``PURGE_EVERY_S`` (or now, ``force``),
+        then hand the freed pages back; returns how many rows went.
 
-        Expired rows are invisible already (LIVE); deleting them only bounds the
-        file, so it runs now and then, in small batches, from whoever writes.
+        Expired rows are invisible already (LIVE); deleting them bounds the file
+        (and frees their places under ``jobs_max_stored``). It runs until none is
+        left, however many expired since the last time, in transactions of
+        ``PURGE_BATCH`` rows: between two, the write lock is free for submits and
+        takes, and ``time.sleep(0)`` lets a gevent worker's other requests run.
         """
-        if now < self._next_purge:
-            return
+        if not force and now < self._next_purge:
+            return 0
         self._next_purge = now + PURGE_EVERY_S
-        with self.transaction() as db:
-            db.execute(
-                "DELETE FROM jobs WHERE id IN (SELECT id FROM jobs WHERE expires_at <= ? LIMIT ?)",
-                (now, PURGE_BATCH),
-            )
+        purged = 0
+        while True:
+            with self.transaction() as db:
+                gone = db.execute(
+                    "DELETE FROM jobs WHERE id IN"
+                    " (SELECT id FROM jobs WHERE expires_at <= ? LIMIT ?) RETURNING queue",
+                    (now, PURGE_BATCH),
+                ).fetchall()
+                per_queue = Counter(queue for (queue,) in gone)
+                db.executemany(
+                    "UPDATE stored SET jobs = max(0, jobs - ?) WHERE queue = ?",
+                    [(count, queue) for queue, count in per_queue.items()],
+                )
+            purged += len(gone)
+            if len(gone) < PURGE_BATCH:
+                break
+            time.sleep(0)
+        if purged:
+            self._vacuum()
+        return purged
+
+    def _vacuum(self) -> None:
+        # executescript steps the pragma to its end; execute would free one page. A
+        # file made without auto_vacuum frees nothing (sqlite_schema): stop then too.
+        before: int | None = None
+        while True:
+            with self.reading() as db:
+                db.executescript(f"PRAGMA incremental_vacuum({VACUUM_PAGES})")
+                (free,) = db.execute("PRAGMA freelist_count").fetchone()
+            if not free or (before is not None and free >= before):
+                return
+            before = free
+            time.sleep(0)
 
     def close(self) -> None:
         with self._lock:

@@ -24,14 +24,18 @@ from typing import Any
 
 from serving_core import encoding
 from serving_core.jobs.base import (
+    MAX_STORED,
     Consumers,
     Job,
+    KeyReused,
     QueueFull,
     lease_expired_error,
     new_job_id,
+    params_digest,
 )
 from serving_core.jobs.sqlite_consumers import SqliteConsumers
 from serving_core.jobs.sqlite_file import SqliteFile
+from serving_core.jobs.sqlite_limits import Limits, admit
 from serving_core.jobs.sqlite_rows import LIVE, finish, job_of, live
 from serving_core.settings import Settings
 
@@ -44,43 +48,77 @@ class SqliteJobQueue:
     def __init__(self, settings: Settings, queue: str) -> None:
         self.queue = queue
         self.path = settings.jobs_path
-        self.max_queue = settings.jobs_max_queue
+        self.limits = Limits.of(settings)
         self.ttl_s = settings.jobs_ttl_s
         self.max_attempts = settings.jobs_max_attempts
         self.lease_s = settings.jobs_lease_s
         self.file = SqliteFile(self.path)
         self._consumers = SqliteConsumers(self.file, queue, lease_s=self.lease_s, ttl_s=self.ttl_s)
 
-    def submit(self, params: dict[str, Any], *, idempotency_key: str | None = None) -> Job:
+    def submit(
+        self, params: dict[str, Any], *, idempotency_key: str | None = None, owner: str = ""
+    ) -> Job:
         now = time.time()
+        try:
+            job = self._submit(params, idempotency_key, owner, now)
+        except QueueFull as full:
+            # At jobs_max_stored the expired rows go now, not at the next purge:
+            # a place they free is taken at once.
+            if full.setting != MAX_STORED or not self.file.purge(now, force=True):
+                raise
+            job = self._submit(params, idempotency_key, owner, now)
+        self.file.purge(now)
+        return job
+
+    def _submit(
+        self, params: dict[str, Any], idempotency_key: str | None, owner: str, now: float
+    ) -> Job:
+        digest = params_digest(params)
         with self.file.transaction() as db:
             if idempotency_key is not None:
                 row = db.execute(
-                    "SELECT * FROM jobs WHERE queue = ? AND idempotency_key = ?",
-                    (self.queue, idempotency_key),
+                    "SELECT * FROM jobs WHERE queue = ? AND owner = ? AND idempotency_key = ?",
+                    (self.queue, owner, idempotency_key),
                 ).fetchone()
                 if row is not None:
                     job = job_of(row)
                     if job.created_at + self.ttl_s > now and live(row, now):
+                        if job.digest and job.digest != digest:
+                            raise KeyReused(job)
                         return job
                     # The key outlived its window: free it for the new job.
                     db.execute("UPDATE jobs SET idempotency_key = NULL WHERE id = ?", (job.id,))
-            (depth,) = db.execute(
-                "SELECT count(*) FROM jobs WHERE queue = ? AND due IS NOT NULL", (self.queue,)
-            ).fetchone()
-            if depth >= self.max_queue:
-                raise QueueFull(
-                    f"the {self.queue!r} job queue holds {depth} unfinished jobs "
-                    f"(SERVING_JOBS_MAX_QUEUE={self.max_queue}); retry later"
-                )
+            admit(db, self.queue, owner, now, self.limits)
             job_id = new_job_id()
             db.execute(
-                "INSERT INTO jobs (id, queue, status, params, created_at, idempotency_key, due)"
-                " VALUES (?, ?, 'queued', ?, ?, ?, ?)",
-                (job_id, self.queue, encoding.dumps(params), now, idempotency_key, now),
+                "INSERT INTO jobs (id, queue, status, params, created_at, idempotency_key, due,"
+                " owner, digest) VALUES (?, ?, 'queued', ?, ?, ?, ?, ?, ?)",
+                (
+                    job_id,
+                    self.queue,
+                    encoding.dumps(params),
+                    now,
+                    idempotency_key,
+                    now,
+                    owner,
+                    digest,
+                ),
             )
-        self.file.purge(now)
-        return Job(job_id, self.queue, "queued", params, 0, now, None, None, None, None)
+            db.execute("UPDATE stored SET jobs = jobs + 1 WHERE queue = ?", (self.queue,))
+        return Job(
+            job_id,
+            self.queue,
+            "queued",
+            params,
+            0,
+            now,
+            None,
+            None,
+            None,
+            None,
+            owner=owner,
+            digest=digest,
+        )
 
     def get(self, job_id: str) -> Job | None:
         with self.file.reading() as db:
@@ -94,7 +132,7 @@ class SqliteJobQueue:
         now = time.time()
         with self.file.transaction() as db:
             db.execute(
-                "UPDATE jobs SET status = 'cancelled', finished_at = :now,"
+                "UPDATE jobs SET status = 'cancelled', finished_at = :now, params = X'',"
                 " expires_at = :now + :ttl, due = NULL"
                 " WHERE id = :id AND queue = :queue AND status = 'queued'",
                 {"id": job_id, "queue": self.queue, "now": now, "ttl": self.ttl_s},

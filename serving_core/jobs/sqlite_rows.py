@@ -23,7 +23,7 @@ def job_of(row: sqlite3.Row) -> Job:
         id=row["id"],
         queue=row["queue"],
         status=cast(JobStatus, row["status"]),
-        params=encoding.loads(row["params"]),
+        params=encoding.loads(row["params"]) if row["params"] else {},
         attempts=row["attempts"],
         created_at=row["created_at"],
         started_at=row["started_at"],
@@ -31,6 +31,8 @@ def job_of(row: sqlite3.Row) -> Job:
         result=None if row["result"] is None else encoding.loads(row["result"]),
         error=None if row["error"] is None else encoding.loads(row["error"]),
         lease=row["lease"],
+        owner=row["owner"],
+        digest=row["digest"],
     )
 
 
@@ -44,9 +46,10 @@ def finish(
     result: Any = None,
     error: dict[str, Any] | None = None,
 ) -> None:
-    """End the job ``status``, readable for ``ttl_s``; an error keeps the last one if None."""
+    """End the job ``status``, readable for ``ttl_s``; an error keeps the last one if None.
+    Its parameters go: a finished job keeps only its outcome (and their digest)."""
     db.execute(
-        "UPDATE jobs SET status = ?, result = ?, error = coalesce(?, error),"
+        "UPDATE jobs SET status = ?, result = ?, error = coalesce(?, error), params = X'',"
         " finished_at = ?, expires_at = ?, due = NULL, lease = '' WHERE id = ?",
         (
             status,

@@ -42,14 +42,15 @@ class Metrics:
         r = self.registry
         self.requests = Counter(
             "serving_requests_total",
-            "HTTP requests answered, by route and status code.",
-            ["route", "status"],
+            "HTTP requests answered, by route, status code and protocol "
+            "(predict: serving-core's own JSON; v2: the Open Inference Protocol).",
+            ["route", "status", "protocol"],
             registry=r,
         )
         self.latency = Histogram(
             "serving_request_duration_seconds",
-            "Time from a request's arrival to its response, by route.",
-            ["route"],
+            "Time from a request's arrival to its response, by route and protocol.",
+            ["route", "protocol"],
             buckets=LATENCY_BUCKETS_S,
             registry=r,
         )
@@ -125,7 +126,7 @@ class Metrics:
         self._cache_results = {
             result: self.cache_requests.labels(result) for result in ("hit", "miss", "coalesced")
         }
-        self._by_route: dict[tuple[str, int], tuple[Any, Any]] = {}
+        self._by_route: dict[tuple[str, int, str], tuple[Any, Any]] = {}
         # The model thread's histograms, written at most FLUSH_S after they were
         # observed (busy or idle: the batcher asks ``flush_in``), and before this
         # process answers /metrics.
@@ -178,12 +179,18 @@ class Metrics:
 
     # -- HTTP -------------------------------------------------------------------
 
-    def request(self, route: str, status: int, duration_s: float) -> None:
+    def request(
+        self, route: str, status: int, duration_s: float, protocol: str = "predict"
+    ) -> None:
         # Few keys: the app's routes (unmatched paths share one) times the statuses.
-        children = self._by_route.get((route, status))
+        key = (route, status, protocol)
+        children = self._by_route.get(key)
         if children is None:
-            children = self.requests.labels(route, str(status)), self.latency.labels(route)
-            self._by_route[(route, status)] = children
+            children = (
+                self.requests.labels(route, str(status), protocol),
+                self.latency.labels(route, protocol),
+            )
+            self._by_route[key] = children
         counter, latency = children
         counter.inc()
         latency.observe(duration_s)

@@ -11,6 +11,7 @@ metrics live in-process.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -20,6 +21,12 @@ from serving_core.metrics.archive import archive_dead_worker
 from serving_core.settings import SettingsError
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+# The files prometheus-client writes (values.MultiProcessValue: TYPE[_MODE]_PID.db,
+# the pid being ours, see _cache_pid) and the archive writes (archive.py), and no
+# other: SERVING_METRICS_DIR=/tmp must not delete another program's *.db.
+OWN_FILE = re.compile(
+    r"(counter|histogram|summary|gauge_(live)?(all|min|max|sum|mostrecent))_(\d+|archive)\.db"
+)
 
 # The directory ``enable_multiprocess`` chose (None: in-process metrics), kept
 # here for this process and the workers it forks; the environment variable is
@@ -30,8 +37,9 @@ _directory: str | None = None
 def enable_multiprocess(directory: str) -> str:
     """Point prometheus-client at a fresh directory; call before it is imported.
 
-    An empty ``directory`` means a new temporary one. Files left by an earlier
-    run are removed: they would be summed into this run's counters.
+    An empty ``directory`` means a new temporary one. Metrics files left by an
+    earlier run are removed (they would be summed into this run's counters), and
+    only those (``OWN_FILE``): the directory may be shared, even ``/tmp``.
     """
     global _directory  # noqa: PLW0603 - one metrics directory per process tree
     imported = "prometheus_client" in sys.modules
@@ -46,7 +54,8 @@ def enable_multiprocess(directory: str) -> str:
         path = Path(directory) if directory else Path(tempfile.mkdtemp(prefix="serving-metrics-"))
         path.mkdir(parents=True, exist_ok=True)
         for stale in path.glob("*.db"):
-            stale.unlink()
+            if OWN_FILE.fullmatch(stale.name):
+                stale.unlink()
     except OSError as exc:
         raise SettingsError(
             f"SERVING_METRICS_DIR={directory!r} cannot be used ({exc}); "

@@ -5,6 +5,10 @@ this handler's ``serving-core worker``) and the follow-up queue
 (``SERVING_FOLLOWUP_QUEUE``: each answered ``/predict`` is queued for a slower
 handler too). Both are opened in ``open``, after fork: neither a SQLite
 connection nor a Redis pool may be shared by forked processes. Imports no Flask.
+
+A job belongs to its ``caller`` (``web.access.caller_of`` the API key; ``""``
+without keys): another caller's job answers the same 404 as an unknown one, so
+a job id, even one that leaked, is no use to anyone else.
 """
 
 from __future__ import annotations
@@ -12,11 +16,26 @@ from __future__ import annotations
 import logging
 
 from serving_core.engine.core import Engine
-from serving_core.errors import Conflict, NotFound, NotReady, Overloaded
+from serving_core.errors import (
+    Conflict,
+    NotFound,
+    NotReady,
+    Overloaded,
+    TooManyRequests,
+    Unprocessable,
+)
 from serving_core.handler import Output, Params
 from serving_core.jobs import liveness
 from serving_core.jobs.backend import open_queue
-from serving_core.jobs.base import Job, JobQueue, QueueFull, QueueUnavailable
+from serving_core.jobs.base import (
+    Job,
+    JobQueue,
+    KeyReused,
+    QueueFull,
+    QueueUnavailable,
+    QuotaExceeded,
+    params_digest,
+)
 from serving_core.settings import Settings
 
 log = logging.getLogger("serving_core.online.jobsapi")
@@ -48,24 +67,30 @@ class JobsApi:
         """The queues this worker has opened: its own jobs' and the follow-up one."""
         return [queue for queue in (self.queue, self.followup) if queue is not None]
 
-    def submit(self, params: Params, *, idempotency_key: str | None) -> Job:
+    def submit(self, params: Params, *, idempotency_key: str | None, caller: str = "") -> Job:
         """Queue ``params`` for this handler's workers; a bad request is a 400 now, not a
         failed job later."""
         queue = self._own()
         self.engine.validate(params)
         try:
-            return queue.submit(params, idempotency_key=idempotency_key)
+            return queue.submit(params, idempotency_key=idempotency_key, owner=caller)
         except QueueFull as exc:
             raise Overloaded(
-                f"the job queue is full (SERVING_JOBS_MAX_QUEUE={self.settings.jobs_max_queue}); "
-                "retry after the Retry-After delay",
+                f"the job queue is full ({exc.setting}); retry after the Retry-After delay",
                 reason="jobs_full",
                 retry_after_s=exc.retry_after_s,
+            ) from None
+        except QuotaExceeded as exc:
+            raise TooManyRequests(str(exc), retry_after_s=exc.retry_after_s) from None
+        except KeyReused:
+            raise Unprocessable(
+                "this Idempotency-Key was used with other parameters: a retry must send the "
+                "same body; send a new key for a new job"
             ) from None
         except QueueUnavailable as exc:
             raise _unavailable(exc) from None
 
-    def get(self, job_id: str) -> Job:
+    def get(self, job_id: str, *, caller: str = "") -> Job:
         queues = self.queues
         if not queues:
             raise _not_open()
@@ -74,7 +99,7 @@ class JobsApi:
                 found = queue.get(job_id)
             except QueueUnavailable as exc:
                 raise _unavailable(exc) from None
-            if found is not None:
+            if found is not None and found.owner == caller:
                 return found
         raise NotFound(
             f"no job {job_id!r}: it never existed, or it finished more than "
@@ -89,8 +114,8 @@ class JobsApi:
         handler = self.settings.handler if queue is self.queue else None
         return liveness.hint(queue, self.settings, handler=handler)
 
-    def cancel(self, job_id: str) -> Job:
-        job = self.get(job_id)  # 404 for an unknown id, from either queue
+    def cancel(self, job_id: str, *, caller: str = "") -> Job:
+        job = self.get(job_id, caller=caller)  # 404 for an unknown id or another's job
         queue = self._queue_of(job)
         if queue is None:
             raise _not_open()
@@ -104,14 +129,23 @@ class JobsApi:
             raise Conflict(f"job {job_id} is {after.status}: only a queued job can be cancelled")
         return after
 
-    def follow_up(self, output: Output, params: Params, request_id: str) -> Output:
+    def follow_up(
+        self, output: Output, params: Params, request_id: str, caller: str = ""
+    ) -> Output:
         """``output``, with the id of the slow handler's job for the same request
-        when there is a follow-up queue (the time-lag pattern)."""
+        when there is a follow-up queue (the time-lag pattern).
+
+        The job's idempotency key is the parameters' digest: a repeated request
+        (every cache hit is one) gets the caller's job for the same parameters,
+        queued or done within SERVING_JOBS_TTL_S, instead of a new one. The slow
+        handler runs once per distinct request, not once per ``/predict``.
+        """
         if self.followup is None:
             return output
+        key = "followup-" + params_digest(params)
         try:
-            job = self.followup.submit(params)
-        except (QueueFull, QueueUnavailable) as exc:
+            job = self.followup.submit(params, idempotency_key=key, owner=caller)
+        except (QueueFull, QuotaExceeded, QueueUnavailable) as exc:
             # The fast answer stands on its own; say why there is no slow one.
             log.warning("request %s: the follow-up was not queued: %s", request_id, exc)
             return {**output, "job_id": None, "job_error": f"not queued: {exc}"}

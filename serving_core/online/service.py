@@ -228,12 +228,21 @@ class Service:
         arrival: float | None = None,
         timeout_s: float | None = None,
         client: Any = None,
+        caller: str = "",
     ) -> tuple[Output, CacheResult | None]:
         """``/predict``: the answer, from the inference cache when it has it, and how the
-        cache served it (None: not cached). With a follow-up queue (the time-lag
-        pattern), the same request is queued for the slow handler too."""
-        if self.cache is not None and (key := self.cache.key_for(params)) is not None:
-            cache = self.cache
+        cache served it (None: not cached). ``caller``: who asks (``web.access.caller``,
+        empty without keys), whose cache entries are their own unless
+        SERVING_CACHE_PER_KEY is off. With a follow-up queue (the time-lag pattern), the
+        same request is queued for the slow handler too, as ``caller``'s job (a repeat,
+        such as a cache hit, shares the first one's job)."""
+        cache = self.cache
+        if cache is not None:
+            # A hit answers what a miss would: parameters the schema refuses get
+            # the same 400, whatever an entry (another build's, a batch's) holds.
+            self.engine.validate(params)
+        entries_of = (caller or None) if self.settings.cache_per_key else None
+        if cache is not None and (key := cache.key_for(params, entries_of)) is not None:
 
             def compute() -> Output:
                 return self.predict(
@@ -260,7 +269,7 @@ class Service:
                 params, request_id=request_id, arrival=arrival, timeout_s=timeout_s, client=client
             )
             served = None
-        return self.jobs.follow_up(output, params, request_id), served
+        return self.jobs.follow_up(output, params, request_id, caller), served
 
     def metadata(self) -> dict[str, Any]:
         batching: dict[str, Any] = {

@@ -17,6 +17,11 @@ and the access line as JSON objects (``serving_core.logs.JsonFormatter``); the
 access line's fields are the same few values, plus the route the app matched
 and the size of the batch the model ran the request in (the app leaves them in
 the WSGI environ under ``ROUTE_KEY`` and ``BATCH_SIZE_KEY``).
+
+Neither line holds a job's id in full (``/jobs/3f2a9c1e...``, in ASCII
+whatever the log's encoding): the id is the key to a job's result, and a log
+is read by more people than the API's callers. Eight hex digits still tell one
+job's lines from another's.
 """
 
 from __future__ import annotations
@@ -31,10 +36,37 @@ from gunicorn.glogging import Logger
 from serving_core.logs import BATCH_SIZE_KEY, ROUTE_KEY, JsonFormatter
 
 _FORMAT = '%s "%s %s %s" %s %s %dms request_id=%s'
+_JOBS = "/jobs/"
+JOB_ID_LOGGED = 8  # characters of a job id an access line keeps
+
+
+def logged_path(uri: str) -> str:
+    """``uri`` with a job id after ``/jobs/`` cut to ``JOB_ID_LOGGED`` characters."""
+    at = uri.find(_JOBS)
+    if at < 0:
+        return uri
+    start = at + len(_JOBS)
+    end = start
+    while end < len(uri) and uri[end] not in "/?#":
+        end += 1
+    if end - start <= JOB_ID_LOGGED:
+        return uri
+    return uri[: start + JOB_ID_LOGGED] + "..." + uri[end:]
+
+
 _JSON_MESSAGE = "%s %s %s"
 
 
-class AccessLogger(Logger):  # type: ignore[misc]
+class _JobIdsCut(Logger):  # type: ignore[misc]
+    """gunicorn's logger, whose debug line of each request ("GET /jobs/ID") cuts job ids
+    as the access line does."""
+
+    def debug(self, msg: str, *args: Any, **kwargs: Any) -> None:
+        cut = tuple(logged_path(arg) if isinstance(arg, str) else arg for arg in args)
+        super().debug(msg, *cut, **kwargs)
+
+
+class AccessLogger(_JobIdsCut):
     def access(self, resp: Any, req: Any, environ: dict[str, Any], request_time: timedelta) -> None:
         if not self.access_log_enabled:
             return
@@ -50,7 +82,7 @@ class AccessLogger(Logger):  # type: ignore[misc]
                 (
                     environ.get("REMOTE_ADDR", "-"),
                     environ["REQUEST_METHOD"],
-                    environ["RAW_URI"],
+                    logged_path(environ["RAW_URI"]),
                     environ["SERVER_PROTOCOL"],
                     status,
                     sent,
@@ -80,7 +112,7 @@ def _request_id(resp: Any) -> str:
     return "-"
 
 
-class JsonAccessLogger(Logger):  # type: ignore[misc]
+class JsonAccessLogger(_JobIdsCut):
     def setup(self, cfg: Any) -> None:
         super().setup(cfg)
         formatter = JsonFormatter()
@@ -96,7 +128,7 @@ class JsonAccessLogger(Logger):  # type: ignore[misc]
         if isinstance(status, str):
             status = status.split(None, 1)[0]
         method = environ["REQUEST_METHOD"]
-        path = environ["RAW_URI"]
+        path = logged_path(environ["RAW_URI"])
         try:
             status = int(status)
             fields = {

@@ -2,6 +2,7 @@
 
 - ``table``: the ``Settings`` fields, each with its parser, default and doc;
 - ``parsers`` and ``addresses``: what turns a variable's text into a value;
+- ``private``: the default private directory (the SQLite queue's);
 - ``doc``: writes ``docs/settings.md``'s table from ``Settings``.
 """
 

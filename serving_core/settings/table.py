@@ -27,6 +27,7 @@ from serving_core.settings.parsers import (
     setting,
     spec,
 )
+from serving_core.settings.private import default_jobs_path
 
 PREFIX = "SERVING_"
 DEFAULT_HANDLER = "handlers/minilm/handler.py"
@@ -136,11 +137,34 @@ class Settings:
     cache_ttl_s: float = setting(
         3600.0, number(0.001, 365 * 86400.0), "how long a cached answer is used"
     )
+    cache_header: bool = setting(
+        False, BOOLEAN, "send `X-Cache` on `/predict` (it tells whether others asked the same)"
+    )
+    cache_per_key: bool = setting(
+        True, BOOLEAN, "with API keys, each key has its own cache entries; `false`: shared"
+    )
+    # The Dockerfile sets it to the image's REVISION (its git commit).
+    model_revision: str = setting(
+        "", TEXT, "the model build in every cache key: the image's git commit, or a weights digest"
+    )
     jobs_enabled: bool = setting(True, BOOLEAN, "accept `POST /jobs`; off, `/jobs` is `404`")
     jobs_url: str = setting("", JOBS_URL, "the job queue's Redis; empty: a SQLite file")
-    jobs_path: str = setting("/tmp/serving-core-jobs.db", TEXT, "that SQLite file")
+    jobs_path: str = setting(
+        default_jobs_path(),
+        TEXT,
+        "that SQLite file (made mode 0600)",
+        shown="`$TMPDIR/serving-core-UID/jobs.db`, a 0700 directory",
+    )
     jobs_max_queue: int = setting(
         100_000, integer(1, 1 << 40), "unfinished jobs before `POST /jobs` answers `503`"
+    )
+    jobs_max_stored: int = setting(
+        1_000_000,
+        integer(1, 1 << 40),
+        "jobs a queue holds in all (unfinished, or finished within the TTL) before `503`",
+    )
+    jobs_max_per_caller: int = setting(
+        0, integer(0, 1 << 40), "unfinished jobs one API key may hold before `429`; `0`: no limit"
     )
     jobs_ttl_s: float = setting(
         86_400.0, number(1.0, 365 * 86400.0), "how long a finished job stays readable"
@@ -191,6 +215,8 @@ class Settings:
                     values[name] = parse(PREFIX + name.upper(), raw.strip())
                 except ValueError as error:  # the parser's message names variable and value
                     raise SettingsError(str(error)) from None
+        if "jobs_path" not in values and environ.get("TMPDIR"):
+            values["jobs_path"] = default_jobs_path(environ["TMPDIR"])  # as tempfile does
         settings = cls(**values)
         return settings.resolved(usable_cores() if cores is None else cores)
 

@@ -11,7 +11,12 @@
   or not, unless ``SERVING_PRIVATE_ENDPOINTS``: then they need a key, or are
   not served at all when there are no keys (``/docs`` with them).
 - CORS (``SERVING_CORS_ORIGINS``) is flask-cors over the listed origins;
-  without origins the app sends no CORS headers.
+  without origins the app sends no CORS headers. ``X-Cache`` is exposed to
+  pages only when it is sent at all (``SERVING_CACHE_HEADER``).
+- Who called: a request that passed with a key has a caller (``caller()``), a
+  digest of the key: it owns the jobs it submits (``online.jobsapi``) and, unless
+  ``SERVING_CACHE_PER_KEY`` is off, its own inference cache entries. The digest
+  is stored; the key never is.
 
 No key is ever logged or echoed: messages name the header, never its value.
 """
@@ -27,7 +32,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from flask import Flask, request
+from flask import Flask, g, request
 from flask_cors import CORS
 from werkzeug.datastructures import Headers
 
@@ -52,13 +57,30 @@ CORS_HEADERS = [
     "X-Request-Timeout",
     "Idempotency-Key",
 ]
-CORS_EXPOSED = ["X-Request-ID", "X-Cache", "Retry-After", "Location", "WWW-Authenticate"]
+CORS_EXPOSED = ["X-Request-ID", "Retry-After", "Location", "WWW-Authenticate"]
 CORS_MAX_AGE_S = 600
 _FILE_VAR = "SERVING_API_KEYS_FILE"
 
 
+# The caller's identity is a digest apart from the check's (its own prefix): what is
+# stored with a job says nothing about the digests the check compares.
+_CALLER_PREFIX = b"serving-core caller\0"
+CALLER_HEX = 32  # 128 bits: no two keys share one
+
+
 def _digest(key: bytes) -> bytes:
     return hashlib.sha256(key).digest()
+
+
+def caller_of(presented: str) -> str:
+    """The identity of the key ``presented``: a hex digest, never the key."""
+    key = presented.encode("latin-1", "replace")
+    return hashlib.sha256(_CALLER_PREFIX + key).hexdigest()[:CALLER_HEX]
+
+
+def caller() -> str:
+    """This request's caller: its key's identity, or ``""`` when the API has no keys."""
+    return str(g.get("caller", ""))
 
 
 class ApiKeys:
@@ -155,6 +177,7 @@ class Guard:
             )
         if not self.keys.allows(presented):
             raise Unauthorized("the API key is not one this server accepts; check the key")
+        g.caller = caller_of(presented)
 
 
 def _is_preflight() -> bool:
@@ -165,8 +188,9 @@ def _is_preflight() -> bool:
     )
 
 
-def enable_cors(app: Flask, origins: tuple[str, ...]) -> None:
-    """CORS headers for ``origins`` (exact matches, or ``*``); nothing when empty."""
+def enable_cors(app: Flask, origins: tuple[str, ...], *, cache_header: bool = False) -> None:
+    """CORS headers for ``origins`` (exact matches, or ``*``); nothing when empty.
+    ``cache_header``: ``X-Cache`` is sent, so pages may read it."""
     if not origins:
         return
     allowed: list[str | re.Pattern[str]] = (
@@ -181,7 +205,7 @@ def enable_cors(app: Flask, origins: tuple[str, ...]) -> None:
         origins=allowed,
         methods=["GET", "POST", "DELETE"],
         allow_headers=CORS_HEADERS,
-        expose_headers=CORS_EXPOSED,
+        expose_headers=[*CORS_EXPOSED, "X-Cache"] if cache_header else CORS_EXPOSED,
         max_age=CORS_MAX_AGE_S,
         send_wildcard=origins == ("*",),
         # Keys travel in headers, not cookies: no credentialed requests.

@@ -15,13 +15,15 @@ from serving_core.logs import ROUTE_KEY
 from serving_core.metrics.core import Metrics
 from serving_core.online.service import Service
 from serving_core.settings import Settings
-from serving_core.web import access, arrival, docs, incoming, openapi
+from serving_core.v2.model import Model
+from serving_core.web import access, arrival, docs, incoming, openapi, v2openapi, v2routes
 from serving_core.web.params import JsonLimits
 from serving_core.web.responses import (
     JSON,
     ROUTES_HINT,
     ErrorFunnelApi,
     error_response,
+    is_v2,
     json_response,
 )
 from serving_core.web.routes import (
@@ -86,6 +88,8 @@ def create_app(settings: Settings, service: Service, metrics: Metrics) -> Flask:
     # same funnel either way (``error_response``).
     predict = Predict(service, limits, settings.max_body_bytes)
     app.add_url_rule("/predict", "predict", predict.view, methods=["POST"])
+    v2model = Model(service)
+    v2routes.add_routes(app, v2model, limits, settings.max_body_bytes)
     if settings.jobs_enabled:
         api.add_resource(Jobs, "/jobs", resource_class_args=(service, limits))
     if settings.jobs_enabled or settings.followup_queue:
@@ -102,6 +106,7 @@ def create_app(settings: Settings, service: Service, metrics: Metrics) -> Flask:
             jobs=settings.jobs_enabled,
             example=service.loaded.sample,
         )
+        v2openapi.extend(document, v2model, service.loaded.sample)
         api.add_resource(OpenAPI, "/openapi.json", resource_class_args=(document,))
     if settings.docs_enabled and described:
         # Plain routes, not Resources: HTML and static files, not JSON. When
@@ -112,7 +117,7 @@ def create_app(settings: Settings, service: Service, metrics: Metrics) -> Flask:
     app.before_request(lambda: incoming.start(proxies))
     # After the request id is set: a 401 carries it too.
     app.before_request(guard.check)
-    access.enable_cors(app, settings.cors_origins)
+    access.enable_cors(app, settings.cors_origins, cache_header=settings.cache_header)
     app.after_request(incoming.tag)
 
     @app.after_request
@@ -122,7 +127,8 @@ def create_app(settings: Settings, service: Service, metrics: Metrics) -> Flask:
         route = rule.rule if rule is not None else _unmatched_route(req)
         req.environ[ROUTE_KEY] = route  # for the JSON access line
         now = time.monotonic()
-        metrics.request(route, response.status_code, now - g.get("arrival", now))
+        protocol = "v2" if is_v2(req.path) else "predict"
+        metrics.request(route, response.status_code, now - g.get("arrival", now), protocol)
         return response
 
     # Errors outside Flask-RESTful's routes (unknown URLs, wrong methods) take the same funnel.

@@ -91,6 +91,8 @@ def _jobs(name: str, body: dict[str, Any]) -> dict[str, Any]:
                         },
                     ),
                     "400": _error("malformed body or invalid parameters"),
+                    "422": _error("Idempotency-Key reused with other parameters"),
+                    "429": _error("this API key's unfinished jobs are at its quota"),
                     "503": _error("the job queue is full (see Retry-After)"),
                 },
             }
@@ -101,7 +103,7 @@ def _jobs(name: str, body: dict[str, Any]) -> dict[str, Any]:
                 "parameters": [job_id],
                 "responses": {
                     "200": _json("the job", job),
-                    "404": _error("unknown, or its result expired"),
+                    "404": _error("unknown, another API key's, or its result expired"),
                 },
             },
             "delete": {
@@ -109,7 +111,7 @@ def _jobs(name: str, body: dict[str, Any]) -> dict[str, Any]:
                 "parameters": [job_id],
                 "responses": {
                     "200": _json("the cancelled job", job),
-                    "404": _error("unknown, or its result expired"),
+                    "404": _error("unknown, another API key's, or its result expired"),
                     "409": _error("already running or finished"),
                 },
             },
@@ -162,7 +164,8 @@ def document(
                     "X-Cache": {
                         "description": (
                             "how the inference cache served it: hit, miss or coalesced (an "
-                            "identical request's model call). Without SERVING_CACHE_URL the "
+                            "identical request's model call); sent only with "
+                            "SERVING_CACHE_HEADER=true. Without SERVING_CACHE_URL the "
                             "cache is each worker's own, so a repeated request misses once "
                             "per worker"
                         ),

@@ -29,6 +29,11 @@ _HTTP_TYPES = {
 }
 
 
+def is_v2(path: str) -> bool:
+    """Whether ``path`` is the Open Inference Protocol's (``web/v2routes``)."""
+    return path == "/v2" or path.startswith("/v2/")
+
+
 class ErrorFunnelApi(Api):  # type: ignore[misc]
     def handle_error(self, e: Exception) -> Response:
         return error_response(e)
@@ -63,7 +68,8 @@ def json_response(data: Any, code: int, headers: Any = None) -> Response:
 
 
 def error_response(exc: Exception) -> Response:
-    """Every error a request can end in, as ``{"error": {"type", "message"}}``."""
+    """Every error a request can end in, as ``{"error": {"type", "message"}}``, or as
+    ``{"error": "message"}`` under ``/v2``."""
     request_id = g.get("request_id", "-")
     headers: dict[str, str] = {}
     if isinstance(exc, ServingError):
@@ -96,6 +102,8 @@ def error_response(exc: Exception) -> Response:
                 f"request id {request_id}",
             }
         }
+    if is_v2(request.path):
+        body = {"error": body["error"]["message"]}  # the Open Inference Protocol's shape
     response = Response(encoding.dumps(body), status=status, content_type=JSON)
     response.headers.update(headers)
     if request_id != "-":

@@ -16,6 +16,7 @@ from serving_core.logs import BATCH_SIZE_KEY
 from serving_core.metrics.core import CONTENT_TYPE, Metrics
 from serving_core.online.jobsapi import status_url
 from serving_core.online.service import Service
+from serving_core.web.access import caller
 from serving_core.web.incoming import REQUEST_ID_OK, this_request
 from serving_core.web.params import JsonLimits, request_params
 from serving_core.web.responses import json_response
@@ -45,9 +46,13 @@ class Predict(Resource):  # type: ignore[misc]
             timeout_s=timeout_s,
             # gunicorn's client socket: the worker watches it while the request waits.
             client=environ.get("gunicorn.socket"),
+            caller=caller(),
         )
         environ[BATCH_SIZE_KEY] = context.take_batch_size()  # for the JSON access line
-        return output, 200, {"X-Cache": served} if served else {}
+        # Off by default: a hit tells a client that someone sent these parameters.
+        if served is None or not self.service.settings.cache_header:
+            return output, 200, {}
+        return output, 200, {"X-Cache": served}
 
     def view(self) -> Response:
         return json_response(*self.post())
@@ -65,7 +70,7 @@ class Jobs(Resource):  # type: ignore[misc]
             raise BadRequest(
                 "Idempotency-Key must be 1-128 of A-Z a-z 0-9 . _ : / + = -; send e.g. a UUID"
             )
-        job = self.service.jobs.submit(params, idempotency_key=key)
+        job = self.service.jobs.submit(params, idempotency_key=key, caller=caller())
         url = status_url(job.id)
         return {"job_id": job.id, "status_url": url}, 202, {"Location": url}
 
@@ -75,7 +80,7 @@ class JobStatus(Resource):  # type: ignore[misc]
         self.service = service
 
     def get(self, job_id: str) -> dict[str, Any]:
-        job = self.service.jobs.get(job_id)
+        job = self.service.jobs.get(job_id, caller=caller())
         body = job.public()
         hint = self.service.jobs.hint(job)
         if hint is not None:
@@ -83,7 +88,7 @@ class JobStatus(Resource):  # type: ignore[misc]
         return body
 
     def delete(self, job_id: str) -> dict[str, Any]:
-        return self.service.jobs.cancel(job_id).public()
+        return self.service.jobs.cancel(job_id, caller=caller()).public()
 
 
 class Healthz(Resource):  # type: ignore[misc]

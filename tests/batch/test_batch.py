@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import os
 import signal
@@ -17,6 +18,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from bench.workload import SENTENCES
+from serving_core.batch.command import cache_writer
+from serving_core.batch.records import RecordsError
+from serving_core.handler import Handler
+from serving_core.settings import Settings
 from tests.servers import ROOT, SERVING_CORE, base_env, wait_for
 
 ECHO = str(ROOT / "handlers" / "echo")
@@ -262,6 +267,7 @@ def test_bad_records_carry_their_error_and_the_run_goes_on(tmp_path, doubler):
         doubler, "--input", str(tmp_path / "in.jsonl"), "--output", str(tmp_path / "out.jsonl")
     )
     assert again.returncode == 1
+    assert "exit status 1: 3 records failed in an earlier run" in again.stderr
     assert len(read_jsonl(tmp_path / "out.jsonl")) == 5
 
 
@@ -396,6 +402,19 @@ def test_a_configuration_error_exits_2_saying_what_to_fix(tmp_path, args, messag
     assert message in result.stderr
 
 
+@pytest.mark.parametrize("output", ["in.jsonl", "link.jsonl"])
+def test_an_output_that_is_the_input_is_refused_and_the_input_kept(tmp_path, doubler, output):
+    write_jsonl(tmp_path / "in.jsonl", [{"n": 1}, {"n": 2}])
+    (tmp_path / "link.jsonl").symlink_to("in.jsonl")
+    before = (tmp_path / "in.jsonl").read_bytes()
+    result = batch(
+        doubler, "--input", str(tmp_path / "in.jsonl"), "--output", str(tmp_path / output)
+    )
+    assert result.returncode == 2
+    assert "must not be the input; name another --output" in result.stderr
+    assert (tmp_path / "in.jsonl").read_bytes() == before
+
+
 def test_a_broken_handler_exits_2(tmp_path):
     (tmp_path / "handler.py").write_text(
         textwrap.dedent(
@@ -417,3 +436,10 @@ def test_a_broken_handler_exits_2(tmp_path):
     )
     assert result.returncode == 2
     assert "no model file" in result.stderr
+
+
+def test_warm_cache_with_api_keys_and_entries_per_key_is_refused_saying_how_to_share():
+    keyed = Settings(cache_url="redis://127.0.0.1:1/0", api_keys=("k" * 16,))
+    with pytest.raises(RecordsError, match="SERVING_CACHE_PER_KEY=false"):
+        cache_writer(keyed, Handler())
+    assert cache_writer(dataclasses.replace(keyed, cache_per_key=False), Handler())

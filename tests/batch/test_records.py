@@ -20,6 +20,7 @@ from serving_core.batch.records import (
     id_key,
     input_location,
     output_location,
+    refuse_overlap,
 )
 
 WHOLE = Shard()
@@ -297,3 +298,151 @@ def test_two_shards_of_1000_records_write_every_record_exactly_once(tmp_path, ki
     assert not mine[0] & mine[1]
     assert mine[0] | mine[1] == {str(i) for i in range(1000)}
     assert 400 < len(mine[0]) < 600
+
+
+def finished_output(kind, path, keys=(0, 1, 2)):
+    sink = sink_for(kind, path)
+    sink.written()
+    sink.write([ok_row(key) for key in keys])
+    sink.close()
+
+
+def snapshot(path):
+    """Every file of an output (a file, or a directory's parts and temporaries) and its bytes."""
+    files = sorted(path.iterdir()) if path.is_dir() else [path]
+    return {file.name: file.read_bytes() for file in files}
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "csv", "parquet"])
+def test_a_rerun_with_another_id_field_is_refused_and_changes_no_byte(tmp_path, kind):
+    path = tmp_path / f"out.{kind}"
+    finished_output(kind, path)
+    if kind == "parquet":
+        (path / ".part-0of1-000003.parquet.tmp").write_bytes(b"PAR1 half")
+    else:
+        with path.open("ab") as file:
+            file.write(b"{torn")
+    before = snapshot(path)
+    sink = open_sink(output_location(str(path)), "review_id", WHOLE)
+    with pytest.raises(RecordsError, match="--id-field"):
+        sink.written()
+    sink.close()
+    assert snapshot(path) == before
+
+
+@pytest.mark.parametrize(
+    ("kind", "bad", "line"),
+    [
+        ("jsonl", b'{"id": 1, "output": {"ec\n', 2),  # torn, but rows follow it
+        ("jsonl", b"\x00\x00\x00\n", 2),
+        ("jsonl", b'{"text": "an input row"}\n', 2),
+        ("jsonl", b'{"id": 1, "text": "an input row"}\n', 2),
+        ("csv", b"1,too,many,fields\n", 3),
+        ("csv", b"1,too few\n", 3),
+    ],
+)
+def test_a_malformed_row_before_the_last_stops_the_run_naming_it_and_changes_no_byte(
+    tmp_path, kind, bad, line
+):
+    path = tmp_path / f"out.{kind}"
+    finished_output(kind, path, keys=[0])
+    with path.open("ab") as file:
+        file.write(bad)
+    finished_output(kind, tmp_path / f"more.{kind}", keys=[2, 3])
+    with path.open("ab") as file:  # whole rows after the bad one
+        more = (tmp_path / f"more.{kind}").read_bytes()
+        file.write(more.split(b"\n", 1)[1] if kind == "csv" else more)
+    before = path.read_bytes()
+    sink = sink_for(kind, path)
+    with pytest.raises(RecordsError, match=f"{path}:{line}: .*(Fix|fix) or delete"):
+        sink.written()
+    sink.close()
+    assert path.read_bytes() == before
+
+
+def test_a_csv_output_whose_one_line_is_no_header_is_refused_not_cut(tmp_path):
+    path = tmp_path / "out.csv"
+    path.write_bytes(b"name,value")
+    with pytest.raises(RecordsError, match="has the columns name,value"):
+        written_in("csv", path)
+    assert path.read_bytes() == b"name,value"
+
+
+@pytest.mark.parametrize("cut", [10, -10])
+def test_a_truncated_parquet_part_names_the_part_and_the_fix(tmp_path, cut):
+    path = tmp_path / "out.parquet"
+    finished_output("parquet", path, keys=[0])
+    finished_output("parquet", path, keys=[1])
+    part = path / "part-0of1-000001.parquet"
+    part.write_bytes(part.read_bytes()[:cut])
+    with pytest.raises(RecordsError, match=f"the part {part} cannot be read.*rm '{part}'"):
+        written_in("parquet", path)
+    part.unlink()  # the fix the message gives
+    assert written_in("parquet", path) == {"0": True}
+
+
+def test_parquet_parts_are_fsynced_before_and_after_their_rename(tmp_path, monkeypatch):
+    import os
+
+    from serving_core.batch import parquetfiles
+
+    events = []
+    fsync, replace = os.fsync, os.replace
+
+    def record_fsync(descriptor):
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{descriptor}")))
+        fsync(descriptor)
+
+    def record_replace(source, target):
+        events.append(("rename", str(target)))
+        replace(source, target)
+
+    monkeypatch.setattr(parquetfiles.os, "fsync", record_fsync)
+    monkeypatch.setattr(parquetfiles.os, "replace", record_replace)
+    path = tmp_path / "out.parquet"
+    sink = sink_for("parquet", path)
+    sink.written()
+    events.clear()
+    sink.write([ok_row(0)])
+    part = str(path / "part-0of1-000000.parquet")
+    assert events == [
+        ("fsync", str(path / ".part-0of1-000000.parquet.tmp")),
+        ("rename", part),
+        ("fsync", str(path)),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("given", "output"),
+    [
+        ("in.jsonl", "in.jsonl"),
+        ("in.jsonl", "./sub/../in.jsonl"),
+        ("in.jsonl", "link.jsonl"),  # a symlink to the input
+        ("in.parquet", "in.parquet"),
+        ("folder.parquet/a.parquet", "folder.parquet"),
+    ],
+)
+def test_an_output_that_is_the_input_is_refused(tmp_path, monkeypatch, given, output):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sub").mkdir()
+    write_input("jsonl", tmp_path / "in.jsonl", [{"id": 0}])
+    write_input("parquet", tmp_path / "in.parquet", [{"id": 0}])
+    (tmp_path / "folder.parquet").mkdir()
+    write_input("parquet", tmp_path / "folder.parquet" / "a.parquet", [{"id": 0}])
+    (tmp_path / "link.jsonl").symlink_to(tmp_path / "in.jsonl")
+    with pytest.raises(RecordsError, match="must not be the input; name another --output"):
+        refuse_overlap(input_location(given), output_location(output), WHOLE)
+
+
+def test_an_output_beside_the_input_is_allowed(tmp_path):
+    write_input("jsonl", tmp_path / "in.jsonl", [{"id": 0}])
+    refuse_overlap(
+        input_location(str(tmp_path / "in.jsonl")),
+        output_location(str(tmp_path / "in.jsonl")),
+        Shard.parse("0/2"),  # the output is in.shard-0-of-2.jsonl
+    )
+    refuse_overlap(
+        input_location(str(tmp_path / "in.jsonl")),
+        output_location(str(tmp_path / "out.jsonl")),
+        WHOLE,
+    )

@@ -15,6 +15,7 @@ from serving_core import encoding
 from serving_core.cache.core import Cache, from_settings
 from serving_core.cache.key import PREFIX, key
 from serving_core.cache.store import MemoryStore, RedisStore, StoreError
+from serving_core.errors import DeadlineExceeded, ModelError, Overloaded
 from serving_core.handler import Handler
 from serving_core.metrics.core import Metrics
 from serving_core.settings import Settings
@@ -248,6 +249,61 @@ def test_a_failing_compute_raises_the_same_error_in_every_waiter_and_is_not_cach
     results = concurrent_calls(cache, observer, key_, compute, n=8)
     assert results == [error] * 8
     assert cache.single_flight(key_, lambda: {"y": 2}) == ({"y": 2}, "miss")
+
+
+@pytest.mark.parametrize(
+    "own",
+    [
+        DeadlineExceeded("the leader's X-Request-Timeout ran out"),
+        Overloaded("the queue was full when the leader came", reason="full", retry_after_s=1),
+        KeyboardInterrupt(),  # a cancelled leader: its client left, its worker stops
+    ],
+)
+def test_a_leaders_own_failure_is_not_handed_to_the_waiters_which_compute_again(own):
+    observer = Recorder()
+    cache = memory_cache(observer)
+    calls = []
+
+    def compute():
+        calls.append(1)
+        if len(calls) == 1:
+            observer.wait_coalesced(3)
+            raise own
+        return {"y": 1}
+
+    results = concurrent_calls(cache, observer, cache.key_for({"x": 1}), compute, n=4)
+    assert results.count(own) == 1
+    answers = [r for r in results if r is not own]
+    assert [output for output, _ in answers] == [{"y": 1}] * 3
+    # One waiter led the second call; the others waited for it (or came after: a hit).
+    assert sorted(served for _, served in answers)[-1] == "miss"
+    assert len(calls) == 2
+
+
+def test_a_model_error_is_shared_with_the_waiters():
+    observer = Recorder()
+    cache = memory_cache(observer)
+    error = ModelError("the handler failed on these parameters")
+
+    def compute():
+        observer.wait_coalesced(3)
+        raise error
+
+    assert concurrent_calls(cache, observer, cache.key_for({"x": 1}), compute, n=4) == [error] * 4
+
+
+def test_the_model_build_and_the_caller_are_part_of_the_key():
+    store = MemoryStore(10, 60.0)
+    old = Cache(store, "model", "1", revision="sha-old")
+    key_, _ = old.lookup({"x": 1}, caller="alice")
+    old.fill(key_, {"y": 2})
+    assert old.lookup({"x": 1}, caller="alice")[1] == {"y": 2}
+    assert old.lookup({"x": 1}, caller="bob")[1] is None
+    assert old.lookup({"x": 1})[1] is None  # no caller: the shared entries
+    assert Cache(store, "model", "1", revision="sha-new").lookup({"x": 1}, "alice")[1] is None
+    revised = from_settings(Settings(model_revision="sha-new"), Model())
+    assert revised.revision == "sha-new"
+    assert revised.key_for({"x": 1}) != from_settings(Settings(), Model()).key_for({"x": 1})
 
 
 def test_waiters_use_the_injected_future_and_a_lone_request_makes_none():

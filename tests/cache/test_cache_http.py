@@ -12,11 +12,15 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
+from serving_core.cache.core import from_settings
+from serving_core.loading import load_handler
+from serving_core.settings import Settings
 from tests.conftest import PROBE
 from tests.redis_server import redis_server
 from tests.servers import ROOT, SERVING_CORE, base_env, gunicorn_server, wait_for
 
 pytestmark = pytest.mark.e2e
+HEADER = {"SERVING_CACHE_HEADER": "true"}  # X-Cache is off by default
 
 
 def calls(seen_file):
@@ -32,7 +36,7 @@ def metric(url, name):
 @pytest.mark.parametrize("store", ["memory", "redis"])
 def test_a_repeated_request_is_a_hit_that_does_not_call_the_handler(store, tmp_path):
     seen = tmp_path / "seen.txt"
-    env = {"SERVING_HANDLER": PROBE, "SERVING_WORKERS": "1", "PROBE_SEEN_FILE": str(seen)}
+    env = {**HEADER, "SERVING_HANDLER": PROBE, "SERVING_WORKERS": "1", "PROBE_SEEN_FILE": str(seen)}
     with redis_server() as url:
         if store == "redis":
             env["SERVING_CACHE_URL"] = url
@@ -116,7 +120,7 @@ def test_a_client_pipelining_cache_hits_does_not_keep_the_worker_from_the_others
 
 def test_sixteen_concurrent_identical_requests_call_the_handler_once(tmp_path):
     seen = tmp_path / "seen.txt"
-    env = {"SERVING_HANDLER": PROBE, "SERVING_WORKERS": "1", "PROBE_SEEN_FILE": str(seen)}
+    env = {**HEADER, "SERVING_HANDLER": PROBE, "SERVING_WORKERS": "1", "PROBE_SEEN_FILE": str(seen)}
     with gunicorn_server(env) as server:
         before = calls(seen)  # the warm-up
         barrier = threading.Barrier(16)
@@ -140,6 +144,7 @@ def test_two_workers_share_hits_through_redis(tmp_path):
     seen = tmp_path / "seen.txt"
     with redis_server() as url:
         env = {
+            **HEADER,
             "SERVING_HANDLER": PROBE,
             "SERVING_WORKERS": "2",
             "SERVING_CACHE_URL": url,
@@ -170,7 +175,7 @@ def test_with_redis_stopped_mid_test_requests_still_succeed_as_counted_misses():
     redis = redis_server()
     url = redis.__enter__()
     try:
-        env = {"SERVING_HANDLER": PROBE, "SERVING_WORKERS": "1", "SERVING_CACHE_URL": url}
+        env = {**HEADER, "SERVING_HANDLER": PROBE, "SERVING_WORKERS": "1", "SERVING_CACHE_URL": url}
         with gunicorn_server(env) as server:
             body = {"text": "before"}
             requests.post(server.url + "/predict", json=body, timeout=10)
@@ -210,6 +215,7 @@ def test_a_batch_run_with_warm_cache_makes_the_first_online_request_a_hit(tmp_pa
         )
         assert batch.returncode == 0, batch.stderr
         env = {
+            **HEADER,
             "SERVING_HANDLER": PROBE,
             "SERVING_WORKERS": "1",
             "SERVING_CACHE_URL": url,
@@ -224,3 +230,106 @@ def test_a_batch_run_with_warm_cache_makes_the_first_online_request_a_hit(tmp_pa
     assert warmed.json()["text"] == "warm 3"
     assert cold.headers["X-Cache"] == "miss"
     assert after - before == 1  # only the cold one ran
+
+
+KEY_A, KEY_B = "tenant-a-key-0123456789", "tenant-b-key-0123456789"
+
+
+def test_two_api_keys_share_no_cache_entry_and_no_one_is_told_x_cache(tmp_path):
+    seen = tmp_path / "seen.txt"
+    env = {
+        "SERVING_HANDLER": PROBE,
+        "SERVING_WORKERS": "1",
+        "PROBE_SEEN_FILE": str(seen),
+        "SERVING_API_KEYS": f"{KEY_A},{KEY_B}",
+        "SERVING_CORS_ORIGINS": "https://app.example",
+    }
+    with redis_server() as url, gunicorn_server({**env, "SERVING_CACHE_URL": url}) as server:
+
+        def ask(key):
+            headers = {"X-API-Key": key, "Origin": "https://app.example"}
+            body = {"text": "private", "id": "same"}
+            return requests.post(server.url + "/predict", json=body, headers=headers, timeout=10)
+
+        before = calls(seen)
+        first_a, again_a = ask(KEY_A), ask(KEY_A)
+        after_a = calls(seen)
+        first_b = ask(KEY_B)
+        after_b = calls(seen)
+    assert [r.status_code for r in (first_a, again_a, first_b)] == [200, 200, 200]
+    assert after_a - before == 1  # A's second request was A's own hit
+    assert after_b - after_a == 1  # B computed: A's entry is not B's
+    assert not [r for r in (first_a, again_a, first_b) if "X-Cache" in r.headers]
+    exposed = first_a.headers["Access-Control-Expose-Headers"]
+    assert "X-Request-ID" in exposed
+    assert "X-Cache" not in exposed
+
+
+GATED = """
+import os
+import time
+from pathlib import Path
+
+from serving_core import Handler
+
+
+class Gated(Handler):
+    name = "gated"
+    input_schema = {"type": "object", "properties": {"text": {"type": "string"}}}
+
+    def predict(self, item):
+        gate = Path(os.environ["GATE_DIR"])
+        with open(gate / "started", "a") as file:
+            file.write(item["text"] + "\\n")
+        while not (gate / "open").exists():
+            time.sleep(0.01)
+        return {"text": item["text"]}
+"""
+
+
+def test_a_leaders_deadline_does_not_fail_its_followers_and_a_hit_is_validated(tmp_path):
+    (tmp_path / "gated").mkdir()
+    (tmp_path / "gated" / "handler.py").write_text(GATED)
+    started = tmp_path / "started"
+
+    def models_started():
+        return started.read_text().split() if started.exists() else []
+
+    env = {
+        **HEADER,
+        "SERVING_HANDLER": str(tmp_path / "gated"),
+        "SERVING_WORKERS": "1",
+        "GATE_DIR": str(tmp_path),
+    }
+    with redis_server() as url, gunicorn_server({**env, "SERVING_CACHE_URL": url}) as server:
+        predict = server.url + "/predict"
+        with ThreadPoolExecutor(2) as pool:
+            leader = pool.submit(
+                requests.post,
+                predict,
+                json={"text": "same"},
+                headers={"X-Request-Timeout": "1"},
+                timeout=30,
+            )
+            wait_for(models_started, "the leader in the model")
+            follower = pool.submit(requests.post, predict, json={"text": "same"}, timeout=30)
+            wait_for(
+                lambda: metric(server.url, 'serving_cache_requests_total{result="coalesced"}'),
+                "the follower waiting on the leader",
+            )
+            assert leader.result().status_code == 504  # its own X-Request-Timeout
+            (tmp_path / "open").touch()
+            answer = follower.result()
+        assert answer.status_code == 200, answer.text
+        assert answer.headers["X-Cache"] == "miss"  # it computed again, itself
+        assert models_started() == ["same", "same"]
+
+        # An entry for parameters the schema refuses (another build's, say) is never
+        # served: the hit gets the miss's 400.
+        invalid = {"text": 5}
+        miss = requests.post(predict, json=invalid, timeout=10)
+        cache = from_settings(Settings(cache_url=url), load_handler(env["SERVING_HANDLER"]).handler)
+        cache.fill(cache.key_for(invalid), {"text": "from another build"})
+        hit = requests.post(predict, json=invalid, timeout=10)
+    assert miss.status_code == hit.status_code == 400
+    assert miss.json()["error"] == hit.json()["error"]

@@ -1,12 +1,16 @@
 """The base images the Dockerfiles build FROM, found or made.
 
-For each base (the default of a Dockerfile's ``*_IMAGE`` build argument): the
-image itself when the engine's store has it, else the image pulled (one try,
-bounded), else a stand-in built here from Debian packages and kept in the
-store for the next run: ``debootstrap --variant=minbase bookworm`` imported as
+For each base (the image a Dockerfile's FROM lines name, literally, so that
+Dependabot reads it): the image itself when the engine's store has it, else the
+image pulled (one try, bounded), else a stand-in built here from Debian
+packages and kept in the store for the next run: ``debootstrap
+--variant=minbase bookworm`` imported as
 ``localhost/serving-core-standin/debian:bookworm``, then the base's
-Containerfile in tests/container/standins/ built on top (a layer-cache hit
-once built). Each answer says which image it is and why, for the test report.
+Containerfile in tests/container/standins/ built on top (a layer-cache hit once
+built). A stand-in replaces the base by name, ``--build-context
+NAME=docker-image://STAND-IN``, which both engines apply to every FROM that
+names it (BuildKit's named contexts; buildah's since podman 4.3). Each answer
+says which image it is and why, for the test report.
 """
 
 from __future__ import annotations
@@ -35,39 +39,59 @@ DEBIAN_CONFIG = [
 ]
 
 
+def from_images(dockerfile: Path) -> list[str]:
+    """The images the Dockerfile's FROM lines name, in order (stage names left out)."""
+    stages: set[str] = set()
+    images = []
+    for line in dockerfile.read_text().splitlines():
+        found = re.match(r"^FROM\s+(?:--platform=\S+\s+)?(\S+)(?:\s+AS\s+(\S+))?\s*$", line, re.I)
+        if found is None:
+            continue
+        if found.group(1) not in stages:
+            images.append(found.group(1))
+        if found.group(2):
+            stages.add(found.group(2))
+    return images
+
+
 @dataclass(frozen=True)
 class Base:
-    """A base image a Dockerfile names: the build argument, and the stand-in's Containerfile."""
+    """The base image a Dockerfile names, and the stand-in's Containerfile."""
 
-    build_arg: str
     dockerfile: Path
     standin: Path
 
     @property
-    def default(self) -> str:
-        """The build argument's default in the Dockerfile (its ``ARG NAME=value``)."""
-        text = self.dockerfile.read_text()
-        found = re.search(rf"^ARG {self.build_arg}=(\S+)$", text, re.MULTILINE)
-        if found is None:
-            raise ValueError(f"{self.dockerfile} has no `ARG {self.build_arg}=...` line")
-        return found.group(1)
+    def name(self) -> str:
+        """The image every FROM of the Dockerfile names, as written there."""
+        names = sorted(set(from_images(self.dockerfile)))
+        if len(names) != 1:
+            raise ValueError(
+                f"{self.dockerfile} names {names or 'no image'} in its FROM lines; the "
+                "container tests expect one base image, named literally (`FROM image:tag`)"
+            )
+        return names[0]
 
 
-PYTHON = Base("PYTHON_IMAGE", ROOT / "Dockerfile", STANDINS / "python.Containerfile")
-NGINX = Base("NGINX_IMAGE", ROOT / "nginx" / "Dockerfile", STANDINS / "nginx.Containerfile")
+PYTHON = Base(ROOT / "Dockerfile", STANDINS / "python.Containerfile")
+NGINX = Base(ROOT / "nginx" / "Dockerfile", STANDINS / "nginx.Containerfile")
 
 
 @dataclass(frozen=True)
 class Resolved:
     base: Base
-    image: str  # what to pass as the build argument
+    image: str  # the image the build uses for the base
     why: str
 
-    def build_args(self) -> dict[str, str]:
-        return {self.base.build_arg: self.image}
+    def build_contexts(self) -> dict[str, str]:
+        """What replaces the base in a build: nothing when it is the image the
+        Dockerfile names, else the stand-in, by name."""
+        if self.image == qualified(self.base.name):
+            return {}
+        return {self.base.name: f"docker-image://{self.image}"}
 
     def describe(self) -> str:
-        return f"{self.base.build_arg}={self.image} ({self.why})"
+        return f"{self.base.name} -> {self.image} ({self.why})"
 
 
 def qualified(image: str) -> str:
@@ -81,7 +105,7 @@ def qualified(image: str) -> str:
 
 
 def resolve(engine: Engine, base: Base) -> Resolved:
-    wanted = qualified(base.default)
+    wanted = qualified(base.name)
     if engine.image_exists(wanted):
         return Resolved(base, wanted, "in the engine's image store")
     failed = engine.pull(wanted, PULL_TIMEOUT_S)

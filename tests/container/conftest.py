@@ -69,8 +69,14 @@ def app_image(engine: Engine, request: pytest.FixtureRequest) -> str:
         return given
     base: bases.Resolved = request.getfixturevalue("python_base")
     tag = f"serving-core-test:app-{Path(handler_dir()).name}"
-    args = app_build_args(base.build_args())
-    build_timed(engine, f"app image ({handler_dir()})", ROOT, tag, build_args=args)
+    build_timed(
+        engine,
+        f"app image ({handler_dir()})",
+        ROOT,
+        tag,
+        build_args=app_build_args(),
+        build_contexts=base.build_contexts(),
+    )
     return tag
 
 
@@ -82,7 +88,7 @@ def nginx_image(engine: Engine) -> str:
         return given
     base = _resolved(engine, bases.NGINX)
     tag = "serving-core-test:nginx"
-    build_timed(engine, "nginx image", ROOT / "nginx", tag, build_args=base.build_args())
+    build_timed(engine, "nginx image", ROOT / "nginx", tag, build_contexts=base.build_contexts())
     return tag
 
 

@@ -157,14 +157,21 @@ class Engine:
         *,
         containerfile: Path | None = None,
         build_args: Mapping[str, str] | None = None,
+        build_contexts: Mapping[str, str] | None = None,
         timeout_s: float = 1800,
     ) -> str:
-        """Build ``context`` as ``tag``; returns the build's output (EngineError on failure)."""
+        """Build ``context`` as ``tag``; returns the build's output (EngineError on failure).
+
+        ``build_contexts`` maps a name the Dockerfile uses (an image its FROM
+        names) to what replaces it (``docker-image://IMAGE``): docker (BuildKit)
+        and podman (since 4.3) both take ``--build-context``."""
         args = ["build", "--tag", tag]
         if containerfile is not None:
             args += ["--file", str(containerfile)]
         for name, value in (build_args or {}).items():
             args += ["--build-arg", f"{name}={value}"]
+        for name, value in (build_contexts or {}).items():
+            args += ["--build-context", f"{name}={value}"]
         with tempfile.TemporaryDirectory(prefix="serving-build-") as tmp:
             if self.podman:
                 # --format docker: the OCI format has no HEALTHCHECK. Host network:

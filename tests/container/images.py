@@ -40,10 +40,9 @@ def torch_index_args() -> dict[str, str]:
     return {} if value is None else {"TORCH_INDEX_URL": value}
 
 
-def app_build_args(base_args: dict[str, str]) -> dict[str, str]:
-    """The app image's build arguments, as image.yml passes them (and the base's)."""
+def app_build_args() -> dict[str, str]:
+    """The app image's build arguments, as image.yml passes them."""
     return {
-        **base_args,
         "HANDLER_DIR": handler_dir(),
         "SHARED_DIRS": image_workflow_env().get("SHARED_DIRS", ""),
         **torch_index_args(),

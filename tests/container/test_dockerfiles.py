@@ -19,6 +19,7 @@ from docker.utils.build import exclude_paths
 
 from serving_core.pipeline.config import read as read_pipeline
 from serving_core.settings import PREFIX, Settings
+from tests.container import bases
 from tests.container.dockerfile import Instruction, Stage, expand, parse
 from tests.servers import ROOT, served_handler_dir
 
@@ -306,6 +307,7 @@ def test_the_app_and_worker_start_after_redis_is_healthy() -> None:
     assert redis["image"] == "redis:7-alpine"
     assert redis["healthcheck"]["test"] == ["CMD", "redis-cli", "ping"]
     # The queue's accepted jobs survive a restart: append-only file on a volume.
+    # (tests/jobs/test_redis_durability.py runs this command's flags.)
     command = redis["command"]
     assert command[command.index("--appendonly") + 1] == "yes"
     (volume,) = redis["volumes"]
@@ -558,3 +560,17 @@ def test_the_iris_pipeline_is_reached_only_through_its_own_nginx() -> None:
     for name in ("SERVING_MAX_BODY_BYTES", "SERVING_REQUEST_TIMEOUT_S", "SERVING_KEEPALIVE_S"):
         assert nginx["environment"][name] == pipeline["environment"][name], name
     assert nginx["build"] == services["nginx"]["build"]
+
+
+@pytest.mark.parametrize("base", [bases.PYTHON, bases.NGINX], ids=["app", "nginx"])
+def test_a_stand_in_replaces_the_base_by_the_name_every_from_gives(base: bases.Base) -> None:
+    # Every FROM of the Dockerfile names one image (the app's two stages alike),
+    # literally: the name a build context replaces, and Dependabot bumps.
+    assert bases.from_images(base.dockerfile)
+    assert re.fullmatch(r"[\w./-]+:[\w.-]+", base.name), base.name  # raises unless one image
+    pulled = bases.Resolved(base, bases.qualified(base.name), "pulled")
+    assert pulled.build_contexts() == {}
+    standin = bases.Resolved(base, "localhost/serving-core-standin/x:1", "a stand-in")
+    assert standin.build_contexts() == {
+        base.name: "docker-image://localhost/serving-core-standin/x:1"
+    }

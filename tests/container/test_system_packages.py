@@ -74,8 +74,16 @@ def build_context(tmp: Path, *, system_packages: bool) -> Path:
     return context
 
 
-def build_args(base: bases.Resolved) -> dict[str, str]:
-    return {**base.build_args(), "HANDLER_DIR": HANDLER_DIR, **torch_index_args()}
+def build(engine: Engine, base: bases.Resolved, context: Path, tag: str) -> None:
+    """The app image of ``context`` on the resolved base, as image.yml builds it."""
+    build_timed(
+        engine,
+        f"app image ({HANDLER_DIR})",
+        context,
+        tag,
+        build_args={"HANDLER_DIR": HANDLER_DIR, **torch_index_args()},
+        build_contexts=base.build_contexts(),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -84,9 +92,7 @@ def openmp_image(
 ) -> str:
     context = build_context(tmp_path_factory.mktemp("openmp"), system_packages=True)
     tag = "serving-core-test:app-openmp"
-    build_timed(
-        engine, f"app image ({HANDLER_DIR})", context, tag, build_args=build_args(python_base)
-    )
+    build(engine, python_base, context, tag)
     return tag
 
 
@@ -136,9 +142,7 @@ def test_without_its_system_packages_the_builds_check_fails(
 ) -> None:
     context = build_context(tmp_path, system_packages=False)
     with pytest.raises(EngineError) as failed:
-        engine.build(
-            context, "serving-core-test:app-openmp-broken", build_args=build_args(python_base)
-        )
+        build(engine, python_base, context, "serving-core-test:app-openmp-broken")
     assert "serving-core check" in str(failed.value)
     assert "libgomp.so.1" in str(failed.value)
 
@@ -149,9 +153,7 @@ def test_a_name_that_is_not_a_debian_package_name_fails_the_build_naming_it(
     context = build_context(tmp_path, system_packages=False)
     (context / HANDLER_DIR / "system-packages.txt").write_text("libgomp1 $(id)\n")
     with pytest.raises(EngineError) as failed:
-        engine.build(
-            context, "serving-core-test:app-openmp-broken", build_args=build_args(python_base)
-        )
+        build(engine, python_base, context, "serving-core-test:app-openmp-broken")
     assert f"{HANDLER_DIR}/system-packages.txt: '$(id)' is not a Debian package name" in str(
         failed.value
     )

@@ -21,23 +21,97 @@ from tests.deploy.workflows import (
     workflow,
 )
 
+NOT_ON_PRS = "github.event_name != 'pull_request'"
+
+
+def push_job() -> dict[str, Any]:
+    job: dict[str, Any] = workflow("image")["jobs"]["push"]
+    return job
+
+
+def loads() -> list[dict[str, Any]]:
+    """The image job's builds, loaded into the runner's docker for the tests."""
+    return uses("image", "docker/build-push-action", job="image")
+
+
+def the_push() -> dict[str, Any]:
+    """The one build-push step that pushes, run once per image of the push matrix."""
+    (build,) = uses("image", "docker/build-push-action", job="push")
+    return build
+
+
+def legs(ref: str) -> list[dict[str, Any]]:
+    """The push job's matrix expanded for a push to ``ref``, as Actions expands it:
+    the product of the lists, less `exclude`, each extended by the `include`
+    entries that match it (none of these adds a leg of its own)."""
+    matrix = push_job()["strategy"]["matrix"]
+    context = {"github": {"ref": ref, "event_name": "push"}}
+    lists = {
+        key: evaluate(value, context) if isinstance(value, str) else value
+        for key, value in matrix.items()
+        if key not in {"include", "exclude"}
+    }
+    combos: list[dict[str, Any]] = [{}]
+    for key, values in lists.items():
+        combos = [{**c, key: v} for c in combos for v in values]
+    combos = [
+        c for c in combos if not any(e.items() <= c.items() for e in matrix.get("exclude", []))
+    ]
+    for extra in matrix.get("include", []):
+        matching = [c for c in combos if all(c.get(k, v) == v for k, v in extra.items() if k in c)]
+        assert matching, f"include {extra} would add a leg of its own"
+        for combo in matching:
+            combo.update({k: v for k, v in extra.items() if k not in lists})
+    return combos
+
+
+def run_step(step: dict[str, Any], env: dict[str, str], tmp_path: Path) -> dict[str, str]:
+    """A `run:` step run by bash as on the runner, for repository Serving-Core/serving-core:
+    the outputs it wrote."""
+    output = tmp_path / f"output-{len(list(tmp_path.iterdir()))}"
+    output.write_text("")
+    result = subprocess.run(
+        ["bash", "-e", "-o", "pipefail", "-c", step["run"]],
+        env={
+            "PATH": os.environ["PATH"],
+            "GITHUB_OUTPUT": str(output),
+            "GITHUB_REPOSITORY": "Serving-Core/serving-core",
+            **env,
+        },
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return dict(line.split("=", 1) for line in output.read_text().splitlines())
+
+
+def names(leg: dict[str, Any], tmp_path: Path) -> dict[str, str]:
+    """The push job's `Image names` step run for one leg: its outputs."""
+    step = step_named("image", "Image names", job="push")
+    env = {k: evaluate(v, {"matrix": leg}) for k, v in step["env"].items()}
+    return run_step(step, env, tmp_path)
+
 
 def test_image_builds_both_dockerfiles_and_tests_them_before_pushing() -> None:
-    builds = uses("image", "docker/build-push-action", job="image")
-    contexts = [b["with"]["context"] for b in builds]
-    assert contexts == [".", "nginx", ".", "nginx"]
-    for context in set(contexts):
+    contexts = [b["with"]["context"] for b in loads()]
+    assert contexts == [".", "nginx"]
+    pushed = {leg["context"] for leg in legs("refs/tags/v1.2.3")}
+    assert pushed == set(contexts)
+    for context in contexts:
         assert (ROOT / context / "Dockerfile").is_file()
     order = [s.get("name") for s in steps("image", "image")]
     tests_at = order.index("Container tests")
-    loads, pushes = builds[:2], builds[2:]
-    for build in loads:
+    for build in loads():
         assert build["with"]["load"] is True
         assert "push" not in build["with"]
         assert order.index(build["name"]) < tests_at
-    for build in pushes:
-        assert build["with"]["push"] is True
-        assert order.index(build["name"]) > tests_at
+    # Pushed only once the image job, its container tests included, passed;
+    # one leg's failure cancels no other's push half-way.
+    assert push_job()["needs"] == "image"
+    assert push_job()["strategy"]["fail-fast"] is False
+    assert the_push()["with"]["push"] is True
+    assert the_push()["with"]["context"] == "${{ matrix.context }}"
 
 
 def test_container_tests_get_the_built_image_names() -> None:
@@ -46,14 +120,17 @@ def test_container_tests_get_the_built_image_names() -> None:
     assert "pytest tests/container" in test_step["run"]
     assert test_step["env"]["SERVING_TEST_IMAGE"] == "${{ env.TEST_IMAGE }}"
     assert test_step["env"]["SERVING_TEST_NGINX_IMAGE"] == "${{ env.TEST_NGINX_IMAGE }}"
-    app, nginx = uses("image", "docker/build-push-action", job="image")[:2]
+    app, nginx = loads()
     assert app["with"]["tags"] == "${{ env.TEST_IMAGE }}"
     assert nginx["with"]["tags"] == "${{ env.TEST_NGINX_IMAGE }}"
     assert set(loaded["jobs"]["image"]["env"]) == {"TEST_IMAGE", "TEST_NGINX_IMAGE"}
 
 
-def build_args(step: dict[str, Any]) -> dict[str, str]:
+def build_args(step: dict[str, Any], leg: dict[str, Any] | None = None) -> dict[str, str]:
+    """A build step's arguments; ``${{ matrix.KEY }}`` replaced by ``leg``'s value."""
     lines = step["with"].get("build-args", "").splitlines()
+    if leg is not None:
+        lines = [re.sub(r"\$\{\{ matrix\.(\w+) \}\}", lambda m: leg[m[1]], x) for x in lines]
     return dict(line.strip().split("=", 1) for line in lines if line.strip())
 
 
@@ -62,10 +139,7 @@ def test_one_workflow_variable_names_the_handler_every_app_build_and_test_uses()
     handler_dir = ROOT / loaded["env"]["HANDLER_DIR"]
     assert (handler_dir / "handler.py").is_file()
     assert (handler_dir / "sample.json").is_file()
-    app_builds = [
-        b for b in uses("image", "docker/build-push-action") if b["with"]["context"] == "."
-    ]
-    assert len(app_builds) == 3  # tested, pushed, CUDA
+    app_builds = [loads()[0], the_push()]  # tested; pushed (CPU and CUDA)
     for build in app_builds:
         assert build_args(build)["HANDLER_DIR"] == "${{ env.HANDLER_DIR }}", build["name"]
         assert build_args(build)["SHARED_DIRS"] == "${{ env.SHARED_DIRS }}", build["name"]
@@ -76,48 +150,79 @@ def test_one_workflow_variable_names_the_handler_every_app_build_and_test_uses()
     assert named == [loaded["env"]["HANDLER_DIR"]]
 
 
-def test_pull_requests_build_without_logging_in_or_pushing() -> None:
+def test_the_tested_app_build_takes_the_cpu_legs_arguments() -> None:
+    # Same arguments, same layers: the push finds the tested layers in the cache.
+    (cpu_app,) = [leg for leg in legs("refs/heads/main") if leg["image"] == "app"]
+    assert build_args(loads()[0]) == build_args(the_push(), cpu_app)
+
+
+def test_pull_requests_build_without_logging_in_pushing_or_writing_the_cache() -> None:
     assert "pull_request" in workflow("image")["on"]
-    not_on_prs = "github.event_name != 'pull_request'"
-    assert uses("image", "docker/login-action", job="image")[0]["if"] == not_on_prs
-    for build in uses("image", "docker/build-push-action", job="image")[2:]:
-        assert build["if"] == not_on_prs
-        assert "cache-to" in build["with"]
-    for build in uses("image", "docker/build-push-action", job="image")[:2]:
-        assert "cache-to" not in build["with"]
+    assert uses("image", "docker/login-action", job="image")[0]["if"] == NOT_ON_PRS
+    assert push_job()["if"] == NOT_ON_PRS
+    assert "if" not in the_push()
+    outputs = {"names": {"outputs": {"app": "ghcr.io/o/r", "nginx": "ghcr.io/o/r-nginx"}}}
+    for build in loads():
+        cache_to = build["with"]["cache-to"]
+        on_pr = {"github": {"event_name": "pull_request"}, "steps": outputs}
+        on_push = {"github": {"event_name": "push"}, "steps": outputs}
+        assert evaluate(cache_to, on_pr) == "", build["name"]
+        # The tested layers, for the push job's build (the same ref it reads).
+        written = evaluate(cache_to, on_push)
+        read = (
+            build["with"]["cache-from"].replace("${{ steps.names.outputs.", "{").replace(" }}", "}")
+        )
+        assert written == read.format(**outputs["names"]["outputs"]) + ",mode=max"
+    assert the_push()["with"]["cache-to"].startswith(the_push()["with"]["cache-from"])
 
 
-def test_images_go_to_ghcr_with_sha_branch_semver_and_latest_tags() -> None:
-    metas = uses("image", "docker/metadata-action", job="image")
-    assert [m["with"]["images"] for m in metas] == [
-        "${{ steps.names.outputs.app }}",
-        "${{ steps.names.outputs.nginx }}",
-    ]
-    names = step_named("image", "Image names", job="image")["run"]
-    assert 'app="ghcr.io/${GITHUB_REPOSITORY,,}"' in names
-    assert 'echo "nginx=${app}-nginx"' in names
-    for meta in metas:
-        tags = meta["with"]["tags"].split()
-        assert "type=sha,format=long" in tags
-        assert "type=ref,event=branch" in tags
-        assert "type=semver,pattern={{version}}" in tags
-        assert "type=raw,value=latest,enable={{is_default_branch}}" in tags
-        # latest is the default branch's only, never moved by a tag.
-        assert meta["with"]["flavor"] == "latest=false"
-    for build in uses("image", "docker/build-push-action"):
+def test_the_push_reads_the_cache_the_tested_builds_wrote(tmp_path: Path) -> None:
+    tested = run_step(step_named("image", "Image names", job="image"), {}, tmp_path)
+    on_push = {"github": {"event_name": "push"}, "steps": {"names": {"outputs": tested}}}
+    written = {evaluate(b["with"]["cache-to"], on_push) for b in loads()}
+    read = the_push()["with"]["cache-from"]
+    for leg in legs("refs/heads/main"):
+        ref = read.replace("${{ steps.names.outputs.cache }}", names(leg, tmp_path)["cache"])
+        assert f"{ref},mode=max" in written, leg
+
+
+def test_images_go_to_ghcr_with_sha_branch_semver_and_latest_tags(tmp_path: Path) -> None:
+    (meta,) = uses("image", "docker/metadata-action")
+    assert meta["with"]["images"] == "${{ steps.names.outputs.image }}"
+    images = {leg["image"]: names(leg, tmp_path)["image"] for leg in legs("refs/heads/main")}
+    assert images == {
+        "app": "ghcr.io/serving-core/serving-core",
+        "nginx": "ghcr.io/serving-core/serving-core-nginx",
+    }
+    tags = meta["with"]["tags"].split()
+    assert "type=sha,format=long" in tags
+    assert "type=ref,event=branch" in tags
+    assert "type=semver,pattern={{version}}" in tags
+    assert "type=raw,value=latest,enable={{is_default_branch}}" in tags
+    # latest is the default branch's only, never moved by a tag.
+    assert "latest=false" in meta["with"]["flavor"].splitlines()
+    for build in [*loads(), the_push()]:
         assert build["with"]["cache-from"].startswith("type=registry,ref=")
 
 
-def pushes(job: str) -> list[dict[str, Any]]:
-    return [b for b in uses("image", "docker/build-push-action", job=job) if b["with"].get("push")]
+def test_the_oci_labels_are_set_once_by_the_metadata_action(tmp_path: Path) -> None:
+    (meta,) = uses("image", "docker/metadata-action")
+    assert the_push()["with"]["labels"] == "${{ steps.meta.outputs.labels }}"
+    for build in [*loads(), the_push()]:
+        # No label by build argument: the Dockerfiles' LABEL defaults mark a
+        # local build, the metadata action's --label flags replace them in CI.
+        assert not {"VERSION", "REVISION", "SOURCE"} & set(build_args(build)), build["name"]
+    titles = {leg["image"]: names(leg, tmp_path)["title"] for leg in legs("refs/tags/v1.2.3")}
+    assert titles == {"app": "serving-core", "nginx": "serving-core-nginx"}
+    assert (
+        "org.opencontainers.image.title=${{ steps.names.outputs.title }}"
+        in meta["with"]["labels"].splitlines()
+    )
 
 
-@pytest.mark.parametrize("job", ["image", "image-cuda"])
-def test_every_pushed_image_carries_an_sbom_and_max_provenance(job: str) -> None:
-    assert pushes(job)
-    for build in pushes(job):
-        assert build["with"]["sbom"] is True, build["name"]
-        assert build["with"]["provenance"] == "mode=max", build["name"]
+def test_every_pushed_image_carries_an_sbom_and_max_provenance() -> None:
+    assert the_push()["with"]["sbom"] is True
+    assert the_push()["with"]["provenance"] == "mode=max"
 
 
 def test_only_the_builds_loaded_for_the_tests_leave_attestations_out() -> None:
@@ -135,12 +240,11 @@ def digest_source(job: str, attest: dict[str, Any]) -> dict[str, Any]:
     return source
 
 
-@pytest.mark.parametrize("job", ["image", "image-cuda", "chart"])
+@pytest.mark.parametrize("job", ["push", "chart"])
 def test_every_pushed_digest_gets_a_provenance_attestation_in_the_registry(job: str) -> None:
     attests = uses("image", "actions/attest-build-provenance", job=job)
-    # The chart job pushes with `helm push`, in its step `push`.
-    pushed = {b["id"] for b in pushes(job)} or {"push"}
-    assert {digest_source(job, a)["id"] for a in attests} == pushed
+    # The push job's one build-push step; the chart job pushes with `helm push`.
+    assert {digest_source(job, a)["id"] for a in attests} == {"push"}
     order = [s.get("name") for s in steps("image", job)]
     for attest in attests:
         source = digest_source(job, attest)
@@ -148,24 +252,31 @@ def test_every_pushed_digest_gets_a_provenance_attestation_in_the_registry(job: 
         # Attested exactly when pushed (never on pull requests), after the push.
         assert attest.get("if") == source.get("if")
         assert order.index(source["name"]) < order.index(attest["name"])
+    (attest,) = uses("image", "actions/attest-build-provenance", job="push")
+    # Each leg's image, the one its metadata step tags.
+    assert attest["with"]["subject-name"] == "${{ steps.names.outputs.image }}"
+    (meta,) = uses("image", "docker/metadata-action", job="push")
+    assert meta["with"]["images"] == attest["with"]["subject-name"]
 
 
 def test_the_cpu_images_are_pushed_for_amd64_and_arm64_under_qemu() -> None:
     loaded = workflow("image")
     assert loaded["env"]["PLATFORMS"].split(",") == ["linux/amd64", "linux/arm64"]
-    for build in pushes("image"):
-        assert build["with"]["platforms"] == "${{ env.PLATFORMS }}", build["name"]
-    for build in uses("image", "docker/build-push-action", job="image"):
-        if build["with"].get("load"):
-            # The runner's own platform, for the container tests.
-            assert "platforms" not in build["with"]
-    (qemu,) = uses("image", "docker/setup-qemu-action", job="image")
+    platforms = the_push()["with"]["platforms"]
+    for leg in legs("refs/tags/v1.2.3"):
+        pushed = evaluate(platforms, {"matrix": leg, "env": loaded["env"]})
+        # The CUDA image for the GPU nodes' x86 hosts only.
+        expected = "linux/amd64" if leg["torch"] != "cpu" else loaded["env"]["PLATFORMS"]
+        assert pushed == expected, leg
+    for build in loads():
+        # The runner's own platform, for the container tests.
+        assert "platforms" not in build["with"]
+    (qemu,) = uses("image", "docker/setup-qemu-action", job="push")
     assert qemu["with"]["platforms"] == "arm64"
-    assert qemu["if"] == "github.event_name != 'pull_request'"
-    order = [s.get("name") for s in steps("image", "image")]
+    assert evaluate(qemu["if"], {"matrix": {"torch": "cpu"}}) is True
+    assert evaluate(qemu["if"], {"matrix": {"torch": "cu128"}}) is False
+    order = [s.get("name") for s in steps("image", "push")]
     assert order.index(qemu["name"]) < order.index("Set up Buildx")
-    (cuda,) = pushes("image-cuda")
-    assert cuda["with"]["platforms"] == "linux/amd64"
 
 
 def test_the_chart_push_hands_its_digest_to_the_attestation(tmp_path: Path) -> None:
@@ -217,39 +328,52 @@ RELEASE_REFS = {
 
 @pytest.mark.parametrize("ref", RELEASE_REFS)
 def test_the_cuda_image_is_built_on_version_tags_only(ref: str) -> None:
-    job = workflow("image")["jobs"]["image-cuda"]
-    assert evaluate(job["if"], tag_push(ref)) is RELEASE_REFS[ref]
+    pushed = sorted((leg["image"], leg["torch"]) for leg in legs(ref))
+    cuda = [("app", "cu128")] if RELEASE_REFS[ref] else []
+    assert pushed == sorted([("app", "cpu"), ("nginx", "cpu"), *cuda])
 
 
-def test_the_cuda_image_is_the_same_handler_with_cu128_torch_tagged_with_a_suffix() -> None:
-    loaded = workflow("image")
-    job = loaded["jobs"]["image-cuda"]
-    # After the CPU image passed its container tests.
-    assert job["needs"] == "image"
-    assert loaded["env"]["CUDA_VARIANT"] == "cu128"
-    (build,) = uses("image", "docker/build-push-action", job="image-cuda")
-    args = build_args(build)
-    assert args["TORCH_VARIANT"] == "${{ env.CUDA_VARIANT }}"
+def test_the_cuda_image_is_the_same_handler_with_cu128_torch_tagged_with_a_suffix(
+    tmp_path: Path,
+) -> None:
+    (cuda,) = [leg for leg in legs("refs/tags/v1.2.3") if leg["torch"] != "cpu"]
+    assert cuda["torch"] == "cu128"
+    args = build_args(the_push(), cuda)
+    assert args["TORCH_VARIANT"] == "cu128"
     assert args["HANDLER_DIR"] == "${{ env.HANDLER_DIR }}"
-    assert build["with"]["push"] is True
-    assert "cu128" in build["with"]["cache-to"].replace("${{ env.CUDA_VARIANT }}", "cu128")
-    (meta,) = uses("image", "docker/metadata-action", job="image-cuda")
+    outputs = names(cuda, tmp_path)
+    # Its own cache, beside the CPU image's.
+    assert outputs["cache"] == "ghcr.io/serving-core/serving-core:buildcache-cu128"
+    assert (
+        the_push()["with"]["cache-to"]
+        == "type=registry,ref=${{ steps.names.outputs.cache }},mode=max"
+    )
     # v1.2.3 -> 1.2.3-cu128 and 1.2-cu128 (what the chart's values-gpu.yaml uses);
     # every tag suffixed, so no CUDA image takes a CPU tag or latest.
+    assert outputs["suffix"] == "-cu128"
+    for leg in legs("refs/tags/v1.2.3"):
+        if leg["torch"] == "cpu":
+            assert names(leg, tmp_path)["suffix"] == ""
+    (meta,) = uses("image", "docker/metadata-action")
     flavor = meta["with"]["flavor"].splitlines()
-    assert "suffix=-${{ env.CUDA_VARIANT }}" in flavor
+    assert "suffix=${{ steps.names.outputs.suffix }}" in flavor
     assert "latest=false" in flavor
-    tags = meta["with"]["tags"].split()
-    assert "type=semver,pattern={{version}}" in tags
-    assert "type=ref,event=branch" not in tags
     gpu_values = (ROOT / "helm" / "serving-core" / "examples" / "values-gpu.yaml").read_text()
     assert re.search(r'tag: "\d+\.\d+\.\d+-cu128"', gpu_values)
+
+
+def test_the_cuda_leg_makes_room_on_the_runner_first() -> None:
+    room = step_named("image", "Make room for the CUDA layers", job="push")
+    assert evaluate(room["if"], {"matrix": {"torch": "cu128"}}) is True
+    assert evaluate(room["if"], {"matrix": {"torch": "cpu"}}) is False
+    assert steps("image", "push")[0] == room
 
 
 @pytest.mark.parametrize("ref", RELEASE_REFS)
 def test_the_chart_is_published_on_version_tags_only_after_every_image(ref: str) -> None:
     job = workflow("image")["jobs"]["chart"]
-    assert set(job["needs"]) == {"image", "image-cuda"}
+    # The whole push matrix, the CUDA image included.
+    assert job["needs"] == "push"
     assert evaluate(job["if"], tag_push(ref)) is RELEASE_REFS[ref]
 
 

@@ -252,6 +252,26 @@ def test_the_access_log_is_one_json_object_per_request(echo_stack: Stack) -> Non
 
 @pytest.mark.example("echo")
 @pytest.mark.e2e
+def test_neither_access_log_holds_a_job_id_in_full(echo_stack: Stack) -> None:
+    posted = requests.post(echo_stack.nginx.url + "/jobs", json={"text": "later"}, timeout=10)
+    assert posted.status_code == 202
+    job_id = posted.json()["job_id"]
+    read = requests.get(
+        echo_stack.nginx.url + f"/jobs/{job_id}?wait=0",
+        headers={"X-Request-ID": "job-read"},
+        timeout=10,
+    )
+    assert read.json()["job_id"] == job_id
+    entry = echo_stack.nginx.access_entry("job-read")
+    assert entry["uri"] == f"/jobs/{job_id[:8]}...?wait=0"
+    assert echo_stack.app_saw("job-read")
+    logs = echo_stack.app.output() + echo_stack.nginx.access_log.read_text()
+    assert f"/jobs/{job_id[:8]}..." in logs
+    assert job_id[8:] not in logs
+
+
+@pytest.mark.example("echo")
+@pytest.mark.e2e
 def test_the_kubelets_probes_are_left_out_of_the_access_log(echo_stack: Stack) -> None:
     # One connection, so one nginx worker logs both, the probe first.
     with requests.Session() as session:

@@ -155,7 +155,9 @@ def test_only_publishing_jobs_may_push_or_sign(grant: str) -> None:
         for job_name, job in workflow(name)["jobs"].items()
         if job["permissions"].get(grant) == "write"
     }
-    assert writers == {("image", "image"), ("image", "image-cuda"), ("image", "chart")}
+    publishers = {("image", "push"), ("image", "chart")}
+    # The image job writes the tested layers to the registry cache, and signs nothing.
+    assert writers == publishers | ({("image", "image")} if grant == "packages" else set())
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -254,6 +256,21 @@ def test_the_helm_version_is_the_tag_in_the_one_dockerfile_dependabot_bumps(
     dependabot = yaml.safe_load((GITHUB / "dependabot.yml").read_text())
     docker = [u for u in dependabot["updates"] if u["package-ecosystem"] == "docker"]
     assert any("/.github/actions/setup-helm" in u["directories"] for u in docker)
+
+
+@pytest.mark.parametrize("dockerfile", ["Dockerfile", "nginx/Dockerfile"])
+def test_dependabot_reads_the_base_image_of_each_dockerfile(dockerfile: str) -> None:
+    # Dependabot's docker ecosystem reads `FROM image:tag` in the folders it is
+    # given, never an ARG default (`FROM ${IMAGE}`, dependabot-core#2057).
+    froms = re.findall(r"(?m)^FROM\s+(\S+)", (ROOT / dockerfile).read_text())
+    assert froms
+    for image in froms:
+        assert "$" not in image, f"{dockerfile}: FROM {image} is hidden from Dependabot"
+        assert re.fullmatch(r"[\w./-]+:[\w.-]+", image), f"{dockerfile}: FROM {image} has no tag"
+    dependabot = yaml.safe_load((GITHUB / "dependabot.yml").read_text())
+    docker = [u for u in dependabot["updates"] if u["package-ecosystem"] == "docker"]
+    folder = "/" + str(Path(dockerfile).parent).removeprefix(".")
+    assert any(folder in u["directories"] for u in docker), folder
 
 
 def test_a_dockerfile_without_a_helm_tag_stops_the_setup(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@ and actions found, their `if:` conditions evaluated, and the tools that lint the
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -56,9 +57,10 @@ def uses(name: str, action: str, job: str | None = None) -> list[dict[str, Any]]
 def evaluate(expression: str, context: Mapping[str, Any]) -> Any:
     """An Actions `if:` expression evaluated over ``context`` (github, needs, ...).
 
-    Covers what these workflows use: contexts, 'strings', ==, !=, !, &&, ||,
-    parentheses and startsWith (case-insensitive, as in Actions). A missing
-    property is null, as in Actions."""
+    Covers what these workflows use: contexts, 'strings', ==, !=, !, &&, ||
+    (which yield an operand, as in Actions), parentheses, startsWith
+    (case-insensitive, as in Actions), format and fromJSON. A missing property
+    is null, as in Actions."""
 
     def get(path: str) -> Any:
         value: Any = context
@@ -69,24 +71,40 @@ def evaluate(expression: str, context: Mapping[str, Any]) -> Any:
     def starts_with(text: Any, prefix: Any) -> bool:
         return str(text or "").lower().startswith(str(prefix or "").lower())
 
+    def format_(template: str, *args: Any) -> str:
+        # Actions' {0} placeholders and {{ }} escapes are Python's.
+        return template.format(*("" if a is None else a for a in args))
+
+    contexts = "github|needs|inputs|vars|env|steps|matrix"
     token = re.compile(
-        r"'(?:[^']|'')*'|(?:github|needs|inputs|vars|env)(?:\.[\w-]+)+|&&|\|\||!(?!=)"
-        r"|startsWith|[()=,\s]+|!=|\S"
+        rf"'(?:[^']|'')*'|(?:{contexts})(?:\.[\w-]+)+|&&|\|\||!(?!=)"
+        r"|startsWith|format|fromJSON|[()=,\s]+|!=|\S"
     )
     python = []
     for match in token.finditer(expression.strip().removeprefix("${{").removesuffix("}}")):
         part = match.group(0)
         if part.startswith("'"):
             python.append(repr(part[1:-1].replace("''", "'")))
-        elif re.match(r"^(github|needs|inputs|vars|env)\.", part):
+        elif re.match(rf"^({contexts})\.", part):
             python.append(f"get({part!r})")
         else:
             python.append(
-                {"&&": " and ", "||": " or ", "!": " not ", "startsWith": "starts_with"}.get(
-                    part, part
-                )
+                {
+                    "&&": " and ",
+                    "||": " or ",
+                    "!": " not ",
+                    "startsWith": "starts_with",
+                    "format": "format_",
+                    "fromJSON": "from_json",
+                }.get(part, part)
             )
-    return eval("".join(python), {"__builtins__": {}}, {"get": get, "starts_with": starts_with})
+    functions = {
+        "get": get,
+        "starts_with": starts_with,
+        "format_": format_,
+        "from_json": json.loads,
+    }
+    return eval("".join(python), {"__builtins__": {}}, functions)
 
 
 def uses_lines() -> list[tuple[str, str]]:

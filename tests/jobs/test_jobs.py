@@ -169,7 +169,8 @@ def test_jobs_held_by_a_killed_consumer_are_handed_out_again_after_the_lease(
 ) -> None:
     settings = {"jobs_lease_s": 0.3}
     queue = make_queue(**settings)
-    ids = {queue.submit({"n": n}).id for n in range(10)}
+    numbers = {queue.submit({"n": n}).id: n for n in range(10)}
+    ids = set(numbers)
     receive, send = FORK.Pipe(duplex=False)
     doomed = FORK.Process(target=_take_and_hang, args=(make_queue, send, settings))
     doomed.start()
@@ -185,7 +186,7 @@ def test_jobs_held_by_a_killed_consumer_are_handed_out_again_after_the_lease(
         assert job is not None
         assert job.status == "done"
         assert job.attempts == 2
-        assert job.result == {"n": job.params["n"]}
+        assert job.result == {"n": numbers[job_id]}
     assert queue.depth() == 0
 
 

@@ -84,6 +84,7 @@ def test_the_requests_of_clients_that_hung_up_leave_the_queue_and_never_run(tmp_
 
 def test_a_request_others_wait_on_through_the_cache_stays_when_its_client_hangs_up(tmp_path):
     env = {
+        "SERVING_CACHE_HEADER": "true",
         "SERVING_HANDLER": PROBE,
         "SERVING_WORKERS": "1",
         "SERVING_REQUEST_TIMEOUT_S": "30",

@@ -357,15 +357,20 @@ def test_a_real_server_checks_keys_and_never_logs_them(tmp_path: Path, log_forma
         assert post("/jobs", {"X-API-Key": WRONG_KEY}).status_code == 401
         job = post("/jobs", {"Authorization": f"Bearer {OTHER_KEY}"})
         assert job.status_code == 202
+        job_id = job.json()["job_id"]
         status_url = url + job.headers["Location"]
         assert requests.get(status_url, timeout=10).status_code == 401
-        keyed = requests.get(status_url, headers={"X-API-Key": KEY}, timeout=10)
-        assert keyed.status_code == 200
+        # The job is OTHER_KEY's: any other key is told it does not exist.
+        for method in (requests.get, requests.delete):
+            assert method(status_url, headers={"X-API-Key": KEY}, timeout=10).status_code == 404
+        owned = requests.get(status_url, headers={"X-API-Key": OTHER_KEY}, timeout=10)
+        assert owned.status_code == 200
         for path in ["/healthz", "/readyz"]:
             assert requests.get(url + path, timeout=10).status_code == 200
         log = server.output()
     # The log is the one the server wrote: it has the access lines of the 401s.
     assert "401" in log
     assert "/jobs" in log
-    for secret in [KEY, OTHER_KEY, WRONG_KEY, KEY[4:20], OTHER_KEY[4:20]]:
+    assert f"/jobs/{job_id[:8]}..." in log  # the access lines tell the job apart
+    for secret in [KEY, OTHER_KEY, WRONG_KEY, KEY[4:20], OTHER_KEY[4:20], job_id, job_id[8:]]:
         assert secret not in log

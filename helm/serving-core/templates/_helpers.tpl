@@ -230,6 +230,8 @@ jobsEnabled: {env: SERVING_JOBS_ENABLED, kind: string}
 jobsUrl: {env: SERVING_JOBS_URL, kind: optional, secret: jobsUrlSecret}
 jobsPath: {env: SERVING_JOBS_PATH, kind: string}
 jobsMaxQueue: {env: SERVING_JOBS_MAX_QUEUE, kind: int}
+jobsMaxStored: {env: SERVING_JOBS_MAX_STORED, kind: int}
+jobsMaxPerCaller: {env: SERVING_JOBS_MAX_PER_CALLER, kind: int}
 jobsTtlSeconds: {env: SERVING_JOBS_TTL_S, kind: number}
 jobsMaxAttempts: {env: SERVING_JOBS_MAX_ATTEMPTS, kind: int}
 jobsLeaseSeconds: {env: SERVING_JOBS_LEASE_S, kind: number}

@@ -1,0 +1,77 @@
+"""The SQLite queue's limits, checked in the submit's own transaction: unfinished jobs
+(``jobs_max_queue``), every job held (``jobs_max_stored``) and one owner's unfinished
+ones (``jobs_max_per_caller``).
+
+The jobs held are counted in the ``stored`` table (one row per queue: a submit
+adds one, the purge takes off what it deletes), so the check costs one lookup,
+not a count over up to a million rows. Expired rows not yet purged still count:
+the cap bounds the file, and a submit that finds it full purges first
+(``SqliteJobQueue.submit``).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass
+
+from serving_core.jobs.base import (
+    MAX_STORED,
+    QueueFull,
+    QuotaExceeded,
+    quota_message,
+    store_full_retry_after,
+)
+from serving_core.settings import Settings
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_queue: int
+    max_stored: int
+    max_per_caller: int  # 0: none
+
+    @classmethod
+    def of(cls, settings: Settings) -> Limits:
+        return cls(settings.jobs_max_queue, settings.jobs_max_stored, settings.jobs_max_per_caller)
+
+
+def admit(db: sqlite3.Connection, queue: str, owner: str, now: float, limits: Limits) -> None:
+    """Raise QueueFull or QuotaExceeded if one more job of ``owner`` would pass a limit."""
+    (depth,) = db.execute(
+        "SELECT count(*) FROM jobs WHERE queue = ? AND due IS NOT NULL", (queue,)
+    ).fetchone()
+    if depth >= limits.max_queue:
+        raise QueueFull(
+            f"the {queue!r} job queue holds {depth} unfinished jobs "
+            f"(SERVING_JOBS_MAX_QUEUE={limits.max_queue}); retry later"
+        )
+    held = stored(db, queue)
+    if held >= limits.max_stored:
+        (oldest,) = db.execute(
+            "SELECT min(expires_at) FROM jobs WHERE queue = ? AND expires_at IS NOT NULL",
+            (queue,),
+        ).fetchone()
+        raise QueueFull(
+            f"the {queue!r} job queue holds {held} jobs "
+            f"({MAX_STORED}={limits.max_stored}); retry later",
+            retry_after_s=store_full_retry_after(oldest, now),
+            setting=MAX_STORED,
+        )
+    if limits.max_per_caller and owner:
+        (mine,) = db.execute(
+            "SELECT count(*) FROM jobs WHERE queue = ? AND owner = ? AND due IS NOT NULL",
+            (queue, owner),
+        ).fetchone()
+        if mine >= limits.max_per_caller:
+            raise QuotaExceeded(quota_message(mine, limits.max_per_caller))
+
+
+def stored(db: sqlite3.Connection, queue: str) -> int:
+    """Rows of ``queue``, expired ones not yet purged included: what the file holds."""
+    row = db.execute("SELECT jobs FROM stored WHERE queue = ?", (queue,)).fetchone()
+    if row is not None:
+        return int(row[0])
+    # A file from before the count, or a new queue: count once.
+    (count,) = db.execute("SELECT count(*) FROM jobs WHERE queue = ?", (queue,)).fetchone()
+    db.execute("INSERT INTO stored (queue, jobs) VALUES (?, ?)", (queue, count))
+    return int(count)

@@ -1,0 +1,126 @@
+"""The Open Inference Protocol (V2) over REST, beside ``/predict``: thin Flask views
+over ``v2.model.Model``, which answers through the same ``Service``.
+
+Errors take the app's one funnel, which gives any path under ``/v2`` V2's
+``{"error": "..."}`` shape (``responses.error_response``). A body with an
+``Inference-Header-Content-Length`` header is the binary tensor extension: that
+many bytes of JSON, then the binary inputs; outputs asked for as binary data
+come back the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flask import Flask, Response, g
+
+from serving_core import context, encoding
+from serving_core.errors import BadRequest, quote
+from serving_core.logs import BATCH_SIZE_KEY
+from serving_core.v2 import request as v2request
+from serving_core.v2.model import InferResponse, Model
+from serving_core.v2.tensors import to_json, to_raw
+from serving_core.web.access import caller
+from serving_core.web.incoming import this_request
+from serving_core.web.params import JsonLimits, _json_object
+from serving_core.web.responses import json_response
+from serving_core.web.routes import _client_timeout, _refuse_oversized
+
+HEADER_LENGTH = "Inference-Header-Content-Length"
+BINARY = "application/octet-stream"
+MODEL = "/v2/models/<name>"
+VERSION = "/v2/models/<name>/versions/<version>"
+
+
+def add_routes(app: Flask, model: Model, limits: JsonLimits, max_body_bytes: int) -> None:
+    service = model.service
+
+    def server_metadata() -> Response:
+        return json_response(model.server_metadata(), 200)
+
+    def live() -> Response:
+        return json_response({"live": True}, 200)
+
+    def ready() -> Response:
+        # As /readyz: 503 while the model loads, a worker drains or its model thread is gone.
+        is_ready = model.ready
+        return json_response({"ready": is_ready}, 200 if is_ready else 503)
+
+    def model_metadata(name: str, version: str | None = None) -> Response:
+        model.find(name, version)
+        return json_response(model.metadata(), 200)
+
+    def model_ready(name: str, version: str | None = None) -> Response:
+        model.find(name, version)
+        is_ready = model.ready
+        return json_response({"name": model.name, "ready": is_ready}, 200 if is_ready else 503)
+
+    def infer(name: str, version: str | None = None) -> Response:
+        model.find(name, version)
+        req = this_request()
+        arrived = g.arrival
+        timeout_s = _client_timeout(req)
+        # As /predict: refused from the headers, before the body is read.
+        _refuse_oversized(req, max_body_bytes)
+        service.admit(arrival=arrived, timeout_s=timeout_s)
+        header, binary = _split(req.get_data(cache=False), req.headers.get(HEADER_LENGTH))
+        parsed = v2request.parse(_json_object(header, limits), binary)
+        context.take_batch_size()  # an earlier request on this greenlet may have left one
+        result = model.infer(
+            parsed,
+            request_id=g.request_id,
+            arrival=arrived,
+            timeout_s=timeout_s,
+            client=req.environ.get("gunicorn.socket"),
+            caller=caller(),  # the API key's identity: its own cache entries
+        )
+        req.environ[BATCH_SIZE_KEY] = context.take_batch_size()  # for the JSON access line
+        return _response(model, parsed, result)
+
+    app.add_url_rule("/v2", "v2_server", server_metadata)
+    app.add_url_rule("/v2/health/live", "v2_live", live)
+    app.add_url_rule("/v2/health/ready", "v2_ready", ready)
+    for path in (MODEL, VERSION):
+        app.add_url_rule(path, f"v2_metadata{path}", model_metadata)
+        app.add_url_rule(f"{path}/ready", f"v2_model_ready{path}", model_ready)
+        app.add_url_rule(f"{path}/infer", f"v2_infer{path}", infer, methods=["POST"])
+
+
+def _split(body: bytes, header_length: str | None) -> tuple[bytes, bytes]:
+    """The JSON part and the binary part of a body."""
+    if header_length is None:
+        return body, b""
+    digits = header_length.isascii() and header_length.isdigit() and len(header_length) < 20
+    length = int(header_length) if digits else -1
+    if not 0 <= length <= len(body):
+        raise BadRequest(
+            f"{HEADER_LENGTH}={quote(header_length)} is not the length of the JSON at the "
+            f"start of the {len(body)}-byte body; send the JSON's size in bytes"
+        )
+    return body[:length], body[length:]
+
+
+def _response(model: Model, parsed: v2request.InferRequest, result: InferResponse) -> Response:
+    outputs: list[dict[str, Any]] = []
+    raws: list[bytes] = []
+    for name, datatype, array in result.outputs:
+        entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
+        if parsed.all_binary or name in parsed.binary_outputs:
+            raw = to_raw(array, datatype)
+            entry["parameters"] = {"binary_data_size": len(raw)}
+            raws.append(raw)
+        else:
+            entry["data"] = to_json(array, datatype)
+        outputs.append(entry)
+    body: dict[str, Any] = {"model_name": model.name, "model_version": model.version}
+    if parsed.id is not None:
+        body["id"] = parsed.id
+    body["outputs"] = outputs
+    headers = {"X-Cache": result.served} if result.served else {}
+    if not raws:
+        return json_response(body, 200, headers)
+    header = encoding.dumps(body)
+    response = Response(header + b"".join(raws), status=200, content_type=BINARY)
+    response.headers[HEADER_LENGTH] = str(len(header))
+    response.headers.update(headers)
+    return response
