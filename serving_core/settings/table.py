@@ -143,7 +143,7 @@ class Settings:
     cache_per_key: bool = setting(
         True, BOOLEAN, "with API keys, each key has its own cache entries; `false`: shared"
     )
-    # The Dockerfile sets it to the image's REVISION (its git commit).
+    # The Dockerfile sets it to its MODEL_REVISION build argument (CI: the git commit).
     model_revision: str = setting(
         "", TEXT, "the model build in every cache key: the image's git commit, or a weights digest"
     )

@@ -123,7 +123,7 @@ def test_a_full_sqlite_store_is_a_503_with_retry_after_and_takes_jobs_after_the_
 
 
 def test_a_repeated_predict_shares_its_follow_up_job_and_queues_no_other(started) -> None:
-    client, service = started(followup_queue="slow-model")
+    client, service = started(followup_queue="slow-model", cache_header=True)
     first = client.post("/predict", json={"text": "now"}, headers=as_(ALICE))
     hit = client.post("/predict", json={"text": "now"}, headers=as_(ALICE))
     assert hit.headers.get("X-Cache") == "hit"

@@ -226,6 +226,9 @@ modelProcesses: {env: SERVING_MODEL_PROCESSES, kind: int}
 cacheUrl: {env: SERVING_CACHE_URL, kind: optional, secret: cacheUrlSecret}
 cacheSize: {env: SERVING_CACHE_SIZE, kind: int}
 cacheTtlSeconds: {env: SERVING_CACHE_TTL_S, kind: number}
+cachePerKey: {env: SERVING_CACHE_PER_KEY, kind: string}
+cacheHeader: {env: SERVING_CACHE_HEADER, kind: string}
+modelRevision: {env: SERVING_MODEL_REVISION, kind: optional}
 jobsEnabled: {env: SERVING_JOBS_ENABLED, kind: string}
 jobsUrl: {env: SERVING_JOBS_URL, kind: optional, secret: jobsUrlSecret}
 jobsPath: {env: SERVING_JOBS_PATH, kind: string}
