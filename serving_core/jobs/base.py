@@ -160,7 +160,10 @@ class QueueFull(Exception):
 
 
 class QueueUnavailable(Exception):
-    """The backend could not answer (Redis unreachable, the SQLite file locked or unwritable)."""
+    """The backend could not answer (Redis unreachable, the SQLite file locked or unwritable).
+
+    Its message reaches clients (a 503, a follow-up's ``job_error``): it names no
+    host, port or path; where it is raised logs the detail."""
 
 
 class JobQueue(Protocol):

@@ -9,6 +9,7 @@ power cut).
 
 from __future__ import annotations
 
+import logging
 import os
 import sqlite3
 import threading
@@ -17,6 +18,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from serving_core.jobs.base import QueueUnavailable
+
+log = logging.getLogger("serving_core.jobs.sqlite_file")
 
 BUSY_TIMEOUT_S = 30.0  # how long a call waits for another process's write
 WAL_RETRY_S = 0.005  # how often an opening connection asks for WAL mode again
@@ -59,7 +62,10 @@ def translated(path: str) -> Iterator[None]:
     try:
         yield
     except sqlite3.OperationalError as error:
-        raise QueueUnavailable(f"the job queue's SQLite file {path}: {error}") from error
+        # The path is for the operator's log; the client reads only the exception's
+        # message (a 503's), which must not tell it how the server is laid out.
+        log.warning("the job queue's SQLite file %s failed: %s", path, error)
+        raise QueueUnavailable("the job queue's store did not answer") from error
 
 
 def connect(path: str) -> sqlite3.Connection:
