@@ -7,9 +7,12 @@
   time, as SHA-256 digests (so neither the match nor the length shows in the
   timing); only the digests are kept. The keys file is re-read when it
   changes (a Kubernetes Secret volume is updated in place).
-- ``/metadata``, ``/openapi.json`` and ``/metrics`` are open to anyone, keys
-  or not, unless ``SERVING_PRIVATE_ENDPOINTS``: then they need a key, or are
-  not served at all when there are no keys (``/docs`` with them).
+- With keys, ``/metadata`` (the handler's path, live queue state) and
+  ``/openapi.json`` need one too, unless ``SERVING_PUBLIC_METADATA``;
+  ``/metrics`` stays open, so that Prometheus scrapes without a key (the chart
+  serves it only on nginx's metrics port). ``SERVING_PRIVATE_ENDPOINTS`` puts
+  all three behind the keys, or stops serving them (``/docs`` with them) when
+  there are no keys.
 - CORS (``SERVING_CORS_ORIGINS``) is flask-cors over the listed origins;
   without origins the app sends no CORS headers.
 
@@ -38,7 +41,10 @@ from serving_core.settings.parsers import api_keys
 log = logging.getLogger("serving_core.web.access")
 
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})
-PRIVATE_PATHS = frozenset({"/metadata", "/openapi.json", "/metrics"})
+# Without SERVING_PRIVATE_ENDPOINTS: open even with keys, so Prometheus needs none.
+PUBLIC_PATHS = frozenset({"/metrics"})
+# What the API is and holds: behind the keys unless SERVING_PUBLIC_METADATA.
+DESCRIPTION_PATHS = frozenset({"/metadata", "/openapi.json"})
 KEY_HEADER = "X-API-Key"
 # How often a worker looks at the keys file's mtime: a rotated Secret is taken
 # within this long, and a request costs no stat.
@@ -132,6 +138,12 @@ class Guard:
     def __init__(self, settings: Settings) -> None:
         self.keys = ApiKeys(settings.api_keys, settings.api_keys_file)
         self.private = settings.private_endpoints
+        # What passes without a key when there are keys.
+        self.public = frozenset(
+            ()
+            if settings.private_endpoints
+            else (PUBLIC_PATHS | DESCRIPTION_PATHS if settings.public_metadata else PUBLIC_PATHS)
+        )
         self.cors = bool(settings.cors_origins)
 
     @property
@@ -144,7 +156,7 @@ class Guard:
         if not self.keys:
             return
         path = request.path
-        if path in OPEN_PATHS or (not self.private and path in PRIVATE_PATHS):
+        if path in OPEN_PATHS or path in self.public:
             return
         if self.cors and _is_preflight():
             return  # a browser never sends credentials on a preflight

@@ -14,6 +14,7 @@ from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
 from serving_core.logs import ROUTE_KEY
 from serving_core.metrics.core import Metrics
 from serving_core.online.service import Service
+from serving_core.pipeline.core import Pipeline
 from serving_core.settings import Settings
 from serving_core.web import access, arrival, docs, incoming, openapi
 from serving_core.web.params import JsonLimits
@@ -74,6 +75,8 @@ def create_app(settings: Settings, service: Service, metrics: Metrics) -> Flask:
     app.extensions["serving_core"] = service
     # Reads the keys file: a bad one stops the master here, before fork.
     guard = access.Guard(settings)
+    if isinstance(service.handler, Pipeline):
+        service.handler.check_callers(keys=bool(guard.keys), allowed=settings.pipeline_without_keys)
     described = guard.serves_private_paths
     app.config[ROUTES_HINT] = "; see /openapi.json or /metadata for the API" if described else ""
 

@@ -492,6 +492,8 @@ SETTINGS_TABLE = [
     ("apiKeys", "0123456789abcdef-key", "SERVING_API_KEYS", "0123456789abcdef-key"),
     ("apiKeysFile", "/keys/api-keys", "SERVING_API_KEYS_FILE", "/keys/api-keys"),
     ("privateEndpoints", True, "SERVING_PRIVATE_ENDPOINTS", "true"),
+    ("publicMetadata", False, "SERVING_PUBLIC_METADATA", "false"),  # true contradicts private
+    ("pipelineWithoutKeys", True, "SERVING_PIPELINE_WITHOUT_KEYS", "true"),
     (
         "corsOrigins",
         ["https://app.example.com", "http://localhost:3000"],

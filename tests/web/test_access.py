@@ -126,10 +126,26 @@ def test_every_route_but_health_needs_the_key(keyed):
     assert client.get("/docs", headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
 
 
-def test_metadata_openapi_and_metrics_stay_open_unless_private(keyed):
+def test_with_keys_metadata_and_openapi_need_one_and_metrics_stays_open(keyed):
     client = keyed.test_client()
+    for path in ["/metadata", "/openapi.json"]:
+        assert_401(client.get(path))
+        assert client.get(path, headers={"X-API-Key": KEY}).status_code == 200, path
+    assert client.get("/metrics").status_code == 200  # Prometheus scrapes without a key
+
+
+def test_public_metadata_opens_metadata_and_openapi_to_anyone(started):
+    app = started(api_keys=KEY, public_metadata="true")
+    client = app.test_client()
     for path in ["/metadata", "/openapi.json", "/metrics"]:
         assert client.get(path).status_code == 200, path
+    assert_401(client.get("/docs"))
+    assert_401(client.post("/predict", json={"text": "a"}))
+
+
+def test_public_metadata_and_private_endpoints_together_are_refused():
+    with pytest.raises(SettingsError, match="set one of the two"):
+        make_app(api_keys=KEY, public_metadata="true", private_endpoints="true")
 
 
 def test_private_endpoints_need_the_key_when_there_are_keys(started):
