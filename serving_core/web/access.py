@@ -27,7 +27,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from flask import Flask, request
@@ -36,7 +36,7 @@ from werkzeug.datastructures import Headers
 
 from serving_core.errors import Unauthorized
 from serving_core.settings import Settings, SettingsError
-from serving_core.settings.parsers import api_keys
+from serving_core.settings.parsers import MIN_KEY_CHARS, api_keys
 
 log = logging.getLogger("serving_core.web.access")
 
@@ -68,25 +68,40 @@ def _digest(key: bytes) -> bytes:
 
 
 class ApiKeys:
-    """The keys a caller may present: from the setting, plus the file's (re-read on change)."""
+    """The keys a caller may present: from the setting, plus the file's (re-read on change).
 
-    def __init__(self, keys: Iterable[str], path: str = "") -> None:
+    A changed file is taken line by line: its keys replace the file's old ones at
+    once (a key removed is revoked), and a line that is not a key is left out and
+    reported, as is a file that cannot be read or holds no key (``fault``: on
+    ``/readyz``, in the log, as the ``observe`` gauge). Never the old set kept, and
+    never open: with a keys file configured, the check stays on.
+    """
+
+    def __init__(
+        self, keys: Iterable[str], path: str = "", observe: Callable[[int], None] | None = None
+    ) -> None:
         self._fixed = [_digest(key.encode("ascii")) for key in keys]
         self._path = path
+        self._observe = observe
         self._from_file: list[bytes] = []
         self._stamp: tuple[int, int] | None = None
         self._checked = 0.0
+        self.fault: str | None = None  # what is wrong with the keys file, for /readyz
         if path:
             self._load(first=True)
 
     def __bool__(self) -> bool:
-        return bool(self._fixed or self._from_file)
+        return bool(self._fixed or self._path)
+
+    def refresh(self) -> None:
+        """Re-read the keys file if it may have changed (at most every ``RELOAD_S``)."""
+        if self._path and time.monotonic() - self._checked > RELOAD_S:
+            self._load(first=False)
 
     def allows(self, presented: str | None) -> bool:
         if presented is None:
             return False
-        if self._path and time.monotonic() - self._checked > RELOAD_S:
-            self._load(first=False)
+        self.refresh()
         # Header values are latin-1 strings (WSGI); any byte string hashes.
         given = _digest(presented.encode("latin-1", "replace"))
         matched = False
@@ -97,31 +112,64 @@ class ApiKeys:
 
     def _load(self, *, first: bool) -> None:
         self._checked = time.monotonic()
+        stamp: tuple[int, int] | None = None
+        bad: list[int] = []
         try:
             info = os.stat(self._path)
             stamp = (info.st_mtime_ns, info.st_size)
             if stamp == self._stamp:
                 return
-            keys = api_keys(_FILE_VAR, Path(self._path).read_text(encoding="ascii"))
-            if not keys:
-                raise ValueError(f"{_FILE_VAR}={self._path!r} holds no keys; one per line")
-        except (OSError, ValueError) as exc:
-            # A parser's ValueError says what is wrong and never quotes a key; a
-            # decoding error could quote the file, so only its kind is told.
-            plain = isinstance(exc, ValueError) and not isinstance(exc, UnicodeDecodeError)
-            message = str(exc) if plain else exc.__class__.__name__
-            if first:
-                raise SettingsError(
-                    f"{_FILE_VAR}={self._path!r} cannot be used: {message}; mount a file of "
-                    "keys, one per line (the chart mounts serving.apiKeysSecret)"
-                ) from None
-            # Keep the keys there were: a half-written or removed file never opens the API.
-            log.warning("%s: kept the previous keys: %s", _FILE_VAR, message)
-            return
+            keys, bad = _file_keys(Path(self._path).read_bytes())
+        except OSError as exc:
+            # Only the error's kind: its text would repeat the path.
+            stamp, keys = None, []
+            fault: str | None = f"cannot be read ({exc.__class__.__name__})"
+        else:
+            fault = _fault(keys, bad)
+        if first and fault:
+            raise SettingsError(
+                f"{_FILE_VAR}={self._path!r} cannot be used: it {fault}; mount a file of "
+                "keys, one per line (the chart mounts serving.apiKeysSecret)"
+            )
         self._from_file = [_digest(key.encode("ascii")) for key in keys]
         self._stamp = stamp
-        if not first:
+        if fault and fault != self.fault:
+            log.error(
+                "%s %s: %d key(s) from it now pass, /readyz answers 503 until it is fixed",
+                _FILE_VAR,
+                fault,
+                len(keys),
+            )
+        elif not first and fault is None:
             log.info("%s changed: %d keys now", _FILE_VAR, len(keys))
+        self.fault = fault
+        if self._observe is not None:
+            self._observe(0 if fault is None else max(1, len(bad)))
+
+
+def _file_keys(content: bytes) -> tuple[list[str], list[int]]:
+    """The keys of a keys file, and the numbers of its lines that are not keys."""
+    keys: list[str] = []
+    bad: list[int] = []
+    for number, line in enumerate(content.splitlines(), 1):
+        try:
+            keys.extend(api_keys(_FILE_VAR, line.decode("ascii")))
+        except (UnicodeDecodeError, ValueError):
+            bad.append(number)  # never quoted: a malformed line may still be a secret
+    return keys, bad
+
+
+def _fault(keys: list[str], bad: list[int]) -> str | None:
+    if bad:
+        shown = ", ".join(str(n) for n in bad[:10]) + (", ..." if len(bad) > 10 else "")
+        return (
+            f"has {len(bad)} line(s) that are not keys (line {shown}: each key is "
+            f"{MIN_KEY_CHARS} or more printable ASCII characters; make keys with e.g. "
+            "`openssl rand -hex 32`)"
+        )
+    if not keys:
+        return "holds no keys (one per line)"
+    return None
 
 
 def presented_key(headers: Headers) -> str | None:
@@ -135,8 +183,8 @@ def presented_key(headers: Headers) -> str | None:
 class Guard:
     """The keys check and the private endpoints of one app, built from ``settings``."""
 
-    def __init__(self, settings: Settings) -> None:
-        self.keys = ApiKeys(settings.api_keys, settings.api_keys_file)
+    def __init__(self, settings: Settings, observe: Callable[[int], None] | None = None) -> None:
+        self.keys = ApiKeys(settings.api_keys, settings.api_keys_file, observe)
         self.private = settings.private_endpoints
         # What passes without a key when there are keys.
         self.public = frozenset(

@@ -74,7 +74,7 @@ def create_app(settings: Settings, service: Service, metrics: Metrics) -> Flask:
     # Flask's place for what an app serves; tests and tools find the service here.
     app.extensions["serving_core"] = service
     # Reads the keys file: a bad one stops the master here, before fork.
-    guard = access.Guard(settings)
+    guard = access.Guard(settings, metrics.keys_file)
     if isinstance(service.handler, Pipeline):
         service.handler.check_callers(keys=bool(guard.keys), allowed=settings.pipeline_without_keys)
     described = guard.serves_private_paths
@@ -94,7 +94,7 @@ def create_app(settings: Settings, service: Service, metrics: Metrics) -> Flask:
     if settings.jobs_enabled or settings.followup_queue:
         api.add_resource(JobStatus, "/jobs/<job_id>", resource_class_args=(service,))
     api.add_resource(Healthz, "/healthz")
-    api.add_resource(Readyz, "/readyz", resource_class_args=(service,))
+    api.add_resource(Readyz, "/readyz", resource_class_args=(service, guard.keys))
     if described:
         api.add_resource(Metadata, "/metadata", resource_class_args=(service,))
         api.add_resource(MetricsEndpoint, "/metrics", resource_class_args=(metrics, service))
