@@ -115,6 +115,7 @@ def create_app(settings: Settings, service: Service, metrics: Metrics) -> Flask:
     app.before_request(lambda: incoming.start(proxies))
     # After the request id is set: a 401 carries it too.
     app.before_request(guard.check)
+    app.before_request(lambda: incoming.bound_chunked(settings.max_body_bytes))
     access.enable_cors(app, settings.cors_origins)
     app.after_request(incoming.tag)
 
