@@ -196,20 +196,25 @@ def test_a_required_stage_that_is_down_gives_a_json_502_naming_it(probe, tmp_pat
             ],
         },
     )
+    ranker = f"127.0.0.1:{free_port()}"
     env = {
         "SERVING_HANDLER": folder,
         "PROBE_URL": probe.url,
-        "RANKER_URL": f"http://127.0.0.1:{free_port()}",
+        "RANKER_URL": f"http://{ranker}",
         "SERVING_WORKER_CLASS": worker_class,
         **ONE_WORKER,
     }
     with gunicorn_server(env) as server:
         answer = post(server, {"text": "hello"})
+        logs = server.output()
     assert answer.status_code == 502
     assert answer.headers["Content-Type"] == "application/json"
     error = answer.json()["error"]
     assert error["type"] == "bad_gateway"
     assert error["message"].startswith("stage 'ranker' failed: connection failed")
+    # The stage's address is internal: the server's log has it, the client never.
+    assert "127.0.0.1" not in answer.text
+    assert ranker.split(":")[1] in logs
     assert [s["status"] for s in error["details"]["stages"]] == ["ran", "failed"]
 
 
