@@ -149,7 +149,20 @@ class Location:
     def describe(self) -> str:
         if self.kind != "sql":
             return self.target
-        return f"{self.target} ({'query' if self.query else 'table ' + str(self.table)})"
+        return f"{shown_url(self.target)} ({'query' if self.query else 'table ' + str(self.table)})"
+
+
+def shown_url(url: str) -> str:
+    """A database URL as a log line or an error may show it: its password hidden,
+    as SQLAlchemy renders it (``hide_password``); URLs are logged, passwords never."""
+    import sqlalchemy as sa  # only for a database: file formats never load SQLAlchemy
+
+    try:
+        return sa.make_url(url).render_as_string(hide_password=True)
+    except sa.exc.ArgumentError:
+        # Not a URL SQLAlchemy can parse, so no password it could find: hide
+        # everything before the host (up to the last @, as a password may hold one).
+        return re.sub(r"(?<=://).*@", "***@", url)
 
 
 def input_location(value: str, table: str | None = None, query: str | None = None) -> Location:
@@ -157,7 +170,7 @@ def input_location(value: str, table: str | None = None, query: str | None = Non
     if kind == "sql":
         if (table is None) == (query is None):
             raise RecordsError(
-                f"--input {value} is a database: give one of --input-table TABLE "
+                f"--input {shown_url(value)} is a database: give one of --input-table TABLE "
                 "or --input-query 'SELECT ...'"
             )
         return Location("sql", target, table, query)

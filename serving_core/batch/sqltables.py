@@ -16,7 +16,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from serving_core.batch.records import Record, RecordsError, Row, make_record
+from serving_core.batch.records import Record, RecordsError, Row, make_record, shown_url
 
 READ_BATCH_ROWS = 1000
 SQLITE_BUSY_TIMEOUT_S = 60  # shards committing to one SQLite file take turns
@@ -30,7 +30,9 @@ def _engine(url: str, flag: str) -> sa.Engine:
         options: dict[str, Any] = {"timeout": SQLITE_BUSY_TIMEOUT_S} if sqlite else {}
         return sa.create_engine(parsed, connect_args=options)
     except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError, ImportError) as exc:
-        raise RecordsError(f"{flag} {url}: not a database URL SQLAlchemy can open: {exc}") from exc
+        raise RecordsError(
+            f"{flag} {shown_url(url)}: not a database URL SQLAlchemy can open: {exc}"
+        ) from exc
 
 
 def _shown(engine: sa.Engine) -> str:

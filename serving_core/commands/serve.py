@@ -6,8 +6,9 @@ import logging
 
 from serving_core.commands import startup
 from serving_core.commands.failure import Failure
+from serving_core.errors import HandlerError
 from serving_core.process.server import runtime_for, serve
-from serving_core.settings import Settings
+from serving_core.settings import Settings, SettingsError
 
 
 def main(settings: Settings) -> int:
@@ -20,6 +21,9 @@ def main(settings: Settings) -> int:
     )
     try:
         serve(settings, loaded)
+    except (SettingsError, HandlerError) as exc:
+        # Refused before fork (a keys file, a pipeline's stages): the message says it all.
+        raise Failure(str(exc)) from exc
     except Exception as exc:
         # setup() failing is the usual cause: say so with the handler's name.
         logging.getLogger("serving_core").exception("serve failed")

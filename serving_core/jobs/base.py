@@ -219,7 +219,10 @@ def store_full_retry_after(oldest_expiry: float | None, now: float) -> float:
 
 
 class QueueUnavailable(Exception):
-    """The backend could not answer (Redis unreachable, the SQLite file locked or unwritable)."""
+    """The backend could not answer (Redis unreachable, the SQLite file locked or unwritable).
+
+    Its message reaches clients (a 503, a follow-up's ``job_error``): it names no
+    host, port or path; where it is raised logs the detail."""
 
 
 class JobQueue(Protocol):

@@ -14,6 +14,7 @@ so a hung Redis fails a request instead of holding it forever.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -24,6 +25,8 @@ from serving_core.jobs.redis_durability import group_recreated, job_records_miss
 if TYPE_CHECKING:
     import redis
     from redis.commands.core import Script
+
+log = logging.getLogger("serving_core.jobs.redis_connection")
 
 GROUP = "workers"
 COMMAND_TIMEOUT_S = 10.0  # connect, and every command (socket timeout)
@@ -93,7 +96,10 @@ class RedisConnection:
         try:
             yield
         except self._errors as error:
-            raise QueueUnavailable(f"the job queue's Redis failed: {error}") from error
+            # redis-py's message names the host and port: for the operator's log,
+            # not for the client, which reads the exception's message (a 503's).
+            log.warning("the job queue's Redis failed: %s", error)
+            raise QueueUnavailable("the job queue's store did not answer") from error
 
     def close(self) -> None:
         self.client.close()

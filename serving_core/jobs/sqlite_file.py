@@ -16,6 +16,7 @@ The file is private: made mode 0600 before SQLite opens it (its ``-wal`` and
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sqlite3
 import stat
@@ -29,6 +30,8 @@ from serving_core.jobs.base import QueueUnavailable
 from serving_core.jobs.sqlite_schema import AUTO_VACUUM, prepare
 from serving_core.settings.private import private_directory
 
+log = logging.getLogger("serving_core.jobs.sqlite_file")
+
 BUSY_TIMEOUT_S = 30.0  # how long a call waits for another process's write
 WAL_RETRY_S = 0.005  # how often an opening connection asks for WAL mode again
 PURGE_EVERY_S = 60.0  # how often a handle deletes expired rows
@@ -41,7 +44,10 @@ def translated(path: str) -> Iterator[None]:
     try:
         yield
     except sqlite3.OperationalError as error:
-        raise QueueUnavailable(f"the job queue's SQLite file {path}: {error}") from error
+        # The path is for the operator's log; the client reads only the exception's
+        # message (a 503's), which must not tell it how the server is laid out.
+        log.warning("the job queue's SQLite file %s failed: %s", path, error)
+        raise QueueUnavailable("the job queue's store did not answer") from error
 
 
 def create_private(path: str) -> None:

@@ -117,6 +117,13 @@ class Metrics:
             buckets=JOB_WAIT_BUCKETS_S,
             registry=r,
         )
+        self.api_keys_file_errors = Gauge(
+            "serving_api_keys_file_errors",
+            "Lines of SERVING_API_KEYS_FILE that are not keys (1 when it cannot be read or "
+            "holds no key), as the worker that saw most last read it; 0: the file is good.",
+            multiprocess_mode="livemax",
+            registry=r,
+        )
         for reason in ("queue_full", "predicted_late", "deadline_passed"):
             self.rejections.labels(reason)
         for outcome in ("done", "failed"):
@@ -200,6 +207,9 @@ class Metrics:
     def jobs_finished(self, done: int, failed: int) -> None:
         self.jobs.labels("done").inc(done)
         self.jobs.labels("failed").inc(failed)
+
+    def keys_file(self, errors: int) -> None:
+        self.api_keys_file_errors.set(errors)
 
     def jobs_taken(self, waits_s: Sequence[float]) -> None:
         for wait in waits_s:

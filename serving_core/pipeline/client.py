@@ -38,13 +38,15 @@ log = logging.getLogger("serving_core.pipeline.client")
 READINESS_TTL_S = 2.0  # how long a stages' readiness answer is reused
 READINESS_TIMEOUT_S = 0.5
 _BACKOFF_S = 0.02  # before the first retry of a refused connection; doubled each time
+UNREACHABLE = "connection failed; the server's log names the address it tried"
 
 
 @dataclass(frozen=True)
 class Failure:
     kind: str  # timeout, unavailable, rejected (400), status, invalid_response
-    message: str
+    message: str  # what the client reads: never the stage's address
     deadline: bool = False  # the request's own deadline, not the stage's timeout, ran out
+    detail: str = ""  # for the server's log only: urllib3's words name the host and port
 
     def body(self) -> dict[str, str]:
         return {"type": self.kind, "message": self.message}
@@ -113,14 +115,14 @@ class StageClient:
             except (NewConnectionError, ProtocolError) as exc:
                 # The request did not reach the stage (refused, reset before an
                 # answer): safe to send again while the budget lasts.
-                failure = Failure("unavailable", _reason(exc))
+                failure = Failure("unavailable", UNREACHABLE, detail=_reason(exc))
                 if attempts <= stage.retries:
                     time.sleep(min(_BACKOFF_S * 2 ** (attempts - 1), max(0.0, left / 2)))
                     continue
             except (ConnectTimeoutError, urllib3.exceptions.TimeoutError):
                 failure = Failure("timeout", f"no answer within {budget:.3f} s", capped)
             except HTTPError as exc:
-                failure = Failure("unavailable", _reason(exc))
+                failure = Failure("unavailable", UNREACHABLE, detail=_reason(exc))
             break
         elapsed = time.monotonic() - started
         if failure is not None:
@@ -132,7 +134,7 @@ class StageClient:
                 elapsed,
                 attempts,
                 "" if attempts == 1 else "s",
-                failure.message,
+                failure.detail or failure.message,
             )
         return Outcome(stage, output, failure, elapsed, attempts)
 

@@ -56,6 +56,20 @@ class Pipeline(Handler):
                 "and each key_env to an API key that service accepts"
             )
 
+    def check_callers(self, *, keys: bool, allowed: bool) -> None:
+        """Refuse to serve as an open relay: stages that need keys, which this
+        pipeline sends them, reached by anyone because it asks none of its callers.
+        ``keys``: whether this service has API keys; ``allowed``: the setting that
+        permits it anyway (a gateway in front checks the callers)."""
+        forwarded = [stage.key_env for stage in self.spec.stages if stage.key_env]
+        if forwarded and not keys and not allowed:
+            raise PipelineError(
+                f"{self.spec.source}: the stages get API keys ({', '.join(forwarded)}) but "
+                "this pipeline asks its callers for none, so anyone could reach them "
+                "through it; set SERVING_API_KEYS or SERVING_API_KEYS_FILE, or "
+                "SERVING_PIPELINE_WITHOUT_KEYS=true when a gateway in front checks callers"
+            )
+
     def setup_worker(self) -> None:
         self._client = StageClient(self.spec.stages, self.spec.pool_size, self.runtime)
         if self.spec.kind == "parallel":

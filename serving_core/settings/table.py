@@ -186,7 +186,13 @@ class Settings:
     private_endpoints: bool = setting(
         False, BOOLEAN, "`/metadata`, `/openapi.json`, `/metrics` and `/docs` need a key"
     )
+    public_metadata: bool = setting(
+        False, BOOLEAN, "with keys, `/metadata` and `/openapi.json` are open to anyone"
+    )
     cors_origins: tuple[str, ...] = setting((), ORIGINS, "origins a browser page may call from")
+    pipeline_without_keys: bool = setting(
+        False, BOOLEAN, "a pipeline may send its stages keys while it has none itself"
+    )
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str], *, cores: int | None = None) -> Settings:
@@ -250,6 +256,11 @@ class Settings:
                 f"SERVING_WORKER_CONNECTIONS={settings.worker_connections} is smaller than "
                 f"SERVING_MAX_BATCH_SIZE={settings.max_batch_size}; a worker could never "
                 "fill a batch: raise SERVING_WORKER_CONNECTIONS"
+            )
+        if settings.public_metadata and settings.private_endpoints:
+            raise SettingsError(
+                "SERVING_PUBLIC_METADATA=true opens /metadata and /openapi.json, "
+                "SERVING_PRIVATE_ENDPOINTS=true closes them: set one of the two"
             )
         if settings.max_queue < settings.max_batch_size:
             raise SettingsError(

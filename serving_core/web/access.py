@@ -7,9 +7,12 @@
   time, as SHA-256 digests (so neither the match nor the length shows in the
   timing); only the digests are kept. The keys file is re-read when it
   changes (a Kubernetes Secret volume is updated in place).
-- ``/metadata``, ``/openapi.json`` and ``/metrics`` are open to anyone, keys
-  or not, unless ``SERVING_PRIVATE_ENDPOINTS``: then they need a key, or are
-  not served at all when there are no keys (``/docs`` with them).
+- With keys, ``/metadata`` (the handler's path, live queue state) and
+  ``/openapi.json`` need one too, unless ``SERVING_PUBLIC_METADATA``;
+  ``/metrics`` stays open, so that Prometheus scrapes without a key (the chart
+  serves it only on nginx's metrics port). ``SERVING_PRIVATE_ENDPOINTS`` puts
+  all three behind the keys, or stops serving them (``/docs`` with them) when
+  there are no keys.
 - CORS (``SERVING_CORS_ORIGINS``) is flask-cors over the listed origins;
   without origins the app sends no CORS headers. ``X-Cache`` is exposed to
   pages only when it is sent at all (``SERVING_CACHE_HEADER``).
@@ -29,7 +32,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from flask import Flask, g, request
@@ -38,12 +41,15 @@ from werkzeug.datastructures import Headers
 
 from serving_core.errors import Unauthorized
 from serving_core.settings import Settings, SettingsError
-from serving_core.settings.parsers import api_keys
+from serving_core.settings.parsers import MIN_KEY_CHARS, api_keys
 
 log = logging.getLogger("serving_core.web.access")
 
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})
-PRIVATE_PATHS = frozenset({"/metadata", "/openapi.json", "/metrics"})
+# Without SERVING_PRIVATE_ENDPOINTS: open even with keys, so Prometheus needs none.
+PUBLIC_PATHS = frozenset({"/metrics"})
+# What the API is and holds: behind the keys unless SERVING_PUBLIC_METADATA.
+DESCRIPTION_PATHS = frozenset({"/metadata", "/openapi.json"})
 KEY_HEADER = "X-API-Key"
 # How often a worker looks at the keys file's mtime: a rotated Secret is taken
 # within this long, and a request costs no stat.
@@ -84,25 +90,40 @@ def caller() -> str:
 
 
 class ApiKeys:
-    """The keys a caller may present: from the setting, plus the file's (re-read on change)."""
+    """The keys a caller may present: from the setting, plus the file's (re-read on change).
 
-    def __init__(self, keys: Iterable[str], path: str = "") -> None:
+    A changed file is taken line by line: its keys replace the file's old ones at
+    once (a key removed is revoked), and a line that is not a key is left out and
+    reported, as is a file that cannot be read or holds no key (``fault``: on
+    ``/readyz``, in the log, as the ``observe`` gauge). Never the old set kept, and
+    never open: with a keys file configured, the check stays on.
+    """
+
+    def __init__(
+        self, keys: Iterable[str], path: str = "", observe: Callable[[int], None] | None = None
+    ) -> None:
         self._fixed = [_digest(key.encode("ascii")) for key in keys]
         self._path = path
+        self._observe = observe
         self._from_file: list[bytes] = []
         self._stamp: tuple[int, int] | None = None
         self._checked = 0.0
+        self.fault: str | None = None  # what is wrong with the keys file, for /readyz
         if path:
             self._load(first=True)
 
     def __bool__(self) -> bool:
-        return bool(self._fixed or self._from_file)
+        return bool(self._fixed or self._path)
+
+    def refresh(self) -> None:
+        """Re-read the keys file if it may have changed (at most every ``RELOAD_S``)."""
+        if self._path and time.monotonic() - self._checked > RELOAD_S:
+            self._load(first=False)
 
     def allows(self, presented: str | None) -> bool:
         if presented is None:
             return False
-        if self._path and time.monotonic() - self._checked > RELOAD_S:
-            self._load(first=False)
+        self.refresh()
         # Header values are latin-1 strings (WSGI); any byte string hashes.
         given = _digest(presented.encode("latin-1", "replace"))
         matched = False
@@ -113,31 +134,64 @@ class ApiKeys:
 
     def _load(self, *, first: bool) -> None:
         self._checked = time.monotonic()
+        stamp: tuple[int, int] | None = None
+        bad: list[int] = []
         try:
             info = os.stat(self._path)
             stamp = (info.st_mtime_ns, info.st_size)
             if stamp == self._stamp:
                 return
-            keys = api_keys(_FILE_VAR, Path(self._path).read_text(encoding="ascii"))
-            if not keys:
-                raise ValueError(f"{_FILE_VAR}={self._path!r} holds no keys; one per line")
-        except (OSError, ValueError) as exc:
-            # A parser's ValueError says what is wrong and never quotes a key; a
-            # decoding error could quote the file, so only its kind is told.
-            plain = isinstance(exc, ValueError) and not isinstance(exc, UnicodeDecodeError)
-            message = str(exc) if plain else exc.__class__.__name__
-            if first:
-                raise SettingsError(
-                    f"{_FILE_VAR}={self._path!r} cannot be used: {message}; mount a file of "
-                    "keys, one per line (the chart mounts serving.apiKeysSecret)"
-                ) from None
-            # Keep the keys there were: a half-written or removed file never opens the API.
-            log.warning("%s: kept the previous keys: %s", _FILE_VAR, message)
-            return
+            keys, bad = _file_keys(Path(self._path).read_bytes())
+        except OSError as exc:
+            # Only the error's kind: its text would repeat the path.
+            stamp, keys = None, []
+            fault: str | None = f"cannot be read ({exc.__class__.__name__})"
+        else:
+            fault = _fault(keys, bad)
+        if first and fault:
+            raise SettingsError(
+                f"{_FILE_VAR}={self._path!r} cannot be used: it {fault}; mount a file of "
+                "keys, one per line (the chart mounts serving.apiKeysSecret)"
+            )
         self._from_file = [_digest(key.encode("ascii")) for key in keys]
         self._stamp = stamp
-        if not first:
+        if fault and fault != self.fault:
+            log.error(
+                "%s %s: %d key(s) from it now pass, /readyz answers 503 until it is fixed",
+                _FILE_VAR,
+                fault,
+                len(keys),
+            )
+        elif not first and fault is None:
             log.info("%s changed: %d keys now", _FILE_VAR, len(keys))
+        self.fault = fault
+        if self._observe is not None:
+            self._observe(0 if fault is None else max(1, len(bad)))
+
+
+def _file_keys(content: bytes) -> tuple[list[str], list[int]]:
+    """The keys of a keys file, and the numbers of its lines that are not keys."""
+    keys: list[str] = []
+    bad: list[int] = []
+    for number, line in enumerate(content.splitlines(), 1):
+        try:
+            keys.extend(api_keys(_FILE_VAR, line.decode("ascii")))
+        except (UnicodeDecodeError, ValueError):
+            bad.append(number)  # never quoted: a malformed line may still be a secret
+    return keys, bad
+
+
+def _fault(keys: list[str], bad: list[int]) -> str | None:
+    if bad:
+        shown = ", ".join(str(n) for n in bad[:10]) + (", ..." if len(bad) > 10 else "")
+        return (
+            f"has {len(bad)} line(s) that are not keys (line {shown}: each key is "
+            f"{MIN_KEY_CHARS} or more printable ASCII characters; make keys with e.g. "
+            "`openssl rand -hex 32`)"
+        )
+    if not keys:
+        return "holds no keys (one per line)"
+    return None
 
 
 def presented_key(headers: Headers) -> str | None:
@@ -151,9 +205,15 @@ def presented_key(headers: Headers) -> str | None:
 class Guard:
     """The keys check and the private endpoints of one app, built from ``settings``."""
 
-    def __init__(self, settings: Settings) -> None:
-        self.keys = ApiKeys(settings.api_keys, settings.api_keys_file)
+    def __init__(self, settings: Settings, observe: Callable[[int], None] | None = None) -> None:
+        self.keys = ApiKeys(settings.api_keys, settings.api_keys_file, observe)
         self.private = settings.private_endpoints
+        # What passes without a key when there are keys.
+        self.public = frozenset(
+            ()
+            if settings.private_endpoints
+            else (PUBLIC_PATHS | DESCRIPTION_PATHS if settings.public_metadata else PUBLIC_PATHS)
+        )
         self.cors = bool(settings.cors_origins)
 
     @property
@@ -166,7 +226,7 @@ class Guard:
         if not self.keys:
             return
         path = request.path
-        if path in OPEN_PATHS or (not self.private and path in PRIVATE_PATHS):
+        if path in OPEN_PATHS or path in self.public:
             return
         if self.cors and _is_preflight():
             return  # a browser never sends credentials on a preflight

@@ -14,6 +14,7 @@ from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
 from serving_core.logs import ROUTE_KEY
 from serving_core.metrics.core import Metrics
 from serving_core.online.service import Service
+from serving_core.pipeline.core import Pipeline
 from serving_core.settings import Settings
 from serving_core.v2.model import Model
 from serving_core.web import access, arrival, docs, incoming, openapi, v2openapi, v2routes
@@ -75,7 +76,9 @@ def create_app(settings: Settings, service: Service, metrics: Metrics) -> Flask:
     # Flask's place for what an app serves; tests and tools find the service here.
     app.extensions["serving_core"] = service
     # Reads the keys file: a bad one stops the master here, before fork.
-    guard = access.Guard(settings)
+    guard = access.Guard(settings, metrics.keys_file)
+    if isinstance(service.handler, Pipeline):
+        service.handler.check_callers(keys=bool(guard.keys), allowed=settings.pipeline_without_keys)
     described = guard.serves_private_paths
     app.config[ROUTES_HINT] = "; see /openapi.json or /metadata for the API" if described else ""
 
@@ -95,7 +98,7 @@ def create_app(settings: Settings, service: Service, metrics: Metrics) -> Flask:
     if settings.jobs_enabled or settings.followup_queue:
         api.add_resource(JobStatus, "/jobs/<job_id>", resource_class_args=(service,))
     api.add_resource(Healthz, "/healthz")
-    api.add_resource(Readyz, "/readyz", resource_class_args=(service,))
+    api.add_resource(Readyz, "/readyz", resource_class_args=(service, guard.keys))
     if described:
         api.add_resource(Metadata, "/metadata", resource_class_args=(service,))
         api.add_resource(MetricsEndpoint, "/metrics", resource_class_args=(metrics, service))
@@ -117,6 +120,7 @@ def create_app(settings: Settings, service: Service, metrics: Metrics) -> Flask:
     app.before_request(lambda: incoming.start(proxies))
     # After the request id is set: a 401 carries it too.
     app.before_request(guard.check)
+    app.before_request(lambda: incoming.bound_chunked(settings.max_body_bytes))
     access.enable_cors(app, settings.cors_origins, cache_header=settings.cache_header)
     app.after_request(incoming.tag)
 

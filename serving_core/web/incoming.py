@@ -6,17 +6,20 @@ new one; it goes into the logs and back on the response.
 
 from __future__ import annotations
 
+import io
 import re
 import time
 from random import getrandbits
 
 from flask import Request, Response, g, request
+from werkzeug.exceptions import ClientDisconnected, RequestEntityTooLarge
 
 from serving_core.web import arrival
 
 REQUEST_ID = "X-Request-ID"
 # A client-sent id is echoed into logs and headers: keep it short and printable.
 REQUEST_ID_OK = re.compile(r"[A-Za-z0-9._:/+=-]{1,128}")
+READ_STEP = 64 * 1024  # a chunked body is read in steps of this much
 
 
 def this_request() -> Request:
@@ -54,3 +57,40 @@ def tag(response: Response) -> Response:
     if request_id:
         response.headers[REQUEST_ID] = request_id
     return response
+
+
+def bound_chunked(limit: int) -> None:
+    """``before_request``: a chunked body (its length unknown until its end) read whole,
+    and a 413 once it passes ``limit``, as a Content-Length over it gets.
+
+    werkzeug's limit on such a stream stops reading at the limit and returns what it
+    read: a 2 MB JSON body became a 400 "malformed JSON at column 1048577", a
+    form a shorter form that was served. A server must never act on a cut body.
+    Read, it goes on as a body of known length, so every reader of it (JSON, forms,
+    multipart) sees exactly what was sent. After the keys check: a caller without
+    a key never has its body read.
+    """
+    environ = this_request().environ
+    chunked = "chunked" in environ.get("HTTP_TRANSFER_ENCODING", "").lower()
+    if not chunked or "wsgi.input_terminated" not in environ:
+        return  # a Content-Length body is refused on its header, before it is read
+    stream = environ["wsgi.input"]
+    parts: list[bytes] = []
+    size = 0
+    while True:
+        try:
+            # One byte past the limit is enough to know; never more is read.
+            part = stream.read(min(READ_STEP, limit + 1 - size))
+        except (OSError, ValueError):
+            raise ClientDisconnected() from None  # as werkzeug's stream says it
+        if not part:
+            break
+        size += len(part)
+        if size > limit:
+            raise RequestEntityTooLarge()
+        parts.append(part)
+    body = b"".join(parts)
+    environ["wsgi.input"] = io.BytesIO(body)
+    environ["CONTENT_LENGTH"] = str(len(body))
+    # werkzeug ignores a Content-Length beside Transfer-Encoding: chunked.
+    del environ["HTTP_TRANSFER_ENCODING"]

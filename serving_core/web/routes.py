@@ -16,7 +16,7 @@ from serving_core.logs import BATCH_SIZE_KEY
 from serving_core.metrics.core import CONTENT_TYPE, Metrics
 from serving_core.online.jobsapi import status_url
 from serving_core.online.service import Service
-from serving_core.web.access import caller
+from serving_core.web.access import ApiKeys, caller
 from serving_core.web.incoming import REQUEST_ID_OK, this_request
 from serving_core.web.params import JsonLimits, request_params
 from serving_core.web.responses import json_response
@@ -97,10 +97,19 @@ class Healthz(Resource):  # type: ignore[misc]
 
 
 class Readyz(Resource):  # type: ignore[misc]
-    def __init__(self, service: Service) -> None:
+    def __init__(self, service: Service, keys: ApiKeys) -> None:
         self.service = service
+        self.keys = keys
 
     def get(self) -> tuple[dict[str, Any], int]:
+        # A broken keys file fails closed (its bad lines pass no one): say so here,
+        # where the rollout and the alerts look, not only in the log.
+        self.keys.refresh()
+        if self.keys.fault is not None:
+            return {
+                "status": "not ready",
+                "reason": f"SERVING_API_KEYS_FILE {self.keys.fault}",
+            }, 503
         if self.service.ready:
             return {"status": "ready"}, 200
         return {"status": "not ready"}, 503

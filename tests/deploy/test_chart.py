@@ -497,6 +497,8 @@ SETTINGS_TABLE = [
     ("apiKeys", "0123456789abcdef-key", "SERVING_API_KEYS", "0123456789abcdef-key"),
     ("apiKeysFile", "/keys/api-keys", "SERVING_API_KEYS_FILE", "/keys/api-keys"),
     ("privateEndpoints", True, "SERVING_PRIVATE_ENDPOINTS", "true"),
+    ("publicMetadata", False, "SERVING_PUBLIC_METADATA", "false"),  # true contradicts private
+    ("pipelineWithoutKeys", True, "SERVING_PIPELINE_WITHOUT_KEYS", "true"),
     (
         "corsOrigins",
         ["https://app.example.com", "http://localhost:3000"],
@@ -1811,6 +1813,7 @@ WALK_SAMPLES: dict[str, Any] = {
     "nameOverride": "model",
     "fullnameOverride": "model-server",
     "global.imageRegistry": "mirror.example.com",
+    "serving.modelRevision": "sha256:0123abcd",
     "global.imagePullSecrets": ["mirror"],
     "image.repository": "ghcr.io/acme/app",
     "image.tag": "1.2.3",

@@ -6,6 +6,7 @@ import contextlib
 import http.server
 import os
 import signal
+import subprocess
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -18,7 +19,15 @@ import yaml
 from serving_core.pipeline import core as pipeline
 from serving_core.runtime import Runtime
 from tests.conftest import PROBE
-from tests.servers import ROOT, Server, free_port, gunicorn_server, wait_for
+from tests.servers import (
+    ROOT,
+    SERVING_CORE,
+    Server,
+    base_env,
+    free_port,
+    gunicorn_server,
+    wait_for,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -187,20 +196,25 @@ def test_a_required_stage_that_is_down_gives_a_json_502_naming_it(probe, tmp_pat
             ],
         },
     )
+    ranker = f"127.0.0.1:{free_port()}"
     env = {
         "SERVING_HANDLER": folder,
         "PROBE_URL": probe.url,
-        "RANKER_URL": f"http://127.0.0.1:{free_port()}",
+        "RANKER_URL": f"http://{ranker}",
         "SERVING_WORKER_CLASS": worker_class,
         **ONE_WORKER,
     }
     with gunicorn_server(env) as server:
         answer = post(server, {"text": "hello"})
+        logs = server.output()
     assert answer.status_code == 502
     assert answer.headers["Content-Type"] == "application/json"
     error = answer.json()["error"]
     assert error["type"] == "bad_gateway"
     assert error["message"].startswith("stage 'ranker' failed: connection failed")
+    # The stage's address is internal: the server's log has it, the client never.
+    assert "127.0.0.1" not in answer.text
+    assert ranker.split(":")[1] in logs
     assert [s["status"] for s in error["details"]["stages"]] == ["ran", "failed"]
 
 
@@ -278,7 +292,13 @@ def test_a_stage_that_wants_an_api_key_gets_the_one_its_key_env_holds(tmp_path):
     )
     locked_env = {"SERVING_HANDLER": PROBE, "SERVING_API_KEYS": key, **ONE_WORKER}
     with gunicorn_server(locked_env) as locked:
-        env = {"LOCKED_URL": locked.url, "LOCKED_KEY": key, **ONE_WORKER}
+        # A gateway in front would check this pipeline's callers: allowed explicitly.
+        env = {
+            "LOCKED_URL": locked.url,
+            "LOCKED_KEY": key,
+            "SERVING_PIPELINE_WITHOUT_KEYS": "true",
+            **ONE_WORKER,
+        }
         with gunicorn_server({"SERVING_HANDLER": folder, **env}) as keyed:
             answer = post(keyed, {"text": "hello"})
         with gunicorn_server({"SERVING_HANDLER": bare, **env}) as without:
@@ -290,6 +310,35 @@ def test_a_stage_that_wants_an_api_key_gets_the_one_its_key_env_holds(tmp_path):
     assert refused.status_code == 502
     assert refused.json()["error"]["message"].startswith("stage 'locked' failed: HTTP 401")
     assert key not in logs
+
+
+def test_a_pipeline_that_sends_keys_but_asks_none_refuses_to_start(tmp_path):
+    folder = write_pipeline(
+        tmp_path / "relay",
+        {
+            "kind": "serial",
+            "stages": [{"name": "locked", "url_env": "LOCKED_URL", "key_env": "LOCKED_KEY"}],
+        },
+    )
+    env = {
+        "SERVING_HANDLER": folder,
+        "LOCKED_URL": "http://127.0.0.1:1",
+        "LOCKED_KEY": "stage-key-0123456789",
+        **ONE_WORKER,
+    }
+    result = subprocess.run(
+        [str(SERVING_CORE), "serve"],
+        cwd=ROOT,
+        env=base_env(env),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert "SERVING_PIPELINE_WITHOUT_KEYS=true" in result.stderr
+    assert "LOCKED_KEY" in result.stderr
+    assert "stage-key-0123456789" not in result.stderr
 
 
 def ready_when_probe_is(folder: Path) -> Path:

@@ -126,10 +126,26 @@ def test_every_route_but_health_needs_the_key(keyed):
     assert client.get("/docs", headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
 
 
-def test_metadata_openapi_and_metrics_stay_open_unless_private(keyed):
+def test_with_keys_metadata_and_openapi_need_one_and_metrics_stays_open(keyed):
     client = keyed.test_client()
+    for path in ["/metadata", "/openapi.json"]:
+        assert_401(client.get(path))
+        assert client.get(path, headers={"X-API-Key": KEY}).status_code == 200, path
+    assert client.get("/metrics").status_code == 200  # Prometheus scrapes without a key
+
+
+def test_public_metadata_opens_metadata_and_openapi_to_anyone(started):
+    app = started(api_keys=KEY, public_metadata="true")
+    client = app.test_client()
     for path in ["/metadata", "/openapi.json", "/metrics"]:
         assert client.get(path).status_code == 200, path
+    assert_401(client.get("/docs"))
+    assert_401(client.post("/predict", json={"text": "a"}))
+
+
+def test_public_metadata_and_private_endpoints_together_are_refused():
+    with pytest.raises(SettingsError, match="set one of the two"):
+        make_app(api_keys=KEY, public_metadata="true", private_endpoints="true")
 
 
 def test_private_endpoints_need_the_key_when_there_are_keys(started):
@@ -163,11 +179,43 @@ def test_the_keys_file_is_read_and_a_changed_file_is_taken(started, tmp_path, mo
     keys_file.write_text(f"{WRONG_KEY}\n")  # rotated: another size, so another stamp
     assert_401(client.post("/predict", json={}, headers={"X-API-Key": OTHER_KEY}))
     assert client.post("/predict", json={}, headers={"X-API-Key": WRONG_KEY}).status_code == 200
-    # A file emptied or removed mid-rotation keeps the keys there were: never open.
-    keys_file.write_text("")
-    assert_401(client.post("/predict", json={}))
-    keys_file.unlink()
-    assert client.post("/predict", json={}, headers={"X-API-Key": WRONG_KEY}).status_code == 200
+    assert client.get("/readyz").status_code == 200
+
+
+def test_a_broken_keys_file_revokes_the_removed_key_and_turns_readyz_red(
+    started, tmp_path, monkeypatch, caplog
+):
+    monkeypatch.setattr(access, "RELOAD_S", 0.0)
+    keys_file = tmp_path / "keys"
+    keys_file.write_text(f"{KEY}\n{OTHER_KEY}\n")
+    app = started(api_keys_file=keys_file)
+    client = app.test_client()
+    assert client.get("/readyz").status_code == 200
+    assert "serving_api_keys_file_errors 0.0" in metrics_text(client)
+    # Rotated with a typo: OTHER_KEY removed, a short line added.
+    keys_file.write_text(f"{KEY}\nnot-a-key\n")
+    assert_401(client.post("/predict", json={}, headers={"X-API-Key": OTHER_KEY}))
+    assert client.post("/predict", json={}, headers={"X-API-Key": KEY}).status_code == 200
+    ready = client.get("/readyz")
+    assert ready.status_code == 503
+    assert "line 2" in ready.get_json()["reason"]
+    assert "not-a-key" not in ready.get_data(as_text=True) + caplog.text
+    assert "serving_api_keys_file_errors 1.0" in metrics_text(client)
+    assert "SERVING_API_KEYS_FILE has 1 line(s) that are not keys" in caplog.text
+    # Emptied, then removed: no key from it passes, and the check stays on.
+    for broken in (lambda: keys_file.write_text(""), keys_file.unlink):
+        broken()
+        assert_401(client.post("/predict", json={}))
+        assert_401(client.post("/predict", json={}, headers={"X-API-Key": KEY}))
+        assert client.get("/readyz").status_code == 503
+    keys_file.write_text(f"{OTHER_KEY}\n")  # fixed
+    assert client.get("/readyz").status_code == 200
+    assert client.post("/predict", json={}, headers={"X-API-Key": OTHER_KEY}).status_code == 200
+    assert "serving_api_keys_file_errors 0.0" in metrics_text(client)
+
+
+def metrics_text(client) -> str:
+    return client.get("/metrics").get_data(as_text=True)
 
 
 @pytest.mark.parametrize(

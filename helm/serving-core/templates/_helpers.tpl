@@ -242,7 +242,9 @@ followupQueue: {env: SERVING_FOLLOWUP_QUEUE, kind: optional}
 apiKeys: {env: SERVING_API_KEYS, kind: optional}
 apiKeysFile: {env: SERVING_API_KEYS_FILE, kind: optional, secretFile: apiKeysSecret}
 privateEndpoints: {env: SERVING_PRIVATE_ENDPOINTS, kind: string}
+publicMetadata: {env: SERVING_PUBLIC_METADATA, kind: string}
 corsOrigins: {env: SERVING_CORS_ORIGINS, kind: list}
+pipelineWithoutKeys: {env: SERVING_PIPELINE_WITHOUT_KEYS, kind: string}
 {{- end }}
 
 {{/*
