@@ -1,0 +1,448 @@
+"""Do the chart's app probes hold when the app container is at its CPU limit?
+
+Runs the MiniLM app image as the chart runs its app container: the chart's
+defaults rendered by Helm (its environment, command, user, read-only root,
+dropped capabilities, memory limit and the unix socket), with ``--cpus`` as
+its CPU limit. Drives ``--concurrency`` closed-loop keep-alive connections of
+MiniLM requests at the app's socket (no nginx) for ``--seconds``, and
+meanwhile runs the rendered readiness and liveness probes as the kubelet
+does: every periodSeconds, failed on an error or after timeoutSeconds. An
+exec probe runs through ``<engine> exec``, so, as under the kubelet, its
+process is charged to the container's cgroup and throttled with it.
+
+It prints, and writes to bench/figures/probes.json: the container's CFS
+periods and throttled periods over the run (the cgroup's ``cpu.stat``), its
+CPU use and the rest of the machine's, the requests answered by status, and
+for each probe: runs, failures, the longest streak of consecutive failures
+against failureThreshold, and latency p50/p99/max against timeoutSeconds.
+A third series runs the readiness command half a period after each
+readiness run, timed by the container's own clock: the rest of its latency is
+the engine's exec (the CLI, runc), which differs between podman and a
+kubelet's runtime. Before the load, that series at idle, 5 runs.
+
+    TORCH_INDEX_URL= .venv/bin/python bench/probes.py [--seconds 600] [--cpus 1]
+        [--concurrency 64] [--image TAG] [--env SERVING_X=Y ...]
+
+The image is built first (tests/container: the Dockerfile on the python base
+or its stand-in, each layer cached), unless ``--image`` names one; run as root
+with podman, as the container tests do. SERVING_CACHE_SIZE=0 by default: the
+workload repeats its 64 sentences, which the cache would answer without the
+model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.overload import percentile  # noqa: E402
+from bench.workload import SENTENCES  # noqa: E402
+from tests.container import bases  # noqa: E402
+from tests.container.engine import Engine, Hardening  # noqa: E402
+from tests.container.images import app_build_args  # noqa: E402
+
+CHART = ROOT / "helm" / "serving-core"
+TAG = "serving-core-bench:app-minilm"
+FIGURES = ROOT / "bench" / "figures"
+CHART_TAG = "sha-" + "0" * 40  # the in-repo chart needs a tag; the bench runs its own image
+
+
+def rendered_pod(cpus: str) -> dict[str, Any]:
+    """The chart's Deployment pod spec for its defaults with the CPU limit ``cpus``."""
+    import helm_python as helm
+
+    cpu = {"limits": {"cpu": cpus}, "requests": {"cpu": cpus}}
+    with helm.Chart.load(CHART) as chart:
+        manifests = chart.render({"image": {"tag": CHART_TAG}, "resources": cpu}, name="bench")
+    for path, text in manifests.items():
+        for doc in yaml.safe_load_all(text) if path.endswith(".yaml") else ():
+            if doc and doc.get("kind") == "Deployment":
+                spec: dict[str, Any] = doc["spec"]["template"]["spec"]
+                return spec
+    raise SystemExit("the chart rendered no Deployment")
+
+
+def run_flags(pod: dict[str, Any], app: dict[str, Any], socket_dir: Path) -> list[str]:
+    """`run` flags that give the container what the pod spec gives the app container."""
+    limits, context = app["resources"]["limits"], app["securityContext"]
+    cpu = limits["cpu"]
+    cpus = int(cpu[:-1]) / 1000 if cpu.endswith("m") else float(cpu)
+    env = {e["name"]: e["value"] for e in app["env"]}
+    bind_dir = os.path.dirname(env["SERVING_BIND"].removeprefix("unix:"))
+    mounts = [m["mountPath"] for m in app["volumeMounts"]]
+    hardening = Hardening(
+        read_only=context["readOnlyRootFilesystem"],
+        tmpfs=tuple(m for m in mounts if m != bind_dir),  # emptyDirs
+        cap_drop=tuple(context["capabilities"]["drop"]),
+        security_opt=() if context["allowPrivilegeEscalation"] else ("no-new-privileges:true",),
+    )
+    user = pod["securityContext"]
+    flags = [
+        f"--cpus={cpus:g}",
+        f"--memory={limits['memory'].removesuffix('i').lower()}",
+        f"--user={user['runAsUser']}:{user['runAsGroup']}",
+        f"--volume={socket_dir}:{bind_dir}",  # the socket's emptyDir, reached from here
+        "--network=none",  # the app listens on its socket only, as in the pod
+        *hardening.flags(),
+    ]
+    return flags + [f"--env={name}={value}" for name, value in env.items()]
+
+
+def cgroup_cpu_stat(pid: int) -> dict[str, float]:
+    """The container's cpu.stat (throttling) and CPU used, in seconds, cgroup v1 or v2."""
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        names = controllers.split(",")
+        if controllers == "" or "cpu" in names:
+            found = [Path("/sys/fs/cgroup") / d / path.lstrip("/") for d in ("", *names)]
+            found = [p for p in found if (p / "cpu.stat").is_file()]
+            if found:
+                folder = found[0]
+                break
+    else:
+        raise SystemExit(f"no cpu.stat for pid {pid}")
+    stat = dict(line.split() for line in (folder / "cpu.stat").read_text().splitlines())
+    if "usage_usec" in stat:  # v2
+        used_s, throttled_s = int(stat["usage_usec"]) / 1e6, int(stat["throttled_usec"]) / 1e6
+    else:
+        acct = Path(str(folder).replace("/cpu/", "/cpuacct/")) / "cpuacct.usage"
+        used_s = int(acct.read_text()) / 1e9 if acct.is_file() else float("nan")
+        throttled_s = int(stat["throttled_time"]) / 1e9
+    return {
+        "nr_periods": int(stat["nr_periods"]),
+        "nr_throttled": int(stat["nr_throttled"]),
+        "throttled_s": throttled_s,
+        "cpu_used_s": used_s,
+    }
+
+
+def busy_s() -> float:
+    """CPU seconds every core of the machine has been busy (/proc/stat)."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Probe:
+    """One of the rendered probes, run as the kubelet's prober does."""
+
+    name: str
+    spec: dict[str, Any]
+    timed_inside: bool = False
+    offset_s: float = 0.0  # the first run's delay
+    runs: list[tuple[float, float, bool, str]] = field(default_factory=list)  # at, took, ok, why
+    inside_ms: list[float] = field(default_factory=list)
+
+    def argv(self) -> list[str]:
+        command: list[str] = self.spec["exec"]["command"]
+        if not self.timed_inside:
+            return command
+        # The same command, timed by the container's own clock: what the engine's
+        # exec adds (runc exec, the CLI) is the rest of the latency.
+        script = (
+            'a=$(date +%s%N); "$@"; s=$?; b=$(date +%s%N); echo "inside_ns=$((b - a))"; exit $s'
+        )
+        return ["sh", "-c", script, "sh", *command]
+
+    def once(self, engine: Engine, container: str) -> tuple[float, bool, str]:
+        timeout_s = float(self.spec.get("timeoutSeconds", 1))
+        started = time.monotonic()
+        try:
+            done = engine.exec(container, self.argv(), timeout_s=timeout_s)
+        except subprocess.TimeoutExpired:
+            return time.monotonic() - started, False, f"no answer within {timeout_s:g} s"
+        took = time.monotonic() - started
+        inside = re.search(r"inside_ns=(\d+)", done.stdout)
+        if inside:
+            self.inside_ms.append(int(inside.group(1)) / 1e6)
+        return took, done.returncode == 0, (done.stderr or done.stdout).strip()[-300:]
+
+    def loop(self, engine: Engine, container: str, start: float, stop: threading.Event) -> None:
+        period = float(self.spec.get("periodSeconds", 10))
+        tick = time.monotonic() + self.offset_s
+        stop.wait(self.offset_s)
+        while not stop.is_set():
+            took, ok, why = self.once(engine, container)
+            self.runs.append((tick - start, took, ok, why))
+            tick += period
+            while tick < time.monotonic():  # a run longer than the period skips ticks
+                tick += period
+            stop.wait(tick - time.monotonic())
+
+    def summary(self) -> dict[str, Any]:
+        streak = longest = 0
+        for _, _, ok, _ in self.runs:
+            streak = 0 if ok else streak + 1
+            longest = max(longest, streak)
+        threshold = int(self.spec.get("failureThreshold", 3))
+        took_ms = sorted(took * 1000 for _, took, _, _ in self.runs)
+        spread = _spread(took_ms)
+        failures = [(round(at, 1), why) for at, _, ok, why in self.runs if not ok]
+        return {
+            "probe": self.name,
+            "runs": len(self.runs),
+            "failed": len(failures),
+            "longest_failure_streak": longest,
+            "failure_threshold": threshold,
+            "held": longest < threshold,
+            "timeout_ms": float(self.spec.get("timeoutSeconds", 1)) * 1000,
+            **spread,
+            "failures": failures[:20],
+            **(
+                {f"inside_{k}": v for k, v in _spread(sorted(self.inside_ms)).items()}
+                if self.timed_inside
+                else {}
+            ),
+        }
+
+
+def _spread(ms: list[float]) -> dict[str, float]:
+    return {
+        "p50_ms": percentile(ms, 50),
+        "p99_ms": percentile(ms, 99),
+        "max_ms": ms[-1] if ms else float("nan"),
+    }
+
+
+async def _client(
+    path: str, offset: int, stop_at: float, seen: Counter[str], took: list[float]
+) -> None:
+    bodies = [json.dumps({"text": s}).encode() for s in SENTENCES]
+    reader: asyncio.StreamReader | None = None
+    writer: asyncio.StreamWriter | None = None
+    n = offset
+    while time.monotonic() < stop_at:
+        body, n = bodies[n % len(bodies)], n + 1
+        started = time.monotonic()
+        try:
+            if writer is None:
+                reader, writer = await asyncio.open_unix_connection(path)
+            assert reader is not None
+            writer.write(
+                b"POST /predict HTTP/1.1\r\nHost: app\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+            )
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = re.search(rb"(?i)\r\ncontent-length: *(\d+)", head)
+            await reader.readexactly(int(length.group(1)) if length else 0)
+        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as exc:
+            seen[type(exc).__name__] += 1
+            if writer is not None:
+                writer.close()
+            writer = None
+            await asyncio.sleep(0.05)  # the socket refused or closed: no busy loop
+            continue
+        status = head.split(b" ", 2)[1].decode()
+        seen[status] += 1
+        if status == "200":
+            took.append(time.monotonic() - started)
+        if re.search(rb"(?i)\r\nconnection: *close", head) or not length:
+            writer.close()
+            writer = None
+
+
+def load(path: str, connections: int, seconds: float, out: Any) -> None:
+    """Closed-loop keep-alive load on the unix socket ``path``; its figures go to ``out``."""
+    seen: Counter[str] = Counter()
+    took: list[float] = []
+    stop_at = time.monotonic() + seconds
+
+    async def run() -> None:
+        await asyncio.gather(*(_client(path, i, stop_at, seen, took) for i in range(connections)))
+
+    asyncio.run(run())
+    ms = sorted(t * 1000 for t in took)
+    p = {f"p{q}_ms": percentile(ms, q) for q in (50, 99)}
+    answered = sum(n for status, n in seen.items() if status.isdigit())
+    out.put({"statuses": dict(seen), "answered": answered, "ok_per_s": len(took) / seconds, **p})
+
+
+def build_image(engine: Engine) -> str:
+    base = bases.resolve(engine, bases.PYTHON)
+    args = {
+        **app_build_args(base.build_args()),
+        "HANDLER_DIR": "handlers/minilm",
+        "SHARED_DIRS": "",
+    }
+    started = time.monotonic()
+    engine.build(ROOT, TAG, build_args=args)
+    print(f"image {TAG} built (or cached) in {time.monotonic() - started:.0f} s", flush=True)
+    return TAG
+
+
+def started_up(engine: Engine, container: str, spec: dict[str, Any]) -> tuple[int, float]:
+    """The startup probe run every periodSeconds until it passes: (runs, seconds)."""
+    probe, started = Probe("startup", spec), time.monotonic()
+    for run in range(1, int(spec.get("failureThreshold", 3)) + 1):
+        took, ok, why = probe.once(engine, container)
+        if ok:
+            return run, time.monotonic() - started
+        if not engine.running(container):
+            raise SystemExit(f"the app exited:\n{engine.logs(container)[-4000:]}")
+        time.sleep(max(0.0, float(spec.get("periodSeconds", 10)) - took))
+    raise SystemExit(f"the startup probe never passed ({why}):\n{engine.logs(container)[-4000:]}")
+
+
+def measure(
+    engine: Engine, container: str, pod: dict[str, Any], args: argparse.Namespace, socket: str
+) -> dict[str, Any]:
+    (app,) = [c for c in pod["containers"] if c["name"] == "app"]
+    runs, startup_s = started_up(engine, container, app["startupProbe"])
+    print(f"startup probe passed on run {runs}, {startup_s:.1f} s after start", flush=True)
+    readiness = app["readinessProbe"]
+    probes = [
+        Probe("readiness", readiness),
+        Probe("liveness", app["livenessProbe"]),
+        # Half a period after each readiness run: the same command, timed inside.
+        Probe("timed", readiness, timed_inside=True, offset_s=readiness["periodSeconds"] / 2),
+    ]
+    at_idle = Probe("timed", readiness, timed_inside=True)
+    idle = {
+        "readiness_ms": [round(at_idle.once(engine, container)[0] * 1000, 1) for _ in range(5)],
+        "readiness_inside_ms": [round(ms, 1) for ms in at_idle.inside_ms],
+    }
+    print(
+        f"idle: readiness {idle['readiness_ms']} ms, of which inside the container "
+        f"{idle['readiness_inside_ms']} ms",
+        flush=True,
+    )
+    pid = int(engine.inspect(container)["State"]["Pid"])
+    out: Any = multiprocessing.Queue()
+    loader = multiprocessing.Process(
+        target=load, args=(socket, args.concurrency, args.seconds, out), daemon=True
+    )
+    cpu0, busy0, start = cgroup_cpu_stat(pid), busy_s(), time.monotonic()
+    loader.start()
+    stop = threading.Event()
+    threads = [
+        threading.Thread(target=p.loop, args=(engine, container, start, stop)) for p in probes
+    ]
+    for thread in threads:
+        thread.start()
+    while loader.is_alive():
+        loader.join(60)
+        now = cgroup_cpu_stat(pid)
+        fails = {p.name: sum(not ok for *_, ok, _ in p.runs) for p in probes}
+        throttled = now["nr_throttled"] - cpu0["nr_throttled"]
+        print(
+            f"{time.monotonic() - start:5.0f} s: throttled {throttled}"
+            f" of {now['nr_periods'] - cpu0['nr_periods']} periods; probe failures {fails}; "
+            f"load average {os.getloadavg()[0]:.2f}",
+            flush=True,
+        )
+    stop.set()
+    for thread in threads:
+        thread.join()
+    seconds = time.monotonic() - start
+    cpu1, busy1 = cgroup_cpu_stat(pid), busy_s()
+    cpu = {k: cpu1[k] - cpu0[k] for k in cpu0}
+    return {
+        "seconds": seconds,
+        "cpus": args.cpus,
+        "concurrency": args.concurrency,
+        "env": args.env,
+        "startup": {"runs": runs, "seconds": startup_s},
+        "idle": idle,
+        "cgroup": cpu,
+        "container_cores": cpu["cpu_used_s"] / seconds,
+        "machine_busy_cores": (busy1 - busy0) / seconds,
+        "machine_cores": os.cpu_count(),
+        "load": out.get(timeout=60),
+        "probes": [p.summary() for p in probes],
+    }
+
+
+def report(result: dict[str, Any]) -> None:
+    cg, load_ = result["cgroup"], result["load"]
+    print(
+        f"\n{result['seconds']:.0f} s at c={result['concurrency']}, CPU limit {result['cpus']}: "
+        f"throttled in {cg['nr_throttled']} of {cg['nr_periods']} CFS periods "
+        f"({cg['nr_throttled'] / max(1, cg['nr_periods']):.0%}, {cg['throttled_s']:.0f} s in all); "
+        f"the container used {result['container_cores']:.2f} cores, the machine "
+        f"{result['machine_busy_cores']:.2f} of {result['machine_cores']}"
+    )
+    print(
+        f"requests answered: {load_['answered']}, by status {load_['statuses']}; 200s "
+        f"{load_['ok_per_s']:.1f}/s, p50 {load_['p50_ms']:.0f} ms, p99 {load_['p99_ms']:.0f} ms"
+    )
+    print(
+        f"{'probe':>10} {'runs':>5} {'failed':>6} {'streak':>6} {'threshold':>9} "
+        f"{'p50 ms':>7} {'p99 ms':>7} {'max ms':>7} {'timeout':>7} {'held':>5}"
+    )
+    for p in result["probes"]:
+        print(
+            f"{p['probe']:>10} {p['runs']:>5} {p['failed']:>6} {p['longest_failure_streak']:>6} "
+            f"{p['failure_threshold']:>9} {p['p50_ms']:>7.0f} {p['p99_ms']:>7.0f} "
+            f"{p['max_ms']:>7.0f} {p['timeout_ms']:>7.0f} {p['held']!s:>5}"
+        )
+        if "inside_p50_ms" in p:
+            print(
+                f"{'':>10} timed inside the container: p50 {p['inside_p50_ms']:.0f} ms, "
+                f"p99 {p['inside_p99_ms']:.0f} ms, max {p['inside_max_ms']:.0f} ms"
+            )
+        for at, why in p["failures"]:
+            print(f"    failed at {at} s: {why}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=600.0)
+    parser.add_argument(
+        "--cpus", default="1", help="the CPU limit, as the chart takes it: 1, 1500m"
+    )
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--image", help="an app image of handlers/minilm; built if not given")
+    parser.add_argument("--env", nargs="*", default=["SERVING_CACHE_SIZE=0"])
+    parser.add_argument("--json", type=Path, default=FIGURES / "probes.json")
+    args = parser.parse_args()
+    engine = Engine.find()
+    image = args.image or build_image(engine)
+    pod = rendered_pod(args.cpus)
+    (app,) = [c for c in pod["containers"] if c["name"] == "app"]
+    name = f"serving-core-bench-probes-{os.getpid()}"
+    socket_dir = Path(tempfile.mkdtemp(prefix="serving-probes-"))
+    try:
+        os.chown(
+            socket_dir, pod["securityContext"]["runAsUser"], pod["securityContext"]["runAsGroup"]
+        )
+        flags = run_flags(pod, app, socket_dir) + [f"--env={e}" for e in args.env]
+        engine.call("run", "--detach", "--name", name, *flags, image, *app["command"])
+        try:
+            sock = str(socket_dir / Path(app_bind(app)).name)
+            result = measure(engine, name, pod, args, sock)
+        finally:
+            engine.call("rm", "--force", name, check=False, timeout_s=120)
+    finally:
+        shutil.rmtree(socket_dir, ignore_errors=True)
+    result["image"] = image
+    report(result)
+    args.json.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {args.json}")
+
+
+def app_bind(app: dict[str, Any]) -> str:
+    (bind,) = [e["value"] for e in app["env"] if e["name"] == "SERVING_BIND"]
+    return str(bind).removeprefix("unix:")
+
+
+if __name__ == "__main__":
+    main()
