@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import http.client
 import json
 import multiprocessing
 import os
@@ -62,6 +63,9 @@ from tests.container.images import app_build_args  # noqa: E402
 
 CHART = ROOT / "helm" / "serving-core"
 TAG = "serving-core-bench:app-minilm"
+NGINX_TAG = "serving-core-bench:nginx"
+# The app image's build arguments, as image.yml passes them, for handlers/minilm.
+MINILM = {**app_build_args({}), "HANDLER_DIR": "handlers/minilm", "SHARED_DIRS": ""}
 FIGURES = ROOT / "bench" / "figures"
 CHART_TAG = "sha-" + "0" * 40  # the in-repo chart needs a tag; the bench runs its own image
 
@@ -81,30 +85,32 @@ def rendered_pod(cpus: str) -> dict[str, Any]:
     raise SystemExit("the chart rendered no Deployment")
 
 
-def run_flags(pod: dict[str, Any], app: dict[str, Any], socket_dir: Path) -> list[str]:
-    """`run` flags that give the container what the pod spec gives the app container."""
-    limits, context = app["resources"]["limits"], app["securityContext"]
-    cpu = limits["cpu"]
-    cpus = int(cpu[:-1]) / 1000 if cpu.endswith("m") else float(cpu)
-    env = {e["name"]: e["value"] for e in app["env"]}
-    bind_dir = os.path.dirname(env["SERVING_BIND"].removeprefix("unix:"))
-    mounts = [m["mountPath"] for m in app["volumeMounts"]]
+def run_flags(pod: dict[str, Any], spec: dict[str, Any], socket_dir: Path) -> list[str]:
+    """`run` flags that give a container what the pod spec gives ``spec`` (a container)."""
+    limits, context = spec["resources"].get("limits", {}), spec["securityContext"]
+    mounts = {m["name"]: m["mountPath"] for m in spec["volumeMounts"]}
     hardening = Hardening(
         read_only=context["readOnlyRootFilesystem"],
-        tmpfs=tuple(m for m in mounts if m != bind_dir),  # emptyDirs
+        tmpfs=tuple(path for name, path in mounts.items() if name != "socket"),  # emptyDirs
         cap_drop=tuple(context["capabilities"]["drop"]),
         security_opt=() if context["allowPrivilegeEscalation"] else ("no-new-privileges:true",),
     )
     user = pod["securityContext"]
     flags = [
-        f"--cpus={cpus:g}",
-        f"--memory={limits['memory'].removesuffix('i').lower()}",
         f"--user={user['runAsUser']}:{user['runAsGroup']}",
-        f"--volume={socket_dir}:{bind_dir}",  # the socket's emptyDir, reached from here
-        "--network=none",  # the app listens on its socket only, as in the pod
+        f"--volume={socket_dir}:{mounts['socket']}",  # the socket's emptyDir, shared
         *hardening.flags(),
     ]
-    return flags + [f"--env={name}={value}" for name, value in env.items()]
+    if "cpu" in limits:
+        cpu = limits["cpu"]
+        flags.append(f"--cpus={int(cpu[:-1]) / 1000 if cpu.endswith('m') else float(cpu):g}")
+    if "memory" in limits:
+        flags.append(f"--memory={limits['memory'].removesuffix('i').lower()}")
+    ports = [p["containerPort"] for p in spec.get("ports", [])]
+    # Published on 127.0.0.1 only, where this script plays the kubelet; none: the
+    # container talks through its socket only, as in the pod.
+    flags += [f"--publish=127.0.0.1::{port}" for port in ports] or ["--network=none"]
+    return flags + [f"--env={e['name']}={e['value']}" for e in spec["env"] if "value" in e]
 
 
 def cgroup_cpu_stat(pid: int) -> dict[str, float]:
@@ -147,6 +153,7 @@ class Probe:
 
     name: str
     spec: dict[str, Any]
+    ports: dict[int, int] = field(default_factory=dict)  # an httpGet's: container -> host
     timed_inside: bool = False
     offset_s: float = 0.0  # the first run's delay
     runs: list[tuple[float, float, bool, str]] = field(default_factory=list)  # at, took, ok, why
@@ -166,6 +173,8 @@ class Probe:
     def once(self, engine: Engine, container: str) -> tuple[float, bool, str]:
         timeout_s = float(self.spec.get("timeoutSeconds", 1))
         started = time.monotonic()
+        if "httpGet" in self.spec:
+            return self.get(timeout_s, started)
         try:
             done = engine.exec(container, self.argv(), timeout_s=timeout_s)
         except subprocess.TimeoutExpired:
@@ -175,6 +184,21 @@ class Probe:
         if inside:
             self.inside_ms.append(int(inside.group(1)) / 1e6)
         return took, done.returncode == 0, (done.stderr or done.stdout).strip()[-300:]
+
+    def get(self, timeout_s: float, started: float) -> tuple[float, bool, str]:
+        """The kubelet's httpGet: a new connection, a 2xx or 3xx within the timeout."""
+        action = self.spec["httpGet"]
+        conn = http.client.HTTPConnection("127.0.0.1", self.ports[action["port"]], timeout_s)
+        try:
+            conn.request("GET", action["path"])
+            response = conn.getresponse()
+            response.read()
+        except OSError as exc:
+            return time.monotonic() - started, False, str(exc)
+        finally:
+            conn.close()
+        took = time.monotonic() - started
+        return took, 200 <= response.status < 400, f"{action['path']}: {response.status}"
 
     def loop(self, engine: Engine, container: str, start: float, stop: threading.Event) -> None:
         period = float(self.spec.get("periodSeconds", 10))
@@ -276,17 +300,16 @@ def load(path: str, connections: int, seconds: float, out: Any) -> None:
     out.put({"statuses": dict(seen), "answered": answered, "ok_per_s": len(took) / seconds, **p})
 
 
-def build_image(engine: Engine) -> str:
-    base = bases.resolve(engine, bases.PYTHON)
-    args = {
-        **app_build_args(base.build_args()),
-        "HANDLER_DIR": "handlers/minilm",
-        "SHARED_DIRS": "",
-    }
+def build_image(
+    engine: Engine, context: Path, tag: str, base: bases.Base, args: dict[str, str]
+) -> str:
+    """``tag`` built from ``context`` on ``base`` (or its stand-in), layers cached."""
+    resolved = bases.resolve(engine, base)
+    build_args = {**resolved.build_args(), **args}
     started = time.monotonic()
-    engine.build(ROOT, TAG, build_args=args)
-    print(f"image {TAG} built (or cached) in {time.monotonic() - started:.0f} s", flush=True)
-    return TAG
+    engine.build(context, tag, build_args=build_args)
+    print(f"image {tag} built (or cached) in {time.monotonic() - started:.0f} s", flush=True)
+    return tag
 
 
 def started_up(engine: Engine, container: str, spec: dict[str, Any]) -> tuple[int, float]:
@@ -303,26 +326,34 @@ def started_up(engine: Engine, container: str, spec: dict[str, Any]) -> tuple[in
 
 
 def measure(
-    engine: Engine, container: str, pod: dict[str, Any], args: argparse.Namespace, socket: str
+    engine: Engine,
+    container: str,
+    pod: dict[str, Any],
+    args: argparse.Namespace,
+    socket: str,
+    *,
+    ports: dict[int, int],
 ) -> dict[str, Any]:
     (app,) = [c for c in pod["containers"] if c["name"] == "app"]
     runs, startup_s = started_up(engine, container, app["startupProbe"])
     print(f"startup probe passed on run {runs}, {startup_s:.1f} s after start", flush=True)
-    readiness = app["readinessProbe"]
+    readiness, liveness = app["readinessProbe"], app["livenessProbe"]
+    # The same command as the first exec probe, half a period after it, timed inside.
+    timed = readiness if "exec" in readiness else liveness
     probes = [
-        Probe("readiness", readiness),
-        Probe("liveness", app["livenessProbe"]),
-        # Half a period after each readiness run: the same command, timed inside.
-        Probe("timed", readiness, timed_inside=True, offset_s=readiness["periodSeconds"] / 2),
+        Probe("readiness", readiness, ports),
+        Probe("liveness", liveness, ports),
+        Probe("timed", timed, timed_inside=True, offset_s=timed["periodSeconds"] / 2),
     ]
-    at_idle = Probe("timed", readiness, timed_inside=True)
+    at_idle = Probe("timed", timed, timed_inside=True)
     idle = {
-        "readiness_ms": [round(at_idle.once(engine, container)[0] * 1000, 1) for _ in range(5)],
-        "readiness_inside_ms": [round(ms, 1) for ms in at_idle.inside_ms],
+        "readiness_ms": [round(probes[0].once(engine, container)[0] * 1000, 1) for _ in range(5)],
+        "timed_ms": [round(at_idle.once(engine, container)[0] * 1000, 1) for _ in range(5)],
+        "timed_inside_ms": [round(ms, 1) for ms in at_idle.inside_ms],
     }
     print(
-        f"idle: readiness {idle['readiness_ms']} ms, of which inside the container "
-        f"{idle['readiness_inside_ms']} ms",
+        f"idle: readiness {idle['readiness_ms']} ms; {' '.join(timed['exec']['command'])} "
+        f"{idle['timed_ms']} ms, of which inside the container {idle['timed_inside_ms']} ms",
         flush=True,
     )
     pid = int(engine.inspect(container)["State"]["Pid"])
@@ -411,29 +442,47 @@ def main() -> None:
     )
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--image", help="an app image of handlers/minilm; built if not given")
+    parser.add_argument("--nginx-image", help="the nginx image, for probes through it")
     parser.add_argument("--env", nargs="*", default=["SERVING_CACHE_SIZE=0"])
     parser.add_argument("--json", type=Path, default=FIGURES / "probes.json")
     args = parser.parse_args()
     engine = Engine.find()
-    image = args.image or build_image(engine)
+    image = args.image or build_image(engine, ROOT, TAG, bases.PYTHON, MINILM)
     pod = rendered_pod(args.cpus)
-    (app,) = [c for c in pod["containers"] if c["name"] == "app"]
+    specs = {c["name"]: c for c in pod["containers"]}
+    app = specs["app"]
+    # An httpGet probe of the app reaches it through nginx (the pod's other
+    # container, which holds every port): run it beside the app.
+    through_nginx = any("httpGet" in app[p] for p in ("readinessProbe", "livenessProbe"))
+    if through_nginx and not args.nginx_image:
+        args.nginx_image = build_image(engine, ROOT / "nginx", NGINX_TAG, bases.NGINX, {})
     name = f"serving-core-bench-probes-{os.getpid()}"
+    started: list[str] = []
     socket_dir = Path(tempfile.mkdtemp(prefix="serving-probes-"))
     try:
-        os.chown(
-            socket_dir, pod["securityContext"]["runAsUser"], pod["securityContext"]["runAsGroup"]
-        )
+        user = pod["securityContext"]
+        os.chown(socket_dir, user["runAsUser"], user["runAsGroup"])
         flags = run_flags(pod, app, socket_dir) + [f"--env={e}" for e in args.env]
         engine.call("run", "--detach", "--name", name, *flags, image, *app["command"])
-        try:
-            sock = str(socket_dir / Path(app_bind(app)).name)
-            result = measure(engine, name, pod, args, sock)
-        finally:
-            engine.call("rm", "--force", name, check=False, timeout_s=120)
+        started.append(name)
+        ports: dict[int, int] = {}
+        if through_nginx:
+            nginx = specs["nginx"]
+            engine.call(
+                "run", "--detach", "--name", f"{name}-nginx", *run_flags(pod, nginx, socket_dir),
+                args.nginx_image,
+            )  # fmt: skip
+            started.append(f"{name}-nginx")
+            for port in nginx["ports"]:
+                number = port["containerPort"]
+                ports[number] = engine.port(f"{name}-nginx", number)
+        sock = str(socket_dir / Path(app_bind(app)).name)
+        result = measure(engine, name, pod, args, sock, ports=ports)
     finally:
+        for container in started:
+            engine.call("rm", "--force", container, check=False, timeout_s=120)
         shutil.rmtree(socket_dir, ignore_errors=True)
-    result["image"] = image
+    result["images"] = [image, args.nginx_image] if through_nginx else [image]
     report(result)
     args.json.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {args.json}")
