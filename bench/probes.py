@@ -1,33 +1,35 @@
 """Do the chart's app probes hold when the app container is at its CPU limit?
 
 Runs the MiniLM app image as the chart runs its app container: the chart's
-defaults rendered by Helm (its environment, command, user, read-only root,
-dropped capabilities, memory limit and the unix socket), with ``--cpus`` as
-its CPU limit. Drives ``--concurrency`` closed-loop keep-alive connections of
-MiniLM requests at the app's socket (no nginx) for ``--seconds``, and
-meanwhile runs the rendered readiness and liveness probes as the kubelet
-does: every periodSeconds, failed on an error or after timeoutSeconds. An
-exec probe runs through ``<engine> exec``, so, as under the kubelet, its
-process is charged to the container's cgroup and throttled with it.
+defaults rendered by Helm (environment, command, user, read-only root, dropped
+capabilities, memory limit, the unix socket), with ``--cpus`` as its CPU limit,
+and the chart's nginx container beside it when a probe reaches the app through
+nginx (an httpGet). Drives ``--concurrency`` closed-loop keep-alive connections
+of MiniLM requests at the app's socket (not through nginx) for ``--seconds``,
+and meanwhile runs the rendered readiness and liveness probes as the kubelet
+does: every periodSeconds, failed on an error or after timeoutSeconds. An exec
+probe runs through ``<engine> exec``, so, as under the kubelet, its process is
+charged to the container's cgroup and throttled with it; an httpGet is a GET
+from here (the kubelet's side) on the published port.
 
-It prints, and writes to bench/figures/probes.json: the container's CFS
-periods and throttled periods over the run (the cgroup's ``cpu.stat``), its
-CPU use and the rest of the machine's, the requests answered by status, and
-for each probe: runs, failures, the longest streak of consecutive failures
-against failureThreshold, and latency p50/p99/max against timeoutSeconds.
-A third series runs the readiness command half a period after each
-readiness run, timed by the container's own clock: the rest of its latency is
-the engine's exec (the CLI, runc), which differs between podman and a
-kubelet's runtime. Before the load, that series at idle, 5 runs.
+It prints, and writes to bench/figures/probes-<kind>-<cpus>.json: the
+container's CFS periods and throttled periods over the run (its cgroup's
+``cpu.stat``), its CPU use and the whole machine's, the requests answered by
+status, and for each probe: runs, failures, the longest streak of consecutive
+failures against failureThreshold, and latency p50/p99/max against
+timeoutSeconds. A third series ("timed") runs the first exec probe's command
+half a period after it, timed by the container's own clock: the rest of its
+latency is the engine's exec (the CLI, runc), which differs between podman and
+a kubelet's runtime. Before the load, each at idle, 5 runs.
 
     TORCH_INDEX_URL= .venv/bin/python bench/probes.py [--seconds 600] [--cpus 1]
-        [--concurrency 64] [--image TAG] [--env SERVING_X=Y ...]
+        [--concurrency 64] [--image TAG] [--nginx-image TAG] [--env SERVING_X=Y ...]
 
-The image is built first (tests/container: the Dockerfile on the python base
-or its stand-in, each layer cached), unless ``--image`` names one; run as root
-with podman, as the container tests do. SERVING_CACHE_SIZE=0 by default: the
-workload repeats its 64 sentences, which the cache would answer without the
-model.
+The images are built first (tests/container: the Dockerfiles on their bases or
+the stand-ins, each layer cached), unless ``--image`` / ``--nginx-image`` name
+them; run as root with podman, as the container tests do.
+SERVING_CACHE_SIZE=0 by default: the workload repeats its 64 sentences, which
+the cache would answer without the model.
 """
 
 from __future__ import annotations
@@ -444,7 +446,9 @@ def main() -> None:
     parser.add_argument("--image", help="an app image of handlers/minilm; built if not given")
     parser.add_argument("--nginx-image", help="the nginx image, for probes through it")
     parser.add_argument("--env", nargs="*", default=["SERVING_CACHE_SIZE=0"])
-    parser.add_argument("--json", type=Path, default=FIGURES / "probes.json")
+    parser.add_argument(
+        "--json", type=Path, help="default: bench/figures/probes-<readiness kind>-<cpus>.json"
+    )
     args = parser.parse_args()
     engine = Engine.find()
     image = args.image or build_image(engine, ROOT, TAG, bases.PYTHON, MINILM)
@@ -484,6 +488,8 @@ def main() -> None:
         shutil.rmtree(socket_dir, ignore_errors=True)
     result["images"] = [image, args.nginx_image] if through_nginx else [image]
     report(result)
+    kind = "http" if "httpGet" in app["readinessProbe"] else "exec"
+    args.json = args.json or FIGURES / f"probes-{kind}-{args.cpus}.json"
     args.json.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {args.json}")
 
