@@ -727,7 +727,8 @@ def test_gpu_example_puts_one_model_on_one_gpu(chart: helm.Chart) -> None:
     assert not by_name["nginx"]["image"].endswith("-cu128")
 
 
-PROBES = [("startupProbe", "/readyz"), ("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")]
+# The probes whose failure restarts the app container.
+PROBES = [("startupProbe", "/readyz"), ("livenessProbe", "/healthz")]
 
 
 @pytest.mark.parametrize(("probe", "path"), PROBES)
@@ -750,6 +751,27 @@ def test_app_probes_ask_the_app_itself_not_nginx(chart: helm.Chart, probe: str, 
         "--timeout-s",
         timeout_s,
     ]
+
+
+def test_readiness_is_the_kubelets_get_on_the_metrics_port_not_a_process_in_the_app(
+    chart: helm.Chart,
+) -> None:
+    # bench/probes.py: an exec probe's Python is throttled with the app at its CPU
+    # limit; nginx hands this GET to the app outside its upstream cap (test_nginx.py).
+    values = tagged({"nginx": {"port": 8181, "metricsPort": 9191}})
+    by_name = containers(find(render(chart, values), "Deployment"))
+    readiness = by_name["app"]["readinessProbe"]
+    assert readiness["httpGet"] == {"path": "/readyz", "port": 9191}
+    assert "exec" not in readiness
+    assert {"containerPort": 9191, "name": "metrics", "protocol": "TCP"} in by_name["nginx"][
+        "ports"
+    ]
+    assert {k: v for k, v in readiness.items() if k != "httpGet"} == {
+        "periodSeconds": 5,
+        "timeoutSeconds": 3,
+        "failureThreshold": 2,
+        "successThreshold": 1,
+    }
 
 
 def test_startup_probe_allows_minutes_to_load_the_model(chart: helm.Chart) -> None:

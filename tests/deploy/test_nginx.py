@@ -141,6 +141,11 @@ def test_the_metrics_port_serves_the_apps_metrics_and_nothing_else(echo_stack: S
     assert error_of(other)["type"] == "not_found"
     health = requests.get(echo_stack.nginx.metrics_url + "/_nginx/healthz", timeout=5)
     assert health.status_code == 200
+    # The app's /readyz, for the chart's readiness probe; /healthz stays off it.
+    ready = requests.get(echo_stack.nginx.metrics_url + "/readyz", timeout=5)
+    assert (ready.status_code, ready.json()) == (200, {"status": "ready"})
+    alive = requests.get(echo_stack.nginx.metrics_url + "/healthz", timeout=5)
+    assert alive.status_code == 404
 
 
 @pytest.mark.example("echo")
@@ -444,12 +449,16 @@ def test_past_the_upstream_max_conns_nginx_refuses_at_once_with_the_apps_503(
     with gunicorn_server(app_env) as app, nginx_server(app.bind, nginx_env) as proxy:
         stack = Stack(app, proxy)
         scraped: list[requests.Response] = []
-        # Prometheus still reaches the app's metrics through the full upstream.
+        # Prometheus still reaches the app's metrics through the full upstream,
+        # and the kubelet's readiness probe its /readyz: a pod that sheds stays ready.
         refused = third_while_two_are_held(
             app,
             proxy,
             tmp_path,
-            lambda: scraped.append(requests.get(proxy.metrics_url + "/metrics", timeout=5)),
+            lambda: scraped.extend(
+                requests.get(proxy.metrics_url + path, timeout=5)
+                for path in ("/metrics", "/readyz")
+            ),
         )
         # A slot freed: the next request reaches the app again.
         after = post_through(proxy, {"who": "after"}, "after")
@@ -464,7 +473,8 @@ def test_past_the_upstream_max_conns_nginx_refuses_at_once_with_the_apps_503(
         entry = proxy.access_entry("refused")
         # No connection to the app was made: nginx names the group, not an address.
         assert (entry["status"], entry["upstream_addr"]) == (503, "serving_core")
-        assert scraped[0].status_code == 200
+        assert [r.status_code for r in scraped] == [200, 200]
+        assert scraped[1].json() == {"status": "ready"}  # the app's answer
         assert after.status_code == 200
 
 

@@ -480,11 +480,14 @@ proxy timeouts and upstream keep-alive from them.
 {{- end }}
 
 {{/*
-The app container's probes: `serving-core healthcheck` run inside it asks
-gunicorn on its unix socket (SERVING_BIND), which an httpGet probe cannot
-reach. Going to the app directly means an nginx failure fails only nginx's
-own probes and never restarts the model container. The client's own timeout
-is a second under the kubelet's, which leaves Python room to start (~0.4 s).
+The app container's startup and liveness probes: `serving-core healthcheck`
+run inside it asks gunicorn on its unix socket (SERVING_BIND), which an
+httpGet probe cannot reach. Going to the app directly means an nginx failure
+fails only nginx's own probes and never restarts the model container. The
+client's own timeout is a second under the kubelet's, which leaves Python
+room to start: ~0.1 s idle, up to ~1.8 s in a container throttled at its CPU
+limit (bench/probes.py), which is why readiness, the probe that runs every
+5 s under load, is an httpGet instead (deployment.yaml).
 Call with (dict "path" "/healthz" "probe" .Values.probes.liveness).
 */}}
 {{- define "serving-core.appProbe" -}}
