@@ -30,6 +30,7 @@ from serving_core.jobs.base import JobQueue, QueueUnavailable
 from serving_core.settings import Settings
 
 log = logging.getLogger("serving_core.jobs.liveness")
+_logged: set[str] = set()  # the queues whose missing worker this process has logged
 
 
 def hint(queue: JobQueue, settings: Settings, *, handler: str | None) -> str | None:
@@ -45,14 +46,23 @@ def hint(queue: JobQueue, settings: Settings, *, handler: str | None) -> str | N
     quiet = f"no serving-core worker has taken jobs from queue {queue.queue!r}"
     if seen.last_seen is not None:
         quiet += f" for {max(0.0, time.time() - seen.last_seen):.0f} s"
-    which = f"SERVING_HANDLER={handler}" if handler else f"the handler named {queue.queue!r}"
-    if settings.jobs_url:
-        store = "the same SERVING_JOBS_URL"
-    else:
-        store = f"the same SERVING_JOBS_PATH={settings.jobs_path}"
+    store = "SERVING_JOBS_URL" if settings.jobs_url else "SERVING_JOBS_PATH"
+    # The client reads the hint; the paths are for the operator's log (once per
+    # queue and process, however often clients poll), since a client has no
+    # business knowing how the server is laid out.
+    if queue.queue not in _logged:
+        _logged.add(queue.queue)
+        log.info(
+            "queue %r is not consumed: a worker needs SERVING_HANDLER=%s and this server's %s%s",
+            queue.queue,
+            handler or f"<the handler named {queue.queue!r}>",
+            store,
+            "" if settings.jobs_url else f"={settings.jobs_path}",
+        )
     return (
-        f"{quiet}, so this job waits: start serving-core worker with {which} and "
-        f"{store} as this server (a worker takes from the queue named after its handler)"
+        f"{quiet}, so this job waits: start serving-core worker with this server's "
+        f"SERVING_HANDLER and {store} (a worker takes from the queue named after its "
+        "handler; the server's log names both)"
     )
 
 

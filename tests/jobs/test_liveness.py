@@ -3,6 +3,7 @@ read back on both backends (SQLite and a real Redis), as a hint and as gauges.""
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 import time
@@ -77,19 +78,26 @@ def test_a_consumer_records_its_heartbeat_at_most_every_few_seconds() -> None:
     assert Heartbeat(lease_s=0.3).every_s == pytest.approx(0.1)
 
 
-def test_the_hint_says_which_worker_to_start_until_one_polls(make_queue: MakeQueue) -> None:
+def test_the_hint_says_which_worker_to_start_until_one_polls(
+    make_queue: MakeQueue, caplog: pytest.LogCaptureFixture
+) -> None:
     queue = make_queue()
     settings = Settings(jobs_path="/tmp/q.db")
-    text = liveness.hint(queue, settings, handler="handlers/sentiment")
+    with caplog.at_level(logging.INFO, logger="serving_core.jobs.liveness"):
+        text = liveness.hint(queue, settings, handler="handlers/sentiment")
     assert text is not None
     assert f"no serving-core worker has taken jobs from queue {queue.queue!r}," in text
-    assert "SERVING_HANDLER=handlers/sentiment" in text
-    assert "SERVING_JOBS_PATH=/tmp/q.db" in text
+    assert "this server's SERVING_HANDLER and SERVING_JOBS_PATH" in text
+    # The paths are the operator's: in the log, never in what the client reads.
+    assert "handlers/sentiment" not in text
+    assert "/tmp/q.db" not in text
+    assert "SERVING_HANDLER=handlers/sentiment" in caplog.text
+    assert "SERVING_JOBS_PATH=/tmp/q.db" in caplog.text
     redis = liveness.hint(queue, Settings(jobs_url="redis://secret@db:6379/0"), handler=None)
     assert redis is not None
-    assert "the same SERVING_JOBS_URL" in redis
+    assert "this server's SERVING_HANDLER and SERVING_JOBS_URL" in redis
     assert "secret" not in redis  # a URL may hold a password: it is never echoed
-    assert f"the handler named {queue.queue!r}" in redis
+    assert "secret" not in caplog.text
     queue.take("host-1", 1, 0)
     assert liveness.hint(queue, settings, handler="handlers/sentiment") is None
 

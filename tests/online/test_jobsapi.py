@@ -149,8 +149,8 @@ def test_a_queued_job_nobody_consumes_says_which_worker_to_start(started):
     assert job["status"] == "queued"
     hint = job["hint"]
     assert "no serving-core worker has taken jobs from queue 'probe'" in hint
-    assert f"SERVING_HANDLER={service.settings.handler}" in hint
-    assert f"SERVING_JOBS_PATH={service.settings.jobs_path}" in hint
+    assert "this server's SERVING_HANDLER and SERVING_JOBS_PATH" in hint
+    assert service.settings.jobs_path not in hint  # the operator's, in the log
     consume(service)  # a consumer polls the queue: a live one
     assert "hint" not in client.get(url).get_json()  # done
     later = client.post("/jobs", json={"text": "next"}).get_json()["status_url"]
