@@ -1,0 +1,104 @@
+"""The gRPC front shares the worker's batcher and admission: concurrent calls batch
+(the handler reports its batch size), a full queue is RESOURCE_EXHAUSTED with a
+retry-after, and a deadline ends a call with DEADLINE_EXCEEDED, never a hang."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+
+from tests.servers import Server, free_port, gunicorn_server
+
+grpcclient = pytest.importorskip("tritonclient.grpc")
+from tritonclient.grpc import service_pb2, service_pb2_grpc  # noqa: E402
+from tritonclient.utils import InferenceServerException  # noqa: E402
+
+pytestmark = [pytest.mark.e2e]
+
+MODEL = "scaler"
+CALLS = 64
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Server]:
+    env = {
+        "SERVING_HANDLER": "tests/v2/tensors_handler.py",
+        "SERVING_WORKERS": "1",
+        "SERVING_WORKER_CLASS": "gthread",
+        "SERVING_THREADS": "128",
+        "SERVING_MAX_BATCH_SIZE": "8",
+        "SERVING_MAX_QUEUE": str(CALLS),
+        "SERVING_BATCH_POLICY": "fixed",
+        "SERVING_MAX_WAIT_MS": "50",
+        "SERVING_GRPC_PORT": str(free_port()),
+    }
+    with gunicorn_server(env) as running:
+        running.grpc = f"127.0.0.1:{env['SERVING_GRPC_PORT']}"  # type: ignore[attr-defined]
+        yield running
+        log = running.output()
+    assert "Traceback" not in log, f"the server logged a traceback:\n{log[-4000:]}"
+
+
+def inputs(first: int, sleep_s: float = 0.0) -> list[Any]:
+    # Each call its own values: identical calls would share one answer (the cache).
+    values = grpcclient.InferInput("INPUT0", [1, 3], "FP32")
+    values.set_data_from_numpy(np.array([[first, 2, 3]], dtype=np.float32))
+    sleep = grpcclient.InferInput("SLEEP", [1], "FP64")
+    sleep.set_data_from_numpy(np.array([sleep_s], dtype=np.float64))
+    return [values, sleep]
+
+
+def test_concurrent_grpc_calls_run_in_batches(server: Any) -> None:
+    client = grpcclient.InferenceServerClient(server.grpc)
+
+    def call(index: int) -> int:
+        result = client.infer(MODEL, inputs(index), client_timeout=60)
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), [[2 * index, 4, 6]])
+        return int(result.as_numpy("BATCH")[0])
+
+    with ThreadPoolExecutor(CALLS) as pool:
+        batches = list(pool.map(call, range(CALLS)))
+    # The handler's own count of the items in the batch each call ran in.
+    assert max(batches) > 1, batches
+
+
+def test_overload_is_resource_exhausted_with_a_retry_hint(server: Any) -> None:
+    # 8 run, 64 queue: the rest find the queue full and are refused at once.
+    def request(index: int) -> Any:
+        message = service_pb2.ModelInferRequest(model_name=MODEL)
+        message.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 3])
+        message.inputs.add(name="SLEEP", datatype="FP64", shape=[1])
+        message.raw_input_contents.extend(
+            [np.array([index, 2, 3], dtype="<f4").tobytes(), np.array([0.3], "<f8").tobytes()]
+        )
+        return message
+
+    with grpc.insecure_channel(server.grpc) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+
+        def call(index: int) -> tuple[grpc.StatusCode, dict[str, str]]:
+            try:
+                stub.ModelInfer(request(index), timeout=60)
+            except grpc.RpcError as exc:
+                return exc.code(), dict(exc.trailing_metadata() or ())
+            return grpc.StatusCode.OK, {}
+
+        with ThreadPoolExecutor(CALLS + 32) as pool:
+            outcomes = list(pool.map(call, range(CALLS + 32)))
+    codes = {code for code, _ in outcomes}
+    assert codes <= {grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED}, codes
+    refused = [metadata for code, metadata in outcomes if code != grpc.StatusCode.OK]
+    assert refused, "no call was refused"
+    assert all(int(metadata["retry-after"]) >= 1 for metadata in refused), refused
+
+
+def test_a_tiny_deadline_is_deadline_exceeded(server: Any) -> None:
+    client = grpcclient.InferenceServerClient(server.grpc)
+    with pytest.raises(InferenceServerException) as late:
+        client.infer(MODEL, inputs(-1, sleep_s=2.0), client_timeout=0.2)
+    assert late.value.status() == "StatusCode.DEADLINE_EXCEEDED"
