@@ -41,9 +41,8 @@ class GrpcFront:
                 ("grpc.max_send_message_length", -1),
             ],
         )
-        pb_grpc.add_GRPCInferenceServiceServicer_to_server(
-            InferenceServicer(Model(service)), self.server
-        )
+        add_servicer = pb_grpc.add_GRPCInferenceServiceServicer_to_server
+        add_servicer(InferenceServicer(Model(service)), self.server)  # type: ignore[no-untyped-call]
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         names = (SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME)

@@ -62,9 +62,10 @@ def abort(ctx: grpc.ServicerContext, error: ServingError) -> NoReturn:
         # Whole seconds, as HTTP's Retry-After: a client backs off at least that long.
         ctx.set_trailing_metadata(((RETRY_AFTER, str(max(1, math.ceil(error.retry_after_s)))),))
     ctx.abort(status_of(error), error.message)
+    raise AssertionError("grpc's ServicerContext.abort always raises")  # for the type checker
 
 
-class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
+class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     def __init__(self, model: Model) -> None:
         self.model = model
 
