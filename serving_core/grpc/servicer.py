@@ -114,6 +114,14 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             abort(ctx, exc)
         return codec.response(model.name, model.version, parsed.id, result)
 
+    # The model repository extension: one model, loaded before fork, never swapped.
+    # Answered here, not by the generated base, which raises (a traceback in the log).
+    def RepositoryModelLoad(self, request: Any, ctx: grpc.ServicerContext) -> Any:
+        ctx.abort(grpc.StatusCode.UNIMPLEMENTED, "serving-core serves one model, loaded at start")
+
+    def RepositoryModelUnload(self, request: Any, ctx: grpc.ServicerContext) -> Any:
+        ctx.abort(grpc.StatusCode.UNIMPLEMENTED, "serving-core serves one model, loaded at start")
+
     def _find(self, name: str, version: str, ctx: grpc.ServicerContext) -> None:
         try:
             self.model.find(name, version or None)
