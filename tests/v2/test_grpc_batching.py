@@ -1,6 +1,7 @@
 """The gRPC front shares the worker's batcher and admission: concurrent calls batch
 (the handler reports its batch size), a full queue is RESOURCE_EXHAUSTED with a
-retry-after, and a deadline ends a call with DEADLINE_EXCEEDED, never a hang."""
+retry-after, and a deadline ends a call with DEADLINE_EXCEEDED, never a hang; fuzzed
+requests are answered or INVALID_ARGUMENT, and leave no traceback in the log."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from typing import Any
 import grpc
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tests.servers import Server, free_port, gunicorn_server
 
@@ -102,3 +105,52 @@ def test_a_tiny_deadline_is_deadline_exceeded(server: Any) -> None:
     with pytest.raises(InferenceServerException) as late:
         client.infer(MODEL, inputs(-1, sleep_s=2.0), client_timeout=0.2)
     assert late.value.status() == "StatusCode.DEADLINE_EXCEEDED"
+
+
+# -- fuzzing -----------------------------------------------------------------------
+
+DATATYPES = ["BOOL", "INT8", "INT32", "INT64", "UINT8", "UINT64", "FP16", "FP32", "FP64", "BYTES"]
+CONTENTS = ["bool_contents", "int_contents", "int64_contents", "uint_contents", "fp32_contents"]
+TENSORS = st.fixed_dictionaries(
+    {
+        "name": st.sampled_from(["INPUT0", "LABEL"]) | st.text(max_size=6),
+        "datatype": st.sampled_from(DATATYPES) | st.text(max_size=5),
+        "shape": st.lists(st.integers(-2, 4), max_size=4),
+        "raw": st.binary(max_size=40),
+        "field": st.sampled_from(CONTENTS),
+        "values": st.lists(st.integers(-300, 300), max_size=12),
+    }
+)
+
+
+@settings(
+    max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(tensors=st.lists(TENSORS, min_size=1, max_size=3), raw=st.booleans())
+def test_fuzzed_requests_are_answered_or_refused_naming_what_is_wrong(
+    server: Any, tensors: list[dict[str, Any]], raw: bool
+) -> None:
+    message = service_pb2.ModelInferRequest(model_name=MODEL)
+    for tensor in tensors:
+        added = message.inputs.add(
+            name=tensor["name"], datatype=tensor["datatype"], shape=tensor["shape"]
+        )
+        if raw:
+            message.raw_input_contents.append(tensor["raw"])
+        else:
+            values = tensor["values"]
+            if tensor["field"] == "bool_contents":
+                values = [value > 0 for value in values]
+            elif tensor["field"] in ("uint_contents",):
+                values = [abs(value) for value in values]
+            getattr(added.contents, tensor["field"]).extend(values)
+    with grpc.insecure_channel(server.grpc) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        try:
+            stub.ModelInfer(message, timeout=30)
+        except grpc.RpcError as exc:
+            code, details = exc.code(), exc.details()
+        else:
+            return
+    assert code == grpc.StatusCode.INVALID_ARGUMENT, (code, details)
+    assert "input " in details or "request" in details, details
