@@ -5,6 +5,8 @@ requests are answered or INVALID_ARGUMENT, and leave no traceback in the log."""
 
 from __future__ import annotations
 
+import os
+import signal
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -12,10 +14,11 @@ from typing import Any
 import grpc
 import numpy as np
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.servers import Server, free_port, gunicorn_server
+from tests.servers import Server, free_port, gunicorn_server, wait_for
 
 grpcclient = pytest.importorskip("tritonclient.grpc")
 from tritonclient.grpc import service_pb2, service_pb2_grpc  # noqa: E402
@@ -27,9 +30,8 @@ MODEL = "scaler"
 CALLS = 64
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[Server]:
-    env = {
+def scaler_env(**more: str) -> dict[str, str]:
+    return {
         "SERVING_HANDLER": "tests/v2/tensors_handler.py",
         "SERVING_WORKERS": "1",
         "SERVING_WORKER_CLASS": "gthread",
@@ -39,7 +41,13 @@ def server() -> Iterator[Server]:
         "SERVING_BATCH_POLICY": "fixed",
         "SERVING_MAX_WAIT_MS": "50",
         "SERVING_GRPC_PORT": str(free_port()),
+        **more,
     }
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Server]:
+    env = scaler_env()
     with gunicorn_server(env) as running:
         running.grpc = f"127.0.0.1:{env['SERVING_GRPC_PORT']}"  # type: ignore[attr-defined]
         yield running
@@ -105,6 +113,24 @@ def test_a_tiny_deadline_is_deadline_exceeded(server: Any) -> None:
     with pytest.raises(InferenceServerException) as late:
         client.infer(MODEL, inputs(-1, sleep_s=2.0), client_timeout=0.2)
     assert late.value.status() == "StatusCode.DEADLINE_EXCEEDED"
+
+
+def test_a_draining_worker_says_not_serving_and_still_answers() -> None:
+    env = scaler_env(SERVING_DRAIN_S="3")
+    address = f"127.0.0.1:{env['SERVING_GRPC_PORT']}"
+    with gunicorn_server(env) as running, grpc.insecure_channel(address) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        asked = health_pb2.HealthCheckRequest(service="")
+
+        def status() -> int:
+            return int(health.Check(asked, timeout=10).status)
+
+        assert status() == health_pb2.HealthCheckResponse.SERVING
+        os.kill(running.pid, signal.SIGTERM)  # the master, as Kubernetes sends it
+        wait_for(lambda: status() == health_pb2.HealthCheckResponse.NOT_SERVING, "NOT_SERVING")
+        client = grpcclient.InferenceServerClient(address)
+        assert client.infer(MODEL, inputs(7), client_timeout=30).as_numpy("BATCH")[0] >= 1
+        assert not client.is_server_ready()
 
 
 # -- fuzzing -----------------------------------------------------------------------
