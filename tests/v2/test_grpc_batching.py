@@ -33,7 +33,9 @@ CALLS = 64
 def scaler_env(**more: str) -> dict[str, str]:
     return {
         "SERVING_HANDLER": "tests/v2/tensors_handler.py",
-        "SERVING_WORKERS": "1",
+        # Two workers bind the one gRPC port (SO_REUSEPORT); a client's channel is one
+        # connection, so its calls meet in one worker's batcher.
+        "SERVING_WORKERS": "2",
         "SERVING_WORKER_CLASS": "gthread",
         "SERVING_THREADS": "128",
         "SERVING_MAX_BATCH_SIZE": "8",
