@@ -20,6 +20,7 @@ from grpc_reflection.v1alpha import reflection
 
 from serving_core.grpc.proto import grpc_predict_v2_pb2_grpc as pb_grpc
 from serving_core.grpc.servicer import SERVICE, InferenceServicer
+from serving_core.metrics.core import Metrics
 from serving_core.online.service import Service
 from serving_core.settings import Settings
 from serving_core.v2.model import Model
@@ -28,7 +29,9 @@ log = logging.getLogger("serving_core.grpc.server")
 
 
 class GrpcFront:
-    def __init__(self, settings: Settings, service: Service) -> None:
+    def __init__(
+        self, settings: Settings, service: Service, metrics: Metrics | None = None
+    ) -> None:
         host = settings.bind.rpartition(":")[0]
         self.address = f"{host}:{settings.grpc_port}"
         self.server = grpc.server(
@@ -42,7 +45,7 @@ class GrpcFront:
             ],
         )
         add_servicer = pb_grpc.add_GRPCInferenceServiceServicer_to_server
-        add_servicer(InferenceServicer(Model(service)), self.server)  # type: ignore[no-untyped-call]
+        add_servicer(InferenceServicer(Model(service), metrics), self.server)  # type: ignore[no-untyped-call]
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         names = (SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME)

@@ -23,10 +23,12 @@ from serving_core.errors import DeadlineExceeded, NotReady, Overloaded, ServingE
 from serving_core.grpc import codec
 from serving_core.grpc.proto import grpc_predict_v2_pb2 as pb
 from serving_core.grpc.proto import grpc_predict_v2_pb2_grpc as pb_grpc
+from serving_core.metrics.core import Metrics
 from serving_core.v2.model import Model
 
 log = logging.getLogger("serving_core.grpc.servicer")
 SERVICE = "inference.GRPCInferenceService"
+INFER_ROUTE = f"/{SERVICE}/ModelInfer"  # the method's path: its route label in the metrics
 RETRY_AFTER = "retry-after"
 
 # By the HTTP status a ServingError carries; 5xx not named here is INTERNAL.
@@ -66,8 +68,9 @@ def abort(ctx: grpc.ServicerContext, error: ServingError) -> NoReturn:
 
 
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
-    def __init__(self, model: Model) -> None:
+    def __init__(self, model: Model, metrics: Metrics | None = None) -> None:
         self.model = model
+        self.metrics = metrics
 
     def ServerLive(self, request: Any, ctx: grpc.ServicerContext) -> Any:
         return pb.ServerLiveResponse(live=True)
@@ -95,23 +98,38 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     def ModelInfer(self, request: Any, ctx: grpc.ServicerContext) -> Any:
         arrival = time.monotonic()
-        model = self.model
         request_id = request.id or uuid.uuid4().hex
+        # Counted as /predict's requests are, with the HTTP status of the outcome
+        # (200, or the error's: 400, 503…), so one query covers every front.
+        status = 500
         try:
-            model.find(request.model_name, request.model_version or None)
-            parsed = codec.request(request)
-            context.take_batch_size()  # an earlier call on this thread may have left one
-            result = model.infer(
-                parsed,
-                request_id=request_id,
-                arrival=arrival,
-                timeout_s=ctx.time_remaining(),  # None: the client set no deadline
-            )
-            context.take_batch_size()
-        except ServingError as exc:
-            if exc.status >= 500 and not isinstance(exc, Overloaded | NotReady | DeadlineExceeded):
-                log.error("gRPC request %s: %s", request_id, exc.message)
-            abort(ctx, exc)
+            try:
+                reply = self._infer(request, ctx, request_id, arrival)
+            except ServingError as exc:
+                status = exc.status
+                if status >= 500 and not isinstance(exc, Overloaded | NotReady | DeadlineExceeded):
+                    log.error("gRPC request %s: %s", request_id, exc.message)
+                abort(ctx, exc)
+            status = 200
+            return reply
+        finally:
+            if self.metrics is not None:
+                self.metrics.request(INFER_ROUTE, status, time.monotonic() - arrival, "grpc")
+
+    def _infer(
+        self, request: Any, ctx: grpc.ServicerContext, request_id: str, arrival: float
+    ) -> Any:
+        model = self.model
+        model.find(request.model_name, request.model_version or None)
+        parsed = codec.request(request)
+        context.take_batch_size()  # an earlier call on this thread may have left one
+        result = model.infer(
+            parsed,
+            request_id=request_id,
+            arrival=arrival,
+            timeout_s=ctx.time_remaining(),  # None: the client set no deadline
+        )
+        context.take_batch_size()
         return codec.response(model.name, model.version, parsed.id, result)
 
     # The model repository extension: one model, loaded before fork, never swapped.

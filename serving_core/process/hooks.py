@@ -21,6 +21,7 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from serving_core.metrics.core import Metrics
 from serving_core.metrics.directory import remove_metrics_dir, worker_exited
 from serving_core.modelprocess.supervisor import ModelProcess
 from serving_core.online.service import Service
@@ -38,11 +39,16 @@ class Hooks:
     """One server's gunicorn hooks; ``server`` and ``worker`` are gunicorn's objects."""
 
     def __init__(
-        self, settings: Settings, service: Service, models: Sequence[ModelProcess] = ()
+        self,
+        settings: Settings,
+        service: Service,
+        models: Sequence[ModelProcess] = (),
+        metrics: Metrics | None = None,
     ) -> None:
         self.settings = settings
         self.service = service
         self.models = models
+        self.metrics = metrics  # the gRPC front counts its calls there
         # Made in the master, so every worker it forks counts in the same memory.
         self.failures = recycle.WarmUpFailures()
         self.grpc: GrpcFront | None = None  # each worker's own, made after fork
@@ -89,7 +95,7 @@ class Hooks:
         # Imported here, after fork: grpcio's threads must not exist in the master.
         from serving_core.grpc.server import GrpcFront
 
-        front = self.grpc = GrpcFront(self.settings, self.service)
+        front = self.grpc = GrpcFront(self.settings, self.service, self.metrics)
         front.start()
 
         def drain() -> None:

@@ -1,6 +1,6 @@
 """The official V2 gRPC client (tritonclient.grpc) against the MiniLM service's gRPC
 front: the same embedding as /predict, metadata and readiness, a bad tensor that
-INVALID_ARGUMENT names, grpc.health.v1 and reflection."""
+INVALID_ARGUMENT names, grpc.health.v1 and reflection, the calls in the metrics."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import pytest
 import requests
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import example_module
 from tests.servers import Server, free_port, gunicorn_server
@@ -108,3 +109,22 @@ def test_health_is_serving_and_reflection_lists_the_service(server: Any) -> None
         (answer,) = reflection.ServerReflectionInfo(iter([asked]), timeout=10)
         names = {service.name for service in answer.list_services_response.service}
     assert {"inference.GRPCInferenceService", "grpc.health.v1.Health"} <= names
+
+
+def test_the_request_metrics_count_grpc_calls_with_their_outcome(server: Any, client: Any) -> None:
+    text = grpcclient.InferInput("text", [1], "BYTES")
+    text.set_data_from_numpy(np.array([b"counted"], dtype=object))
+    client.infer(MODEL, [text], client_timeout=60)
+    wrong = grpcclient.InferInput("text", [1], "FP32")
+    wrong.set_data_from_numpy(np.array([1.5], dtype=np.float32))
+    with pytest.raises(InferenceServerException):
+        client.infer(MODEL, [wrong])
+    metrics = requests.get(server.url + "/metrics", timeout=10).text
+    counted = {
+        (sample.labels["route"], sample.labels["status"])
+        for family in text_string_to_metric_families(metrics)
+        for sample in family.samples
+        if sample.name == "serving_requests_total" and sample.labels["protocol"] == "grpc"
+    }
+    route = "/inference.GRPCInferenceService/ModelInfer"
+    assert {(route, "200"), (route, "400")} <= counted, counted
