@@ -12,12 +12,14 @@ and below it admission refuses (a full SERVING_MAX_QUEUE) before a call waits.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from concurrent import futures
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from serving_core.grpc.keys import KeyCheck
 from serving_core.grpc.proto import grpc_predict_v2_pb2_grpc as pb_grpc
 from serving_core.grpc.servicer import SERVICE, InferenceServicer
 from serving_core.metrics.core import Metrics
@@ -30,13 +32,19 @@ log = logging.getLogger("serving_core.grpc.server")
 
 class GrpcFront:
     def __init__(
-        self, settings: Settings, service: Service, metrics: Metrics | None = None
+        self,
+        settings: Settings,
+        service: Service,
+        metrics: Metrics | None = None,
+        allows: Callable[[str | None], bool] | None = None,
     ) -> None:
+        """``allows``: whether a presented API key is one (None: no keys are set)."""
         host = settings.bind.rpartition(":")[0]
         self.address = f"{host}:{settings.grpc_port}"
         self.server = grpc.server(
             futures.ThreadPoolExecutor(settings.threads, thread_name_prefix="grpc"),
             maximum_concurrent_rpcs=settings.threads,
+            interceptors=[KeyCheck(allows)] if allows is not None else [],
             options=[
                 ("grpc.so_reuseport", 1),
                 # As SERVING_MAX_BODY_BYTES for HTTP: a larger message is refused unread.

@@ -94,8 +94,12 @@ class Hooks:
     def _start_grpc(self, worker: Any) -> None:
         # Imported here, after fork: grpcio's threads must not exist in the master.
         from serving_core.grpc.server import GrpcFront
+        from serving_core.web.access import ApiKeys
 
-        front = self.grpc = GrpcFront(self.settings, self.service, self.metrics)
+        settings = self.settings
+        keys = ApiKeys(settings.api_keys, settings.api_keys_file)  # the HTTP front's check
+        allows = keys.allows if keys else None
+        front = self.grpc = GrpcFront(settings, self.service, self.metrics, allows)
         front.start()
 
         def drain() -> None:

@@ -247,12 +247,6 @@ def _check_grpc(settings: Settings) -> None:
             f"SERVING_GRPC_PORT={settings.grpc_port} needs SERVING_WORKER_CLASS=gthread "
             f"(it is {settings.worker_class}): the gRPC front runs in each worker's threads"
         )
-    if settings.api_keys or settings.api_keys_file:
-        # Never a port that skips the keys the HTTP front asks for.
-        raise SettingsError(
-            f"SERVING_GRPC_PORT={settings.grpc_port} cannot be set with SERVING_API_KEYS or "
-            "SERVING_API_KEYS_FILE: the gRPC front checks no API keys yet; unset one of them"
-        )
     host, _, port = settings.bind.rpartition(":")
     if settings.bind.startswith("unix:") or not host:
         raise SettingsError(

@@ -1,7 +1,8 @@
 """The gRPC front shares the worker's batcher and admission: concurrent calls batch
 (the handler reports its batch size), a full queue is RESOURCE_EXHAUSTED with a
 retry-after, and a deadline ends a call with DEADLINE_EXCEEDED, never a hang; fuzzed
-requests are answered or INVALID_ARGUMENT, and leave no traceback in the log."""
+requests are answered or INVALID_ARGUMENT, and leave no traceback in the log; API keys
+and draining are the HTTP front's."""
 
 from __future__ import annotations
 
@@ -133,6 +134,25 @@ def test_a_draining_worker_says_not_serving_and_still_answers() -> None:
         client = grpcclient.InferenceServerClient(address)
         assert client.infer(MODEL, inputs(7), client_timeout=30).as_numpy("BATCH")[0] >= 1
         assert not client.is_server_ready()
+
+
+def test_with_api_keys_a_call_needs_one_and_the_health_check_does_not() -> None:
+    key = "grpc-test-key-" + "k" * 20
+    env = scaler_env(SERVING_API_KEYS=key)
+    address = f"127.0.0.1:{env['SERVING_GRPC_PORT']}"
+    with gunicorn_server(env), grpc.insecure_channel(address) as channel:
+        client = grpcclient.InferenceServerClient(address)
+        with pytest.raises(InferenceServerException) as refused:
+            client.infer(MODEL, inputs(3), headers={"authorization": "Bearer not-the-key"})
+        assert refused.value.status() == "StatusCode.UNAUTHENTICATED"
+        assert "needs a key" in refused.value.message()
+        assert key not in refused.value.message()
+        for headers in ({"authorization": f"Bearer {key}"}, {"x-api-key": key}):
+            result = client.infer(MODEL, inputs(3), headers=headers, client_timeout=30)
+            np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), [[6, 4, 6]])
+        health = health_pb2_grpc.HealthStub(channel)
+        answer = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=10)
+        assert answer.status == health_pb2.HealthCheckResponse.SERVING
 
 
 # -- fuzzing -----------------------------------------------------------------------

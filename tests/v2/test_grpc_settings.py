@@ -20,7 +20,6 @@ def test_grpc_port_takes_the_bind_host_and_is_off_by_default() -> None:
         ({}, "needs SERVING_WORKER_CLASS=gthread"),
         ({"SERVING_BIND": "unix:/tmp/app.sock"}, "bind HOST:PORT"),
         ({"SERVING_BIND": "127.0.0.1:8001"}, "give gRPC a port of its own"),
-        ({"SERVING_API_KEYS": "k" * 32}, "checks no API keys yet"),
     ],
 )
 def test_a_grpc_port_that_cannot_work_is_refused(env: dict[str, str], says: str) -> None:
