@@ -109,7 +109,7 @@ RUN if [ -f handler-requirements/requirements.txt ]; then \
 # /opt/venv here, an edit to serving_core would change that whole copy (torch
 # included, about 2 GB) instead of one layer the size of the package: every
 # commit would push, and every build would store, the model stack again.
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY serving_core/ serving_core/
 RUN pip wheel --no-deps --wheel-dir /wheels .
 

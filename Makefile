@@ -151,7 +151,8 @@ install-dev: $(BIN)/.dev
 ## make install-handlers: every handler's requirements (the suite loads MiniLM and the examples).
 install-handlers: $(BIN)/.runtime $(call stamps,$(ALL_HANDLER_DIRS))
 
-$(BIN)/.runtime: requirements.txt constraints.txt pyproject.toml
+# setup.py compiles the V2 gRPC stubs from the proto: a change to either installs again.
+$(BIN)/.runtime: requirements.txt constraints.txt pyproject.toml setup.py serving_core/grpc/proto/grpc_predict_v2.proto
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP_INSTALL) -r requirements.txt -e .

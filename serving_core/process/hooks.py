@@ -5,10 +5,11 @@ made; its bound methods are gunicorn's hook settings (``options``):
 
 - ``when_ready`` (master, once listening): fork the shared model processes;
 - ``post_fork`` (each worker): its share of torch threads, then the service
-  starts (model thread, sample, watchdog); a respawned worker whose warm-up
-  fails leaves (``recycle``);
-- ``worker_exit`` (each worker, leaving): finish the queued items, stop the
-  model thread;
+  starts (model thread, sample, watchdog), then its gRPC front when
+  SERVING_GRPC_PORT is set; a respawned worker whose warm-up fails leaves
+  (``recycle``);
+- ``worker_exit`` (each worker, leaving): finish the gRPC calls in hand, then
+  the queued items, stop the model thread;
 - ``child_exit`` (master): fold the dead worker's metric files into one;
 - ``on_exit`` (master, last): stop the model processes, remove the metrics.
 """
@@ -18,14 +19,18 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from serving_core.metrics.core import Metrics
 from serving_core.metrics.directory import remove_metrics_dir, worker_exited
 from serving_core.modelprocess.supervisor import ModelProcess
 from serving_core.online.service import Service
 from serving_core.process import recycle
 from serving_core.settings import Settings
 from serving_core.threads import set_worker_threads
+
+if TYPE_CHECKING:
+    from serving_core.grpc.server import GrpcFront
 
 log = logging.getLogger("serving_core.process.hooks")
 
@@ -34,13 +39,19 @@ class Hooks:
     """One server's gunicorn hooks; ``server`` and ``worker`` are gunicorn's objects."""
 
     def __init__(
-        self, settings: Settings, service: Service, models: Sequence[ModelProcess] = ()
+        self,
+        settings: Settings,
+        service: Service,
+        models: Sequence[ModelProcess] = (),
+        metrics: Metrics | None = None,
     ) -> None:
         self.settings = settings
         self.service = service
         self.models = models
+        self.metrics = metrics  # the gRPC front counts its calls there
         # Made in the master, so every worker it forks counts in the same memory.
         self.failures = recycle.WarmUpFailures()
+        self.grpc: GrpcFront | None = None  # each worker's own, made after fork
 
     def when_ready(self, server: Any) -> None:
         if not self.models:
@@ -75,10 +86,31 @@ class Hooks:
                 raise  # one of the first workers: gunicorn stops serve
             recycle.warm_up_failed(worker, self.failures, exc)
         self.failures.succeeded()
+        if settings.grpc_port:
+            self._start_grpc(worker)
         torch = "no torch" if threads is None else f"{threads} torch thread(s)"
         log.info("worker %s ready: %s", worker.pid, torch)
 
+    def _start_grpc(self, worker: Any) -> None:
+        # Imported here, after fork: grpcio's threads must not exist in the master.
+        from serving_core.grpc.server import GrpcFront
+        from serving_core.web.access import ApiKeys
+
+        settings = self.settings
+        keys = ApiKeys(settings.api_keys, settings.api_keys_file)  # the HTTP front's check
+        allows = keys.allows if keys else None
+        front = self.grpc = GrpcFront(settings, self.service, self.metrics, allows)
+        front.start()
+
+        def drain() -> None:
+            self.service.drain()
+            front.drain()
+
+        worker.on_drain = drain
+
     def worker_exit(self, server: Any, worker: Any) -> None:
+        if self.grpc is not None:
+            self.grpc.stop(self.settings.graceful_timeout_s)
         if not self.service.stop() and self.service.fault is None:
             log.warning("worker %s: the model thread did not finish in time", worker.pid)
 

@@ -129,6 +129,14 @@ def build(settings: Settings, loaded: LoadedHandler) -> tuple[Flask, Service, li
     """The objects of one server, built here and passed down: metrics, the engine
     over the handler, the online service around it, the app over that, and the
     shared model processes when there are any (forked later, by the master)."""
+    app, service, models, _ = build_with_metrics(settings, loaded)
+    return app, service, models
+
+
+def build_with_metrics(
+    settings: Settings, loaded: LoadedHandler
+) -> tuple[Flask, Service, list[ModelProcess], Metrics]:
+    """``build``, and its metrics, which the gRPC front counts its calls in too."""
     observer = Metrics()
     engine = Engine(
         loaded.handler, max_batch_size=settings.max_batch_size, on_failure=observer.failed
@@ -158,13 +166,13 @@ def build(settings: Settings, loaded: LoadedHandler) -> tuple[Flask, Service, li
         model_sockets=[model.path for model in models],
         runtime=runtime_for(settings),
     )
-    return create_app(settings, service, observer), service, models
+    return create_app(settings, service, observer), service, models, observer
 
 
 def serve(settings: Settings, loaded: LoadedHandler) -> None:
     """Set up the handler in this (master) process, then hand over to gunicorn."""
     preload(loaded.handler)
-    app, service, models = build(settings, loaded)
+    app, service, models, metrics = build_with_metrics(settings, loaded)
     warn_about(settings, service)
     say_where(settings.bind)
     wire.install()  # gunicorn's response and error paths, in this process and its workers
@@ -172,5 +180,5 @@ def serve(settings: Settings, loaded: LoadedHandler) -> None:
         from serving_core.process.workers import fairaccept
 
         fairaccept.share_connections(settings.workers)
-    options = gunicorn_options(settings, Hooks(settings, service, models), service.name)
+    options = gunicorn_options(settings, Hooks(settings, service, models, metrics), service.name)
     ServingApplication(app, options, drain_s=settings.drain_s).run()

@@ -98,6 +98,9 @@ class Settings:
     graceful_timeout_s: float = setting(
         30.0, number(0.0, 3600.0), "on SIGTERM, after the drain, time to finish in-flight work"
     )
+    grpc_port: int = setting(
+        0, integer(0, 65535), "the V2 gRPC front's port, on SERVING_BIND's host; 0: off"
+    )
     keepalive_s: float = setting(5.0, number(0.0, 3600.0), "HTTP keep-alive (whole seconds)")
     max_requests: int = setting(
         0, integer(0, 1 << 40), "a worker is replaced after this many requests; `0`: never"
@@ -268,4 +271,27 @@ class Settings:
                 f"SERVING_MAX_BATCH_SIZE={settings.max_batch_size}; "
                 "raise SERVING_MAX_QUEUE so that a full batch can queue"
             )
+        if settings.grpc_port:
+            _check_grpc(settings)
         return settings
+
+
+def _check_grpc(settings: Settings) -> None:
+    if settings.worker_class != "gthread":
+        # grpcio's server threads are OS threads, and a gevent worker's requests
+        # wait on greenlets of its one thread: the two cannot share a batcher.
+        raise SettingsError(
+            f"SERVING_GRPC_PORT={settings.grpc_port} needs SERVING_WORKER_CLASS=gthread "
+            f"(it is {settings.worker_class}): the gRPC front runs in each worker's threads"
+        )
+    host, _, port = settings.bind.rpartition(":")
+    if settings.bind.startswith("unix:") or not host:
+        raise SettingsError(
+            f"SERVING_GRPC_PORT={settings.grpc_port} takes its host from SERVING_BIND, "
+            f"which is {settings.bind!r}; bind HOST:PORT (e.g. 0.0.0.0:8000)"
+        )
+    if port == str(settings.grpc_port):
+        raise SettingsError(
+            f"SERVING_GRPC_PORT={settings.grpc_port} is SERVING_BIND's port too; gunicorn "
+            "speaks HTTP/1.1 there: give gRPC a port of its own (e.g. 8001)"
+        )

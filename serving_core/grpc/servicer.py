@@ -1,0 +1,147 @@
+"""``inference.GRPCInferenceService`` over ``v2.model.Model``: the same metadata,
+readiness and inference as the REST routes, and the same ``Service`` under them
+(admission, the cache, this worker's batcher).
+
+A request's deadline is its gRPC deadline (``time_remaining``), capped as any by
+SERVING_REQUEST_TIMEOUT_S. A ``ServingError`` becomes the gRPC status of its
+kind: a bad tensor ``INVALID_ARGUMENT`` naming the input, a full queue
+``RESOURCE_EXHAUSTED`` with a ``retry-after`` (seconds) in the trailing metadata.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+import uuid
+from typing import Any, NoReturn
+
+import grpc
+
+from serving_core import context
+from serving_core.errors import DeadlineExceeded, NotReady, Overloaded, ServingError
+from serving_core.grpc import codec
+from serving_core.grpc.proto import grpc_predict_v2_pb2 as pb
+from serving_core.grpc.proto import grpc_predict_v2_pb2_grpc as pb_grpc
+from serving_core.metrics.core import Metrics
+from serving_core.v2.model import Model
+
+log = logging.getLogger("serving_core.grpc.servicer")
+SERVICE = "inference.GRPCInferenceService"
+INFER_ROUTE = f"/{SERVICE}/ModelInfer"  # the method's path: its route label in the metrics
+RETRY_AFTER = "retry-after"
+
+# By the HTTP status a ServingError carries; 5xx not named here is INTERNAL.
+_CODES = {
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    401: grpc.StatusCode.UNAUTHENTICATED,
+    403: grpc.StatusCode.PERMISSION_DENIED,
+    404: grpc.StatusCode.NOT_FOUND,
+    408: grpc.StatusCode.DEADLINE_EXCEEDED,
+    413: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    415: grpc.StatusCode.INVALID_ARGUMENT,
+    422: grpc.StatusCode.INVALID_ARGUMENT,
+    429: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    504: grpc.StatusCode.DEADLINE_EXCEEDED,
+}
+
+
+def status_of(error: ServingError) -> grpc.StatusCode:
+    if isinstance(error, Overloaded):
+        return grpc.StatusCode.RESOURCE_EXHAUSTED
+    if isinstance(error, NotReady):
+        return grpc.StatusCode.UNAVAILABLE
+    if isinstance(error, DeadlineExceeded):
+        return grpc.StatusCode.DEADLINE_EXCEEDED
+    code = _CODES.get(error.status)
+    if code is not None:
+        return code
+    return grpc.StatusCode.UNAVAILABLE if error.status == 503 else grpc.StatusCode.INTERNAL
+
+
+def abort(ctx: grpc.ServicerContext, error: ServingError) -> NoReturn:
+    if error.retry_after_s is not None:
+        # Whole seconds, as HTTP's Retry-After: a client backs off at least that long.
+        ctx.set_trailing_metadata(((RETRY_AFTER, str(max(1, math.ceil(error.retry_after_s)))),))
+    ctx.abort(status_of(error), error.message)
+    raise AssertionError("grpc's ServicerContext.abort always raises")  # for the type checker
+
+
+class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
+    def __init__(self, model: Model, metrics: Metrics | None = None) -> None:
+        self.model = model
+        self.metrics = metrics
+
+    def ServerLive(self, request: Any, ctx: grpc.ServicerContext) -> Any:
+        return pb.ServerLiveResponse(live=True)
+
+    def ServerReady(self, request: Any, ctx: grpc.ServicerContext) -> Any:
+        return pb.ServerReadyResponse(ready=self.model.ready)
+
+    def ModelReady(self, request: Any, ctx: grpc.ServicerContext) -> Any:
+        self._find(request.name, request.version, ctx)
+        return pb.ModelReadyResponse(ready=self.model.ready)
+
+    def ServerMetadata(self, request: Any, ctx: grpc.ServicerContext) -> Any:
+        return pb.ServerMetadataResponse(**self.model.server_metadata())
+
+    def ModelMetadata(self, request: Any, ctx: grpc.ServicerContext) -> Any:
+        self._find(request.name, request.version, ctx)
+        found = self.model.metadata()
+        return pb.ModelMetadataResponse(
+            name=found["name"],
+            versions=found["versions"],
+            platform=found["platform"],
+            inputs=[pb.ModelMetadataResponse.TensorMetadata(**t) for t in found["inputs"]],
+            outputs=[pb.ModelMetadataResponse.TensorMetadata(**t) for t in found["outputs"]],
+        )
+
+    def ModelInfer(self, request: Any, ctx: grpc.ServicerContext) -> Any:
+        arrival = time.monotonic()
+        request_id = request.id or uuid.uuid4().hex
+        # Counted as /predict's requests are, with the HTTP status of the outcome
+        # (200, or the error's: 400, 503…), so one query covers every front.
+        status = 500
+        try:
+            try:
+                reply = self._infer(request, ctx, request_id, arrival)
+            except ServingError as exc:
+                status = exc.status
+                if status >= 500 and not isinstance(exc, Overloaded | NotReady | DeadlineExceeded):
+                    log.error("gRPC request %s: %s", request_id, exc.message)
+                abort(ctx, exc)
+            status = 200
+            return reply
+        finally:
+            if self.metrics is not None:
+                self.metrics.request(INFER_ROUTE, status, time.monotonic() - arrival, "grpc")
+
+    def _infer(
+        self, request: Any, ctx: grpc.ServicerContext, request_id: str, arrival: float
+    ) -> Any:
+        model = self.model
+        model.find(request.model_name, request.model_version or None)
+        parsed = codec.request(request)
+        context.take_batch_size()  # an earlier call on this thread may have left one
+        result = model.infer(
+            parsed,
+            request_id=request_id,
+            arrival=arrival,
+            timeout_s=ctx.time_remaining(),  # None: the client set no deadline
+        )
+        context.take_batch_size()
+        return codec.response(model.name, model.version, parsed.id, result)
+
+    # The model repository extension: one model, loaded before fork, never swapped.
+    # Answered here, not by the generated base, which raises (a traceback in the log).
+    def RepositoryModelLoad(self, request: Any, ctx: grpc.ServicerContext) -> Any:
+        ctx.abort(grpc.StatusCode.UNIMPLEMENTED, "serving-core serves one model, loaded at start")
+
+    def RepositoryModelUnload(self, request: Any, ctx: grpc.ServicerContext) -> Any:
+        ctx.abort(grpc.StatusCode.UNIMPLEMENTED, "serving-core serves one model, loaded at start")
+
+    def _find(self, name: str, version: str, ctx: grpc.ServicerContext) -> None:
+        try:
+            self.model.find(name, version or None)
+        except ServingError as exc:
+            abort(ctx, exc)
