@@ -25,6 +25,10 @@
 # | NGINX_METRICS_PORT        | 9090       | the app's /metrics for Prometheus (keep it private) |
 # | NGINX_LISTEN_ADDRESS      | (all)      | address to listen on, e.g. 127.0.0.1 (the ports     |
 # |                           |            | above and NGINX_TLS_PORT)                           |
+# | NGINX_GRPC_PORT           | 0 (off)    | HTTP/2 cleartext (h2c) listener proxying gRPC to    |
+# |                           |            | NGINX_GRPC_UPSTREAM, errors as gRPC statuses        |
+# | NGINX_GRPC_UPSTREAM       | (none)     | the app's SERVING_GRPC_PORT: host:port or           |
+# |                           |            | unix:/path; needed when NGINX_GRPC_PORT is set      |
 # | NGINX_STATUS_PORT         | 0 (off)    | stub_status (nginx's connection and request counts) |
 # |                           |            | at /stub_status on 127.0.0.1 only, for              |
 # |                           |            | nginx-prometheus-exporter beside nginx              |
@@ -94,6 +98,8 @@ NGINX_PORT=${NGINX_PORT:-8080}
 NGINX_METRICS_PORT=${NGINX_METRICS_PORT:-9090}
 NGINX_LISTEN_ADDRESS=${NGINX_LISTEN_ADDRESS:-}
 NGINX_STATUS_PORT=${NGINX_STATUS_PORT:-0}
+NGINX_GRPC_PORT=${NGINX_GRPC_PORT:-0}
+NGINX_GRPC_UPSTREAM=${NGINX_GRPC_UPSTREAM:-}
 SERVING_MAX_BODY_BYTES=${SERVING_MAX_BODY_BYTES:-1048576}
 SERVING_REQUEST_TIMEOUT_S=${SERVING_REQUEST_TIMEOUT_S:-10}
 NGINX_TIMEOUT_MARGIN_S=${NGINX_TIMEOUT_MARGIN_S:-5}
@@ -116,14 +122,18 @@ NGINX_ACCESS_LOG=${NGINX_ACCESS_LOG:-/dev/stdout}
 NGINX_LOG_LEVEL=${NGINX_LOG_LEVEL:-warn}
 NGINX_ENVSUBST_OUTPUT_DIR=${NGINX_ENVSUBST_OUTPUT_DIR:-/tmp/nginx}
 
-case $NGINX_UPSTREAM in
-    *://*) die "NGINX_UPSTREAM is host:port or unix:/path (no scheme), got '$NGINX_UPSTREAM'" ;;
-    unix:/*) case $NGINX_UPSTREAM in *[!A-Za-z0-9._/:-]*) die "NGINX_UPSTREAM has characters nginx cannot take: '$NGINX_UPSTREAM'" ;; esac ;;
-    *:*) if ! is_host "${NGINX_UPSTREAM%:*}" || ! is_port "${NGINX_UPSTREAM##*:}"; then
-        die "NGINX_UPSTREAM must be host:port or unix:/path, got '$NGINX_UPSTREAM'"
-    fi ;;
-    *) die "NGINX_UPSTREAM must be host:port or unix:/path, got '$NGINX_UPSTREAM'" ;;
-esac
+check_upstream() {
+    # check_upstream NAME VALUE: host:port or unix:/path, nothing nginx would misread
+    case $2 in
+        *://*) die "$1 is host:port or unix:/path (no scheme), got '$2'" ;;
+        unix:/*) case $2 in *[!A-Za-z0-9._/:-]*) die "$1 has characters nginx cannot take: '$2'" ;; esac ;;
+        *:*) if ! is_host "${2%:*}" || ! is_port "${2##*:}"; then
+            die "$1 must be host:port or unix:/path, got '$2'"
+        fi ;;
+        *) die "$1 must be host:port or unix:/path, got '$2'" ;;
+    esac
+}
+check_upstream NGINX_UPSTREAM "$NGINX_UPSTREAM"
 check NGINX_PORT "$NGINX_PORT" is_port "a port number (1-65535)"
 check NGINX_METRICS_PORT "$NGINX_METRICS_PORT" is_port "a port number (1-65535)"
 if [ "$NGINX_STATUS_PORT" != 0 ]; then
@@ -134,6 +144,18 @@ if [ "$NGINX_STATUS_PORT" != 0 ]; then
         [ "$NGINX_STATUS_PORT" != "$other" ] ||
             die "NGINX_STATUS_PORT ('$NGINX_STATUS_PORT') is also NGINX_PORT, NGINX_METRICS_PORT or NGINX_TLS_PORT; give it a port of its own"
     done
+fi
+if [ "$NGINX_GRPC_PORT" != 0 ]; then
+    check NGINX_GRPC_PORT "$NGINX_GRPC_PORT" is_port "a port number (1-65535), or 0 for off"
+    for other in "$NGINX_PORT" "$NGINX_METRICS_PORT" "$NGINX_TLS_PORT" "$NGINX_STATUS_PORT"; do
+        # gRPC needs a listener of its own: HTTP/2 without TLS cannot share a
+        # port with the HTTP/1.1 clients of the API and metrics ports.
+        [ "$NGINX_GRPC_PORT" != "$other" ] ||
+            die "NGINX_GRPC_PORT ('$NGINX_GRPC_PORT') is also NGINX_PORT, NGINX_METRICS_PORT, NGINX_TLS_PORT or NGINX_STATUS_PORT; give it a port of its own"
+    done
+    [ -n "$NGINX_GRPC_UPSTREAM" ] ||
+        die "NGINX_GRPC_PORT is set but NGINX_GRPC_UPSTREAM is not; set it to the app's gRPC address (SERVING_GRPC_PORT), e.g. app:8001"
+    check_upstream NGINX_GRPC_UPSTREAM "$NGINX_GRPC_UPSTREAM"
 fi
 [ -z "$NGINX_LISTEN_ADDRESS" ] || check NGINX_LISTEN_ADDRESS "$NGINX_LISTEN_ADDRESS" is_host "an address or host name"
 check SERVING_MAX_BODY_BYTES "$SERVING_MAX_BODY_BYTES" is_uint "a whole number of bytes"
@@ -208,6 +230,7 @@ esac
 NGINX_LISTEN=$on$NGINX_PORT
 NGINX_TLS_LISTEN=$on$NGINX_TLS_PORT
 NGINX_METRICS_LISTEN=$on$NGINX_METRICS_PORT
+NGINX_GRPC_LISTEN=$on$NGINX_GRPC_PORT
 
 # Every template is rendered; the optional parts take effect only through
 # these include lines, each either an include or a comment saying why not.
@@ -229,6 +252,8 @@ real_ip=off
 [ -z "$proxies" ] || real_ip=on
 status=off
 [ "$NGINX_STATUS_PORT" = 0 ] || status=on
+grpc=off
+[ "$NGINX_GRPC_PORT" = 0 ] || grpc=on
 keepalive=on
 case $SERVING_KEEPALIVE_S in 0 | 0.0) keepalive=off ;; esac
 NGINX_RATE_LIMIT_ZONE_INCLUDE=$(include $rate_limit rate-limit-zone.conf "NGINX_RATE_LIMIT_RPS is 0")
@@ -237,6 +262,7 @@ NGINX_CONN_LIMIT_ZONE_INCLUDE=$(include $conn_limit conn-limit-zone.conf "NGINX_
 NGINX_CONN_LIMIT_INCLUDE=$(include $conn_limit conn-limit.conf "NGINX_CONN_LIMIT_PER_CLIENT is 0")
 NGINX_TLS_INCLUDE=$(include $tls tls.conf "NGINX_TLS_CERT and NGINX_TLS_KEY are not set")
 NGINX_STATUS_INCLUDE=$(include $status status.conf "NGINX_STATUS_PORT is 0")
+NGINX_GRPC_INCLUDE=$(include $grpc grpc.conf "NGINX_GRPC_PORT is 0")
 NGINX_REAL_IP_INCLUDE=$(include $real_ip real-ip.conf \
     "NGINX_TRUSTED_PROXIES is not set; the client is the peer address")
 NGINX_UPSTREAM_KEEPALIVE_INCLUDE=$(include $keepalive upstream-keepalive.conf \
@@ -250,7 +276,8 @@ done
 
 # envsubst (and the awk that lists the names) reads them from the environment.
 export NGINX_UPSTREAM NGINX_PORT NGINX_METRICS_PORT NGINX_LISTEN_ADDRESS SERVING_MAX_BODY_BYTES \
-    NGINX_STATUS_PORT NGINX_STATUS_INCLUDE \
+    NGINX_STATUS_PORT NGINX_STATUS_INCLUDE NGINX_GRPC_PORT NGINX_GRPC_UPSTREAM NGINX_GRPC_LISTEN \
+    NGINX_GRPC_INCLUDE \
     SERVING_REQUEST_TIMEOUT_S NGINX_TIMEOUT_MARGIN_S SERVING_KEEPALIVE_S NGINX_UPSTREAM_KEEPALIVE \
     NGINX_UPSTREAM_MAX_CONNS NGINX_UPSTREAM_MAX_CONNS_PARAM \
     NGINX_CLIENT_TIMEOUT_S NGINX_KEEPALIVE_TIMEOUT_S NGINX_CONN_LIMIT_PER_CLIENT \

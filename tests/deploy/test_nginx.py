@@ -890,6 +890,10 @@ def test_slow_clients_and_banners_are_bounded_by_the_settings(
         ({"NGINX_PORT": "70000"}, "NGINX_PORT"),
         ({"NGINX_STATUS_PORT": "status"}, "NGINX_STATUS_PORT"),
         ({"NGINX_STATUS_PORT": "9090"}, "NGINX_STATUS_PORT"),  # the metrics port's
+        ({"NGINX_GRPC_PORT": "grpc", "NGINX_GRPC_UPSTREAM": "app:8001"}, "NGINX_GRPC_PORT"),
+        ({"NGINX_GRPC_PORT": "8080", "NGINX_GRPC_UPSTREAM": "app:8001"}, "NGINX_GRPC_PORT"),
+        ({"NGINX_GRPC_PORT": "8081"}, "NGINX_GRPC_UPSTREAM"),
+        ({"NGINX_GRPC_PORT": "8081", "NGINX_GRPC_UPSTREAM": "grpc://app"}, "NGINX_GRPC_UPSTREAM"),
         ({"NGINX_UPSTREAM": "http://app:8000"}, "NGINX_UPSTREAM"),
         ({"NGINX_UPSTREAM": "app:8000; evil"}, "NGINX_UPSTREAM"),
         ({"NGINX_UPSTREAM": "app"}, "NGINX_UPSTREAM"),
@@ -926,6 +930,11 @@ def test_render_refuses_a_bad_setting_and_names_it(
         {"NGINX_RATE_LIMIT_RPS": "50", "NGINX_TRUSTED_PROXIES": "10.0.0.0/8,fd00::/8"},
         {"NGINX_CONN_LIMIT_PER_CLIENT": "0", "NGINX_KEEPALIVE_TIMEOUT_S": "0"},
         {"NGINX_STATUS_PORT": "8082"},
+        {
+            "NGINX_GRPC_PORT": "8081",
+            "NGINX_GRPC_UPSTREAM": "127.0.0.1:8001",
+            "NGINX_RATE_LIMIT_RPS": "5",
+        },
         {"NGINX_UPSTREAM": "unix:/run/serving/gunicorn.sock", "NGINX_LISTEN_ADDRESS": "127.0.0.1"},
         {"SERVING_KEEPALIVE_S": "0", "NGINX_LISTEN_ADDRESS": "::1"},
         {"tls": "on"},
@@ -939,6 +948,7 @@ def test_render_refuses_a_bad_setting_and_names_it(
         "rate-limit-behind-proxies",
         "conn-limit-off-keepalive-off",
         "stub-status",
+        "grpc",
         "unix-socket",
         "keepalive-off-ipv6",
         "tls",
@@ -974,8 +984,9 @@ def test_nginx_templates_is_the_only_nginx_configuration_in_the_repository() -> 
             continue  # binary: no configuration
         if NGINX_CONFIG_LINE.search(text):
             holders.append(path.relative_to(ROOT).as_posix())
-    # One main config (the snippets it includes have no upstream or proxy_pass).
-    assert holders == ["nginx/templates/nginx.conf.template"]
+    # One main config, and the gRPC server it includes (grpc.conf) beside it; the
+    # other snippets have no upstream or proxy_pass.
+    assert holders == ["nginx/templates/grpc.conf.template", "nginx/templates/nginx.conf.template"]
 
 
 def test_the_image_runs_the_entrypoint_and_templates_the_tests_run() -> None:
