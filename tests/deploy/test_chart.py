@@ -42,6 +42,7 @@ from serving_core.jobs.redis_connection import GROUP
 from serving_core.jobs.redis_queue import RedisJobQueue
 from serving_core.pipeline.config import read as read_pipeline
 from serving_core.settings import PREFIX, Settings, SettingsError
+from tests.nginx_server import NGINX, nginx_t
 from tests.nginx_server import render as render_nginx
 from tests.servers import free_port, gunicorn_server
 
@@ -514,7 +515,7 @@ FROM_SECRETS = {
     "apiKeysSecret": "SERVING_API_KEYS_FILE",  # mounted as a file, not an env value
 }
 # Set by the chart itself, not from `serving`.
-CHART_MANAGED = {"SERVING_BIND", "SERVING_METRICS_DIR"}
+CHART_MANAGED = {"SERVING_BIND", "SERVING_METRICS_DIR", "SERVING_GRPC_PORT"}
 
 
 @pytest.mark.parametrize(("key", "value", "env", "expected"), SETTINGS_TABLE)
@@ -1523,6 +1524,18 @@ TEMPLATE_REFUSALS = [
         "extraEnv sets SERVING_BIND, which the chart manages",
     ),
     (
+        {"extraEnv": [{"name": "SERVING_GRPC_PORT", "value": "8001"}]},
+        "extraEnv sets SERVING_GRPC_PORT, which the chart manages",
+    ),
+    (
+        {"grpc": {"enabled": True}},  # serving.workerClass is gevent by default
+        "grpc.enabled needs serving.workerClass gthread, not gevent",
+    ),
+    (
+        {"grpc": {"enabled": True, "nginxPort": 8080}, "serving": {"workerClass": "gthread"}},
+        "grpc.nginxPort (8080) is also nginx.port or nginx.metricsPort",
+    ),
+    (
         {"extraEnv": [{"name": "SERVING_CACHE_URL", "value": "redis://redis:6379/0"}]},
         "extraEnv sets SERVING_CACHE_URL, which the chart sets from serving.cacheUrl",
     ),
@@ -1792,6 +1805,8 @@ WALK_CONTEXTS: list[tuple[str, dict[str, Any]]] = [
             "ttlSecondsAfterFinished",
         )
     ],
+    ("grpc.", {"serving": {"workerClass": "gthread"}}),
+    ("grpc.", {"grpc": {"enabled": True}}),
     ("worker.", {"serving": {"jobsUrl": WALK_QUEUE}}),
     ("worker.", {"worker": {"enabled": True}}),
     ("worker.keda.", {"worker": {"keda": {"enabled": True}}}),
@@ -2029,6 +2044,54 @@ def test_every_value_the_schema_takes_changes_the_render(chart: helm.Chart, path
     changed = merged(base, nested(path, value))
     assert at(changed, path) == value
     assert render(chart, changed) != render(chart, base), f"{path}: {value!r} changed nothing"
+
+
+# --- gRPC: the app's front, nginx's h2c listener, the Service's grpc port ---------
+
+GRPC_ON = {"grpc": {"enabled": True}, "serving": {"workerClass": "gthread"}}
+
+
+def test_grpc_is_off_by_default(chart: helm.Chart) -> None:
+    docs = render(chart, tagged({}))
+    assert [p["name"] for p in find(docs, "Service")["spec"]["ports"]] == ["http"]
+    pod = containers(find(docs, "Deployment"))
+    assert "SERVING_GRPC_PORT" not in env_of(pod["app"])
+    assert "NGINX_GRPC_PORT" not in env_of(pod["nginx"])
+
+
+def test_grpc_on_exposes_nginx_h2c_listener_with_app_protocol_grpc(chart: helm.Chart) -> None:
+    docs = render(chart, tagged(GRPC_ON))
+    ports = {p["name"]: p for p in find(docs, "Service")["spec"]["ports"]}
+    assert ports["grpc"] == {
+        "name": "grpc",
+        "port": 8081,
+        "targetPort": "grpc",
+        "protocol": "TCP",
+        "appProtocol": "grpc",
+    }
+    pod = containers(find(docs, "Deployment"))
+    app, nginx = env_of(pod["app"]), env_of(pod["nginx"])
+    (grpc_port,) = [p for p in pod["nginx"]["ports"] if p["name"] == "grpc"]
+    assert str(grpc_port["containerPort"]) == nginx["NGINX_GRPC_PORT"]
+    # nginx reaches the app's gRPC port on the pod's loopback, the host the app
+    # takes from SERVING_BIND; the settings serving-core itself accepts.
+    assert nginx["NGINX_GRPC_UPSTREAM"] == f"127.0.0.1:{app['SERVING_GRPC_PORT']}"
+    assert nginx["NGINX_UPSTREAM"] == app["SERVING_BIND"] == "127.0.0.1:8000"
+    Settings.from_env(serving_env(pod["app"]), cores=2)
+    # The probes do not change.
+    off = containers(
+        find(render(chart, tagged({"serving": {"workerClass": "gthread"}})), "Deployment")
+    )
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert pod["app"][probe] == off["app"][probe]
+        assert pod["nginx"].get(probe) == off["nginx"].get(probe)
+
+
+@pytest.mark.skipif(not Path(NGINX).exists(), reason="nginx is not installed (make system-deps)")
+def test_grpc_sidecar_env_renders_a_config_nginx_accepts(chart: helm.Chart, tmp_path: Path) -> None:
+    nginx = env_of(containers(find(render(chart, tagged(GRPC_ON)), "Deployment"))["nginx"])
+    tested = nginx_t(render_nginx(nginx, tmp_path / "conf"))
+    assert tested.returncode == 0, tested.stderr
 
 
 # --- the inference cache's Redis URL ----------------------------------------------

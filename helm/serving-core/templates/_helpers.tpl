@@ -174,7 +174,12 @@ emptyDir that only the app and nginx containers mount: nothing else in the
 cluster can reach gunicorn past nginx.
 */}}
 {{- define "serving-core.socketDir" -}}/run/serving{{- end }}
-{{- define "serving-core.bind" -}}unix:/run/serving/gunicorn.sock{{- end }}
+{{- /* gRPC takes its host from SERVING_BIND (serving_core/settings), so with
+grpc.enabled gunicorn binds the pod's loopback instead of its socket: only
+nginx, in the same pod, reaches either port. */}}
+{{- define "serving-core.bind" -}}
+{{- if .Values.grpc.enabled }}127.0.0.1:8000{{ else }}unix:/run/serving/gunicorn.sock{{ end }}
+{{- end }}
 {{- define "serving-core.metricsDir" -}}/run/metrics{{- end }}
 {{- /* serving.apiKeysSecret, mounted read-only without subPath (a subPath
 mount would never see the Secret change); the file is its key's value. */}}
@@ -255,6 +260,17 @@ Checks that JSON Schema cannot express; each message says what to change.
 {{- if and (gt (int64 $s.maxQueue) 0) (lt (int64 $s.maxQueue) (int64 $s.maxBatchSize)) }}
 {{- fail (printf "serving.maxQueue (%d) is smaller than serving.maxBatchSize (%d): raise serving.maxQueue so that a full batch can queue" (int64 $s.maxQueue) (int64 $s.maxBatchSize)) }}
 {{- end }}
+{{- if .Values.grpc.enabled }}
+{{- if ne $s.workerClass "gthread" }}
+{{- fail (printf "grpc.enabled needs serving.workerClass gthread, not %s: the gRPC front runs in the gthread worker's threads, which a gevent worker cannot share; set serving.workerClass=gthread" $s.workerClass) }}
+{{- end }}
+{{- if has (int .Values.grpc.nginxPort) (list (int .Values.nginx.port) (int .Values.nginx.metricsPort)) }}
+{{- fail (printf "grpc.nginxPort (%d) is also nginx.port or nginx.metricsPort: gRPC (HTTP/2) needs a listener of its own" (int .Values.grpc.nginxPort)) }}
+{{- end }}
+{{- if has (int .Values.grpc.port) (list 8000 (int .Values.grpc.nginxPort) (int .Values.nginx.port) (int .Values.nginx.metricsPort)) }}
+{{- fail (printf "grpc.port (%d) is taken in the pod (gunicorn's 127.0.0.1:8000, or an nginx port): give the app's gRPC port its own number" (int .Values.grpc.port)) }}
+{{- end }}
+{{- end }}
 {{- if eq (int .Values.nginx.port) (int .Values.nginx.metricsPort) }}
 {{- fail (printf "nginx.port and nginx.metricsPort are both %d: give the metrics port its own number" (int .Values.nginx.port)) }}
 {{- end }}
@@ -315,8 +331,8 @@ makes Settings refuse to start, so refuse it here, at install time. */}}
 {{- fail (printf "extraEnv sets %s, which the chart sets from serving.%s: set serving.%s instead" $setting.env $key $key) }}
 {{- end }}
 {{- end }}
-{{- if has $var.name (list "SERVING_BIND" "SERVING_METRICS_DIR") }}
-{{- fail (printf "extraEnv sets %s, which the chart manages (gunicorn's socket and the metrics emptyDir): remove it" $var.name) }}
+{{- if has $var.name (list "SERVING_BIND" "SERVING_METRICS_DIR" "SERVING_GRPC_PORT") }}
+{{- fail (printf "extraEnv sets %s, which the chart manages (gunicorn's socket, the metrics emptyDir, grpc.port): remove it" $var.name) }}
 {{- end }}
 {{- if hasPrefix "SERVING_" $var.name }}
 {{- fail (printf "extraEnv sets %s, which is not a serving-core setting (serving-core would refuse to start): check the name against the serving values in values.yaml" $var.name) }}
@@ -414,6 +430,10 @@ worker and batch containers serve no API. */}}
 - name: SERVING_BIND
   value: {{ include "serving-core.bind" .ctx | quote }}
 {{- end }}
+{{- if and .server .ctx.Values.grpc.enabled }}
+- name: SERVING_GRPC_PORT
+  value: {{ int64 .ctx.Values.grpc.port | quote }}
+{{- end }}
 - name: SERVING_METRICS_DIR
   value: {{ include "serving-core.metricsDir" .ctx | quote }}
 {{- range $name, $url := .ctx.Values.pipeline.stageUrls }}
@@ -441,6 +461,12 @@ proxy timeouts and upstream keep-alive from them.
   value: {{ include "serving-core.bind" . | quote }}
 - name: NGINX_PORT
   value: {{ int64 $n.port | quote }}
+{{- if .Values.grpc.enabled }}
+- name: NGINX_GRPC_PORT
+  value: {{ int64 .Values.grpc.nginxPort | quote }}
+- name: NGINX_GRPC_UPSTREAM
+  value: {{ printf "127.0.0.1:%d" (int64 .Values.grpc.port) | quote }}
+{{- end }}
 - name: NGINX_METRICS_PORT
   value: {{ int64 $n.metricsPort | quote }}
 - name: SERVING_MAX_BODY_BYTES
