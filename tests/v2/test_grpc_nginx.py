@@ -23,6 +23,9 @@ InferenceServerException = pytest.importorskip("tritonclient.utils").InferenceSe
 pytestmark = [pytest.mark.e2e, pytest.mark.model, pytest.mark.example("minilm")]
 
 
+NGINX_BODY_LIMIT = 65536
+
+
 def nginx_grpc(grpc_upstream: str) -> Any:
     port = free_port()
     settings = {"NGINX_GRPC_PORT": str(port), "NGINX_GRPC_UPSTREAM": grpc_upstream}
@@ -32,6 +35,8 @@ def nginx_grpc(grpc_upstream: str) -> Any:
 @pytest.fixture(scope="module")
 def via_nginx(server: Any) -> Iterator[Any]:
     port, settings = nginx_grpc(server.grpc)
+    # nginx's body limit below the app's own (1 MiB), so that nginx refuses first.
+    settings["SERVING_MAX_BODY_BYTES"] = str(NGINX_BODY_LIMIT)
     with nginx_server(server.url.removeprefix("http://"), settings):
         yield grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
 
@@ -54,6 +59,15 @@ def test_tritonclient_grpc_through_nginx_gets_the_direct_answer(
         via_nginx.infer(MODEL, [wrong])
     assert refused.value.status() == "StatusCode.INVALID_ARGUMENT"
     assert "input 'text'" in refused.value.message()
+
+
+def test_a_message_over_the_body_limit_is_nginxs_resource_exhausted(via_nginx: Any) -> None:
+    text = grpcclient.InferInput("text", [1], "BYTES")
+    text.set_data_from_numpy(np.array([b"x" * (2 * NGINX_BODY_LIMIT)], dtype=object))
+    with pytest.raises(InferenceServerException) as refused:
+        via_nginx.infer(MODEL, [text], client_timeout=60)
+    assert refused.value.status() == "StatusCode.RESOURCE_EXHAUSTED"
+    assert f"larger than {NGINX_BODY_LIMIT} bytes" in refused.value.message()
 
 
 def test_with_the_apps_grpc_port_down_nginx_answers_unavailable() -> None:
