@@ -1536,6 +1536,14 @@ TEMPLATE_REFUSALS = [
         "grpc.nginxPort (8080) is also nginx.port or nginx.metricsPort",
     ),
     (
+        {
+            "grpc": {"enabled": True, "nginxPort": 8082},
+            "serving": {"workerClass": "gthread"},
+            "nginx": {"exporter": {"enabled": True}},
+        },
+        "nginx.exporter.statusPort (8082) is also grpc.nginxPort",
+    ),
+    (
         {"extraEnv": [{"name": "SERVING_CACHE_URL", "value": "redis://redis:6379/0"}]},
         "extraEnv sets SERVING_CACHE_URL, which the chart sets from serving.cacheUrl",
     ),

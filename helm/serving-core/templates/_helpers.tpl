@@ -313,6 +313,10 @@ Checks that JSON Schema cannot express; each message says what to change.
 {{- with .Values.nginx.exporter }}
 {{- if .enabled }}
 {{- $taken := dict (toString $.Values.nginx.port) "nginx.port" (toString $.Values.nginx.metricsPort) "nginx.metricsPort" }}
+{{- if $.Values.grpc.enabled }}
+{{- $_ := set $taken (toString $.Values.grpc.nginxPort) "grpc.nginxPort" }}
+{{- $_ = set $taken (toString $.Values.grpc.port) "grpc.port" }}
+{{- end }}
 {{- range $name, $port := dict "nginx.exporter.port" .port "nginx.exporter.statusPort" .statusPort }}
 {{- with get $taken (toString $port) }}
 {{- fail (printf "%s (%s) is also %s: the pod's containers share one network namespace, so give each port its own number" $name (toString $port) .) }}
