@@ -126,6 +126,16 @@ class Job:
     owner: str = ""  # who submitted it: a caller's identity, "" without API keys
     digest: str = ""  # params_digest of its parameters, which it drops once finished
 
+    @classmethod
+    def queued(
+        cls, job_id: str, queue: str, params: dict[str, Any], now: float, *, owner: str, digest: str
+    ) -> Job:
+        """A job as ``submit`` just stored it."""
+        return cls(
+            job_id, queue, "queued", params, 0, now, None, None, None, None,
+            owner=owner, digest=digest,
+        )  # fmt: skip
+
     def public(self) -> dict[str, Any]:
         """What ``GET /jobs/<id>`` answers; timestamps are ISO-8601 UTC strings or null."""
         body: dict[str, Any] = {

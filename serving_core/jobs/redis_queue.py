@@ -140,20 +140,7 @@ class RedisJobQueue:
             )
         if kind == "quota":
             raise QuotaExceeded(quota_message(int(value), self.max_per_caller))
-        return Job(
-            job_id,
-            self.queue,
-            "queued",
-            params,
-            0,
-            now,
-            None,
-            None,
-            None,
-            None,
-            owner=owner,
-            digest=digest,
-        )
+        return Job.queued(job_id, self.queue, params, now, owner=owner, digest=digest)
 
     def get(self, job_id: str) -> Job | None:
         fields: Any = self.redis.call(lambda: self.redis.client.hgetall(self._job_key(job_id)))

@@ -105,20 +105,7 @@ class SqliteJobQueue:
                 ),
             )
             db.execute("UPDATE stored SET jobs = jobs + 1 WHERE queue = ?", (self.queue,))
-        return Job(
-            job_id,
-            self.queue,
-            "queued",
-            params,
-            0,
-            now,
-            None,
-            None,
-            None,
-            None,
-            owner=owner,
-            digest=digest,
-        )
+        return Job.queued(job_id, self.queue, params, now, owner=owner, digest=digest)
 
     def get(self, job_id: str) -> Job | None:
         with self.file.reading() as db:

@@ -9,6 +9,17 @@ from __future__ import annotations
 
 from typing import Any
 
+# The request headers every inference route takes (/predict, V2's infer).
+REQUEST_HEADERS: list[dict[str, Any]] = [
+    {"name": "X-Request-ID", "in": "header", "schema": {"type": "string"}},
+    {
+        "name": "X-Request-Timeout",
+        "in": "header",
+        "description": "seconds; can only shorten the server's deadline",
+        "schema": {"type": "number", "exclusiveMinimum": 0},
+    },
+]
+
 ERROR = {
     "type": "object",
     "required": ["error"],
@@ -147,15 +158,7 @@ def document(
             "The body's fields, merged with the query parameters (the body wins), "
             "are the handler's parameters."
         ),
-        "parameters": [
-            {"name": "X-Request-ID", "in": "header", "schema": {"type": "string"}},
-            {
-                "name": "X-Request-Timeout",
-                "in": "header",
-                "description": "seconds; can only shorten the server's deadline",
-                "schema": {"type": "number", "exclusiveMinimum": 0},
-            },
-        ],
+        "parameters": REQUEST_HEADERS,
         "requestBody": body,
         "responses": {
             "200": {

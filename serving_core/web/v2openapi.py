@@ -7,6 +7,7 @@ from typing import Any
 
 from serving_core.v2.datatypes import DATATYPES
 from serving_core.v2.model import Model
+from serving_core.web.openapi import REQUEST_HEADERS
 
 ERROR = {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}}
 _PARAMETERS = {"type": "object", "description": "key/value parameters"}
@@ -91,15 +92,7 @@ def _infer(model: Model, example: dict[str, Any] | None) -> dict[str, Any]:
             "description": "The Open Inference Protocol's inference, through the same "
             "batching, cache and admission as /predict. With the binary tensor extension, "
             "the body is Inference-Header-Content-Length bytes of JSON, then the binary inputs.",
-            "parameters": [
-                {"name": "X-Request-ID", "in": "header", "schema": {"type": "string"}},
-                {
-                    "name": "X-Request-Timeout",
-                    "in": "header",
-                    "description": "seconds; can only shorten the server's deadline",
-                    "schema": {"type": "number", "exclusiveMinimum": 0},
-                },
-            ],
+            "parameters": REQUEST_HEADERS,
             "requestBody": {"required": True, "content": {"application/json": body}},
             "responses": {
                 "200": {
