@@ -208,42 +208,73 @@ def green_wait_until(condition, timeout_s=5.0):
 
 @pytest.fixture
 def fair_server(monkeypatch):
-    """A FairServer in slot 0 of two, whose worker already holds 5 connections."""
+    """A FairServer in slot 0 of two, whose worker already holds 5 connections.
+
+    ``connect`` opens client connections with plain blocking sockets: the kernel
+    completes them into the listener's backlog while the hub does not run, so
+    several at once arrive as one burst, as when a hub is busy elsewhere."""
     shares = ConnectionShares(2)
     shares.counts[0] = 5
     monkeypatch.setattr(fairaccept, "_shares", shares)
     accepted = []
-    server = FairServer(("127.0.0.1", 0), handle=lambda sock, addr: accepted.append(1))
+    hang_up = Event()
+
+    def handle(sock, addr):
+        accepted.append(1)
+        hang_up.wait(10)  # the connection stays open, and counted, until the test ends
+
+    server = FairServer(("127.0.0.1", 0), handle=handle)
     server.slot = 0
     server.start()
     clients = []
+    before = FairServer.open_connections
 
-    def connect():
-        clients.append(socket.create_connection(server.address))  # the backlog takes it
+    def connect(count=1):
+        clients.extend(socket.create_connection(server.address) for _ in range(count))
 
-    yield shares, accepted, connect
+    yield shares, accepted, connect, server
+    hang_up.set()
     for client in clients:
         client.close()
+    # Every connection closed (and uncounted) before the next test's shares are set.
+    green_wait_until(lambda: FairServer.open_connections == before)
     server.stop()
 
 
-def test_a_server_over_its_share_leaves_new_connections_to_its_sibling(fair_server):
-    shares, accepted, connect = fair_server
-    connect()
+def test_a_server_over_its_share_leaves_a_burst_to_its_sibling(fair_server, monkeypatch):
+    # The pause cannot run out during the test, however slowly it is scheduled.
+    monkeypatch.setattr(fairaccept, "ACCEPT_PAUSE_MAX_S", 3600.0)
+    shares, accepted, connect, server = fair_server
+    connect(3)  # one burst, all in the backlog before the hub looks
     green_wait_until(lambda: len(accepted) == 1)
-    connect()
-    gevent.sleep(fairaccept.ACCEPT_PAUSE_S * 3)  # a window for what must not happen
+    assert server.paused
+    # Let the hub run its accept loop and the pause's timer a few times: nothing is
+    # taken while 6 > 6/2 + 1 (gevent's loop would take the whole burst at once).
+    for _ in range(3):
+        gevent.sleep(fairaccept.ACCEPT_PAUSE_S)
     assert len(accepted) == 1, "accepted while over its share"
-    shares.counts[1] = 5  # the sibling took its share
-    green_wait_until(lambda: len(accepted) == 2)  # resumed, once back within its share
+    assert (shares.counts[0], shares.counts[1]) == (6, 0)
+    shares.counts[1] = 5  # the sibling took its share: 6 of 11 is within it
+    green_wait_until(lambda: len(accepted) == 3)  # resumed; paused again at 8 of 13
+    assert server.paused
+
+
+def test_a_server_within_its_share_takes_a_whole_burst(fair_server):
+    shares, accepted, connect, server = fair_server
+    shares.counts[1] = 10  # the sibling leads
+    connect(3)
+    green_wait_until(lambda: len(accepted) == 3)
+    assert not server.paused
+    assert shares.counts[0] == 8
 
 
 def test_a_server_resumes_accepting_when_its_sibling_never_does(fair_server):
-    shares, accepted, connect = fair_server
+    shares, accepted, connect, _ = fair_server
     connect()
     green_wait_until(lambda: len(accepted) == 1)
     connect()
-    # Still over its share (the sibling holds none), yet it takes the connection.
+    # Still over its share (the sibling holds none), yet it takes the connection
+    # once ACCEPT_PAUSE_MAX_S has passed.
     green_wait_until(lambda: len(accepted) == 2)
     assert shares.over_share(0)
 
