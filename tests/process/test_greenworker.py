@@ -43,19 +43,28 @@ def resolve_later(future, delay_s, value=None, exc=None):
 def test_a_greenlet_waits_for_a_native_thread_while_other_greenlets_run():
     future = GreenFuture()
     ticks = []
+    ticked = threading.Event()
 
     def ticker():
         while not future.done():
             ticks.append(time.monotonic())
-            gevent.sleep(0.01)
+            if len(ticks) >= 5:
+                ticked.set()
+            gevent.sleep(0.001)
+
+    def resolve():
+        # The native thread answers only once the hub has run the ticker five times
+        # while the greenlet waits; a wait that blocked the hub would hold it to 5 s.
+        ticked.wait(5)
+        future.set_result(42)
 
     ticking = gevent.spawn(ticker)
-    thread = resolve_later(future, 0.2, value=42)
-    assert future.result(timeout=5) == 42
+    thread = threading.Thread(target=resolve)
+    thread.start()
+    assert future.result(timeout=10) == 42
     ticking.join(1)
     thread.join()
-    # The hub kept running other greenlets while this one waited.
-    assert len(ticks) >= 5
+    assert ticked.is_set(), "the hub ran no other greenlet while this one waited"
 
 
 def test_an_exception_set_on_the_model_thread_is_raised_in_the_greenlet():
@@ -76,8 +85,8 @@ def test_every_greenlet_waiting_on_one_future_wakes_when_it_is_set():
         woken.append((n, future.result(timeout=30)))
 
     waiting = [gevent.spawn(wait, n) for n in range(5)]
-    gevent.sleep(0.05)  # every greenlet is in result() before the value comes
-    thread = resolve_later(future, 0.05, value="shared")
+    green_wait_until(lambda: len(future.waiters or ()) == 5)  # all in result() first
+    thread = resolve_later(future, 0, value="shared")
     gevent.joinall(waiting, timeout=10)
     thread.join()
     assert sorted(woken) == [(n, "shared") for n in range(5)]
