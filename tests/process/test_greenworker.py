@@ -26,6 +26,14 @@ from serving_core.process.workers.fairaccept import ConnectionShares, FairServer
 from serving_core.process.workers.greenfuture import GreenFuture
 
 
+@pytest.fixture(autouse=True)
+def fresh_loop_time():
+    """The hub's timers count from the loop's cached time, which is as old as the
+    hub's last turn: after other tests' seconds without one, a 10 s timeout would
+    fire at once. Bring it to now."""
+    gevent.get_hub().loop.update_now()
+
+
 def resolve_later(future, delay_s, value=None, exc=None):
     def run():
         time.sleep(delay_s)  # native sleep, on a native thread
@@ -109,9 +117,7 @@ def test_a_clients_hang_up_is_seen_once_its_request_has_waited_a_moment():
     mine, theirs = socket.socketpair()
     gone = []
     started = time.monotonic()
-    # The hub's timers count from the loop's cached time, which can be long stale
-    # on a loaded machine (the watch would start at once): bring it to now.
-    gevent.get_hub().loop.update_now()
+    gevent.get_hub().loop.update_now()  # as fresh_loop_time does, after `started`
     stop = clientwatch.watch_client(mine, lambda: gone.append(time.monotonic() - started))
     theirs.close()
     try:
