@@ -5,11 +5,13 @@ one request to the probe handler (tests/handlers/probe), which answers with
 its worker's pid; the split is how many each worker took. Without fair
 accepting (``serving_core/process/workers/fairaccept.py``), a busy hub took 7
 or 8 of 8 in 2 of 12 bursts, and with keep-alive those connections would have
-stayed on it. With it, one worker leads by at most two before it pauses,
-unless its sibling wakes up late (on a loaded 2-core machine, a burst or two
-in twelve lead 6 to 2). The mechanism itself is tested deterministically in
-tests/process/test_greenworker.py; the split depends on scheduling, so it is measured
-here.
+stayed on it. With it, a worker that leads by more than one pauses, and
+takes nothing more from the backlog in that wake-up (gevent's accept loop
+would take up to 100 at once: a burst that reached the backlog before the
+sibling woke went to one worker until that was cut), unless its sibling has
+not taken its share within ``ACCEPT_PAUSE_MAX_S``. The mechanism is tested
+deterministically in tests/process/test_greenworker.py; the split depends on
+scheduling, so it is measured here.
 
     .venv/bin/python bench/fairaccept.py [--bursts 12] [--clients 8]
 """

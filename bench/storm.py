@@ -120,6 +120,8 @@ def after_storm(url: str, args: argparse.Namespace) -> dict[str, Any]:
         "storm_statuses": storm["statuses"],
         "first_status": response.status_code,
         "first_ms": (time.monotonic() - started) * 1000,
+        # Why it was refused, when it was: a queue still full, or a predicted miss.
+        "first_error": "" if response.ok else response.text[:160],
     }
 
 
@@ -223,7 +225,7 @@ def main() -> None:
                 print(
                     f"round {n}: storm {r['storm_ok_per_s']:.1f} 200/s {r['storm_statuses']} | "
                     f"first request after: {r['first_status']} in {r['first_ms']:.1f} ms "
-                    "(goal: 200 within 1000 ms)",
+                    f"(goal: 200 within 1000 ms) {r['first_error']}",
                     flush=True,
                 )
 

@@ -68,6 +68,10 @@ class Batcher:
         # waiting for more, was woken only to wait again.
         self.defer_wake: Callable[[Callable[[], None]], object] | None = None
         self._wake_pending = False
+        # Queued items whose clients hung up (``hung_up``), not yet dropped. A
+        # refusal sweeps them out first only when this is non-zero: a queue of
+        # live clients costs a refusal one integer check.
+        self._gone = 0
 
     # -- request threads ---------------------------------------------------
 
@@ -86,7 +90,7 @@ class Batcher:
             pending = Pending(item, context, arrival, enqueued=now, future=self.new_future())
             self._queue.append(pending)
             self.policy.arrived(now)
-            self._observer.depth(len(self._queue))
+            self._observer.depth(self.depth)
             if self.defer_wake is None or len(self._queue) >= self.max_batch_size > 1:
                 # A full batch need not wait for the rest of the hub's turn, and its
                 # items share the wake-up. (Items of an unbatched handler would each
@@ -111,23 +115,54 @@ class Batcher:
             )
         if self._stopping or not self._thread.is_alive():
             raise NotReady("this worker is shutting down; retry on another instance")
+        refusal = self._refusal(deadline, now)
+        if refusal is not None and self._gone and self._sweep():
+            refusal = self._refusal(deadline, now)  # decided again without the gone
+        if refusal is not None:
+            self._observer.rejected(refusal.reason)
+            raise refusal
+
+    def _refusal(self, deadline: float, now: float) -> Overloaded | None:
         depth = len(self._queue)
         if depth >= self.max_queue:
-            self._observer.rejected("queue_full")
-            raise Overloaded(
+            return Overloaded(
                 f"the queue is full ({depth} requests); retry after the Retry-After delay",
                 reason="queue_full",
                 retry_after_s=self.policy.drain_time_s(depth, self._busy_left(now)),
             )
         late = self.policy.predicted_late(depth, self._busy_left(now), deadline=deadline, now=now)
         if late is not None:
-            self._observer.rejected("predicted_late")
-            raise Overloaded(
+            return Overloaded(
                 "the server cannot answer before this request's deadline "
                 f"({depth} requests queued); retry after the Retry-After delay",
                 reason="predicted_late",
                 retry_after_s=late,
             )
+        return None
+
+    def _sweep(self) -> int:
+        """Drop the queued items whose clients hung up (holding the lock); how many."""
+        live = deque(p for p in self._queue if not p.gone)
+        dropped = len(self._queue) - len(live)
+        if dropped:
+            for pending in self._queue:
+                if pending.gone:
+                    pending.future.cancel()  # its request greenlet ends, answering no one
+            self._queue = live
+            self._observer.depth(len(live))
+        self._gone = 0
+        return dropped
+
+    def hung_up(self, pending: Pending) -> None:
+        """The request's client has gone: its item no longer counts in ``depth``, and
+        is dropped unrun at the next refusal (before deciding) or when the model
+        thread reaches it. The client watch calls it on the hub as soon as it sees
+        the hang-up, so it only marks (a storm hangs up a whole queue at once)."""
+        with self._cond:
+            if not pending.gone and pending in self._queue:
+                pending.gone = True
+                self._gone += 1
+                self._observer.depth(self.depth)
 
     def withdraw(self, pending: Pending) -> None:
         """The request gave up (its deadline passed): its item leaves the queue at once,
@@ -136,7 +171,9 @@ class Batcher:
             if pending.future.cancel():
                 with contextlib.suppress(ValueError):  # already taken for a batch
                     self._queue.remove(pending)
-                self._observer.depth(len(self._queue))
+                    if pending.gone:
+                        self._gone -= 1
+                self._observer.depth(self.depth)
 
     # -- lifecycle ----------------------------------------------------------
 
@@ -185,6 +222,7 @@ class Batcher:
             self._stopping = True
             dropped = [*self._queue, *self._running]
             self._queue.clear()
+            self._gone = 0
             self._observer.depth(0)
             self._cond.notify_all()
         for pending in dropped:
@@ -218,7 +256,8 @@ class Batcher:
 
     @property
     def depth(self) -> int:
-        return len(self._queue)
+        """The queued items whose clients still wait."""
+        return len(self._queue) - self._gone
 
     def _busy_left(self, now: float) -> float:
         return max(0.0, self._busy_until - now)
@@ -238,6 +277,8 @@ class Batcher:
                         return []
                     self._cond.wait(flush_in)
                     continue
+                if self._gone and self._sweep() and not self._queue:
+                    continue  # nothing left but the gone: nothing to run for anyone
                 now = self._clock()
                 if len(self._queue) >= self.max_batch_size or self._stopping:
                     break
@@ -250,7 +291,7 @@ class Batcher:
             self._busy_until = now + self.policy.batch_cost_s(size)
             self._running = batch
             self._running_since = now
-            self._observer.depth(len(self._queue))
+            self._observer.depth(self.depth)
             return batch
 
     def finished(self) -> None:

@@ -20,6 +20,7 @@ class Pending:
     enqueued: float = 0.0
     future: Future[Any] = field(default_factory=Future)
     batch_size: int = 0  # the size of the batch that ran it, once it ran (for the log)
+    gone: bool = False  # its client hung up: dropped unrun at the next sweep or take
 
     @property
     def request_id(self) -> str:

@@ -46,7 +46,7 @@ def test_the_requests_of_clients_that_hung_up_leave_the_queue_and_never_run(tmp_
     }
     with gunicorn_server(env) as server:
         host, port = server.bind.rsplit(":", 1)
-        with ThreadPoolExecutor(1) as pool:
+        with ThreadPoolExecutor(2) as pool:
             # The model is busy with this one while the rest queue behind it.
             hold = pool.submit(
                 requests.post,
@@ -73,12 +73,22 @@ def test_the_requests_of_clients_that_hung_up_leave_the_queue_and_never_run(tmp_
             while queue_depth(server.url) > 0:
                 assert not hold.done(), "the queue kept the gone requests until the model was free"
                 time.sleep(0.02)
-            assert not hold.done()
+            # Hung up, but still in the queue until room is needed: a newcomer is
+            # admitted (they are swept out first), not refused for a full queue.
+            newcomer = pool.submit(
+                requests.post, server.url + "/predict", json={"id": "newcomer"}, timeout=WAIT_S
+            )
+            while queue_depth(server.url) < 1:  # the newcomer waits behind hold
+                assert not newcomer.done(), newcomer.result().text  # refused
+                assert not hold.done(), "the model was free before the newcomer queued"
+                time.sleep(0.02)
             assert hold.result().status_code == 200
+            assert newcomer.result().status_code == 200, newcomer.result().text
         after = requests.post(server.url + "/predict", json={"id": "after"}, timeout=WAIT_S)
         assert after.status_code == 200
     ran = seen.read_text().split()
     assert "after" in ran
+    assert "newcomer" in ran
     assert not [i for i in ran if i.startswith("gone-")], ran
 
 

@@ -26,6 +26,14 @@ from serving_core.process.workers.fairaccept import ConnectionShares, FairServer
 from serving_core.process.workers.greenfuture import GreenFuture
 
 
+@pytest.fixture(autouse=True)
+def fresh_loop_time():
+    """The hub's timers count from the loop's cached time, which is as old as the
+    hub's last turn: after other tests' seconds without one, a 10 s timeout would
+    fire at once. Bring it to now."""
+    gevent.get_hub().loop.update_now()
+
+
 def resolve_later(future, delay_s, value=None, exc=None):
     def run():
         time.sleep(delay_s)  # native sleep, on a native thread
@@ -43,19 +51,28 @@ def resolve_later(future, delay_s, value=None, exc=None):
 def test_a_greenlet_waits_for_a_native_thread_while_other_greenlets_run():
     future = GreenFuture()
     ticks = []
+    ticked = threading.Event()
 
     def ticker():
         while not future.done():
             ticks.append(time.monotonic())
-            gevent.sleep(0.01)
+            if len(ticks) >= 5:
+                ticked.set()
+            gevent.sleep(0.001)
+
+    def resolve():
+        # The native thread answers only once the hub has run the ticker five times
+        # while the greenlet waits; a wait that blocked the hub would hold it to 5 s.
+        ticked.wait(5)
+        future.set_result(42)
 
     ticking = gevent.spawn(ticker)
-    thread = resolve_later(future, 0.2, value=42)
-    assert future.result(timeout=5) == 42
+    thread = threading.Thread(target=resolve)
+    thread.start()
+    assert future.result(timeout=10) == 42
     ticking.join(1)
     thread.join()
-    # The hub kept running other greenlets while this one waited.
-    assert len(ticks) >= 5
+    assert ticked.is_set(), "the hub ran no other greenlet while this one waited"
 
 
 def test_an_exception_set_on_the_model_thread_is_raised_in_the_greenlet():
@@ -76,8 +93,8 @@ def test_every_greenlet_waiting_on_one_future_wakes_when_it_is_set():
         woken.append((n, future.result(timeout=30)))
 
     waiting = [gevent.spawn(wait, n) for n in range(5)]
-    gevent.sleep(0.05)  # every greenlet is in result() before the value comes
-    thread = resolve_later(future, 0.05, value="shared")
+    green_wait_until(lambda: len(future.waiters or ()) == 5)  # all in result() first
+    thread = resolve_later(future, 0, value="shared")
     gevent.joinall(waiting, timeout=10)
     thread.join()
     assert sorted(woken) == [(n, "shared") for n in range(5)]
@@ -100,6 +117,7 @@ def test_a_clients_hang_up_is_seen_once_its_request_has_waited_a_moment():
     mine, theirs = socket.socketpair()
     gone = []
     started = time.monotonic()
+    gevent.get_hub().loop.update_now()  # as fresh_loop_time does, after `started`
     stop = clientwatch.watch_client(mine, lambda: gone.append(time.monotonic() - started))
     theirs.close()
     try:
@@ -208,42 +226,73 @@ def green_wait_until(condition, timeout_s=5.0):
 
 @pytest.fixture
 def fair_server(monkeypatch):
-    """A FairServer in slot 0 of two, whose worker already holds 5 connections."""
+    """A FairServer in slot 0 of two, whose worker already holds 5 connections.
+
+    ``connect`` opens client connections with plain blocking sockets: the kernel
+    completes them into the listener's backlog while the hub does not run, so
+    several at once arrive as one burst, as when a hub is busy elsewhere."""
     shares = ConnectionShares(2)
     shares.counts[0] = 5
     monkeypatch.setattr(fairaccept, "_shares", shares)
     accepted = []
-    server = FairServer(("127.0.0.1", 0), handle=lambda sock, addr: accepted.append(1))
+    hang_up = Event()
+
+    def handle(sock, addr):
+        accepted.append(1)
+        hang_up.wait(10)  # the connection stays open, and counted, until the test ends
+
+    server = FairServer(("127.0.0.1", 0), handle=handle)
     server.slot = 0
     server.start()
     clients = []
+    before = FairServer.open_connections
 
-    def connect():
-        clients.append(socket.create_connection(server.address))  # the backlog takes it
+    def connect(count=1):
+        clients.extend(socket.create_connection(server.address) for _ in range(count))
 
-    yield shares, accepted, connect
+    yield shares, accepted, connect, server
+    hang_up.set()
     for client in clients:
         client.close()
+    # Every connection closed (and uncounted) before the next test's shares are set.
+    green_wait_until(lambda: FairServer.open_connections == before)
     server.stop()
 
 
-def test_a_server_over_its_share_leaves_new_connections_to_its_sibling(fair_server):
-    shares, accepted, connect = fair_server
-    connect()
+def test_a_server_over_its_share_leaves_a_burst_to_its_sibling(fair_server, monkeypatch):
+    # The pause cannot run out during the test, however slowly it is scheduled.
+    monkeypatch.setattr(fairaccept, "ACCEPT_PAUSE_MAX_S", 3600.0)
+    shares, accepted, connect, server = fair_server
+    connect(3)  # one burst, all in the backlog before the hub looks
     green_wait_until(lambda: len(accepted) == 1)
-    connect()
-    gevent.sleep(fairaccept.ACCEPT_PAUSE_S * 3)  # a window for what must not happen
+    assert server.paused
+    # Let the hub run its accept loop and the pause's timer a few times: nothing is
+    # taken while 6 > 6/2 + 1 (gevent's loop would take the whole burst at once).
+    for _ in range(3):
+        gevent.sleep(fairaccept.ACCEPT_PAUSE_S)
     assert len(accepted) == 1, "accepted while over its share"
-    shares.counts[1] = 5  # the sibling took its share
-    green_wait_until(lambda: len(accepted) == 2)  # resumed, once back within its share
+    assert (shares.counts[0], shares.counts[1]) == (6, 0)
+    shares.counts[1] = 5  # the sibling took its share: 6 of 11 is within it
+    green_wait_until(lambda: len(accepted) == 3)  # resumed; paused again at 8 of 13
+    assert server.paused
+
+
+def test_a_server_within_its_share_takes_a_whole_burst(fair_server):
+    shares, accepted, connect, server = fair_server
+    shares.counts[1] = 10  # the sibling leads
+    connect(3)
+    green_wait_until(lambda: len(accepted) == 3)
+    assert not server.paused
+    assert shares.counts[0] == 8
 
 
 def test_a_server_resumes_accepting_when_its_sibling_never_does(fair_server):
-    shares, accepted, connect = fair_server
+    shares, accepted, connect, _ = fair_server
     connect()
     green_wait_until(lambda: len(accepted) == 1)
     connect()
-    # Still over its share (the sibling holds none), yet it takes the connection.
+    # Still over its share (the sibling holds none), yet it takes the connection
+    # once ACCEPT_PAUSE_MAX_S has passed.
     green_wait_until(lambda: len(accepted) == 2)
     assert shares.over_share(0)
 

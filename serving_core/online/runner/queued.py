@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from concurrent.futures import CancelledError
 from concurrent.futures import TimeoutError as FutureTimeout
+from functools import partial
 from typing import Any, Protocol
 
 from serving_core import context
@@ -72,7 +73,10 @@ class Queued:
     def run(self, item: Any, ctx: Context, *, arrival: float, watch: WatchGone | None) -> Any:
         queue = self.queue
         pending = queue.submit(item, ctx, arrival=arrival)
-        unwatch = watch(lambda: queue.withdraw(pending)) if watch is not None else None
+        # A client that hangs up: its item is marked, and dropped unrun before any
+        # refusal (``Batcher.hung_up``); the shared model process's queue withdraws it.
+        gone = partial(queue.hung_up if isinstance(queue, Batcher) else queue.withdraw, pending)
+        unwatch = watch(gone) if watch is not None else None
         try:
             output = pending.future.result(timeout=ctx.remaining_s())
         except (FutureTimeout, CancelledError):

@@ -6,7 +6,6 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
-import gevent
 from gevent.hub import get_hub
 
 WATCH_AFTER_S = 0.05  # how long a request waits before its client's socket is watched
@@ -15,11 +14,18 @@ WATCH_AFTER_S = 0.05  # how long a request waits before its client's socket is w
 def watch_client(sock: Any, on_gone: Callable[[], None]) -> Callable[[], None]:
     """Call ``on_gone`` if the client closes its connection while its request waits
     for the model; returns what stops watching. An io watcher on the hub, so a wait
-    costs nothing until the socket turns readable: then a greenlet peeks, and an
-    end of stream (or a reset) means the client has gone. Data means a pipelined
-    request, which says nothing: the watch ends there. Without this, the requests
-    of clients that gave up (a storm's connections, closed) keep their places in
-    the queue and the model runs them for nobody, while new requests are refused.
+    costs nothing until the socket turns readable: then a peek, in the watcher's
+    callback, and an end of stream (or a reset) means the client has gone. Data
+    means a pipelined request, which says nothing: the watch ends there. Without
+    this, the requests of clients that gave up (a storm's connections, closed)
+    keep their places in the queue and the model runs them for nobody, while new
+    requests are refused.
+
+    The peek and ``on_gone`` run in the callback itself, not in a greenlet it
+    spawns: a greenlet would run only after the rest of the loop's turn, and a
+    newcomer woken in that turn was refused by a queue its gone predecessors
+    still filled. So ``on_gone`` must be cheap and must not wait
+    (``Batcher.hung_up`` marks the item).
 
     The io watcher starts only once the request has waited ``WATCH_AFTER_S``:
     making one cost two system calls (libev checks the descriptor, then adds it
@@ -31,21 +37,23 @@ def watch_client(sock: Any, on_gone: Callable[[], None]) -> Callable[[], None]:
         return _nothing
     if fd < 0:
         return _nothing
+    # gevent's socket would wait on the hub if the peek found nothing (a spurious
+    # wake-up), which the hub cannot do: peek on the native socket, never waiting.
+    native = getattr(sock, "_sock", sock)
     loop = get_hub().loop
     timer = loop.timer(WATCH_AFTER_S)
     watcher: Any = None
 
-    def peek() -> None:
+    def readable() -> None:
         try:
-            gone = sock.recv(1, socket.MSG_PEEK) == b""
+            gone = native.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+        except BlockingIOError:
+            return  # nothing to read after all: keep watching
         except OSError:
             gone = True
+        watcher.stop()
         if gone:
             on_gone()
-
-    def readable() -> None:
-        watcher.stop()
-        gevent.spawn(peek)
 
     def watch() -> None:
         nonlocal watcher

@@ -92,6 +92,15 @@ class FairServer(StreamServer):  # type: ignore[misc]
     # adaptive batcher's bound on who may still send.
     open_connections = 0
     connections: Connections | None = None  # set in the worker, after fork
+    paused = False  # over its share: the rest of the backlog is left to the siblings
+
+    def do_read(self) -> Any:
+        # gevent's accept loop takes up to ``max_accept`` (100) connections per
+        # wake-up, and goes on after ``stop_accepting``: a burst that reached the
+        # backlog before this hub woke would all land here. None ends that loop.
+        if self.paused:
+            return None
+        return super().do_read()
 
     def do_handle(self, *args: Any) -> None:
         # Counted here, at accept, not when the connection's greenlet first runs:
@@ -101,6 +110,7 @@ class FairServer(StreamServer):  # type: ignore[misc]
             FairServer.connections.make_room(FairServer.open_connections)
         super().do_handle(*args)
         if self._over_share():
+            self.paused = True
             self.stop_accepting()
             self._pause(time.monotonic() + ACCEPT_PAUSE_MAX_S)
 
@@ -126,8 +136,10 @@ class FairServer(StreamServer):  # type: ignore[misc]
     def _resume(self, timer: Any, until: float) -> None:
         timer.close()
         if not self.started:
+            self.paused = False
             return
         if self._over_share() and time.monotonic() < until:
             self._pause(until)  # still ahead: leave what is pending to the others a while longer
         else:
+            self.paused = False
             self.start_accepting()
