@@ -111,6 +111,21 @@ def test_the_dependabot_schema_rejects_an_unknown_ecosystem(tmp_path: Path) -> N
     assert result.returncode == 1, result.stdout
 
 
+def test_dependabot_watches_every_lockfile_of_the_chart_tools() -> None:
+    # The npm tools (readme-generator-for-helm, tools/chart-docs) are pinned by a
+    # lockfile that nothing else would bump.
+    updates = yaml.safe_load((GITHUB / "dependabot.yml").read_text())["updates"]
+    watched = {
+        (entry["package-ecosystem"], folder)
+        for entry in updates
+        for folder in entry.get("directories", [entry.get("directory")])
+    }
+    root = GITHUB.parent
+    for lockfile in root.glob("tools/*/package-lock.json"):
+        assert ("npm", "/" + str(lockfile.parent.relative_to(root))) in watched, lockfile
+    assert list(root.glob("tools/*/package-lock.json"))
+
+
 def test_yamllint_passes() -> None:
     result = run(
         tool("yamllint"),
