@@ -28,8 +28,12 @@ class Tokenize(Handler):
         self.tokenizer = load_tokenizer()
 
     def predict_batch(self, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        # Unpadded, truncated as handlers/minilm truncates: the ids travel as JSON.
+        # Unpadded, truncated as handlers/minilm truncates: the pipeline sends the ids
+        # and mask on to handlers/minilm-ids as INT64 tensors over gRPC.
         encoded = self.tokenizer(
             [params["text"] for params in batch], truncation=True, max_length=MAX_TOKENS
         )
-        return [{"input_ids": ids} for ids in encoded["input_ids"]]
+        return [
+            {"input_ids": ids, "attention_mask": mask}
+            for ids, mask in zip(encoded["input_ids"], encoded["attention_mask"], strict=True)
+        ]

@@ -57,13 +57,13 @@ def request(message: Any) -> InferRequest:
         if raws:
             array = from_raw(name, datatype, shape, raws[index])
         else:
-            array = _from_contents(name, datatype, shape, tensor)
+            array = from_contents(name, datatype, shape, tensor)
         decoded[name] = (datatype, array)
     asked = tuple(output.name for output in message.outputs) or None
     return InferRequest(decoded, id=message.id or None, outputs=asked)
 
 
-def _from_contents(name: str, datatype: str, shape: tuple[int, ...], tensor: Any) -> Array:
+def from_contents(name: str, datatype: str, shape: tuple[int, ...], tensor: Any) -> Array:
     field = _CONTENTS.get(datatype)
     if field is None:
         raise BadRequest(

@@ -1,4 +1,4 @@
-"""A worker's HTTP client for a pipeline's stages: one call with its retries, and readiness.
+"""A worker's client for a pipeline's stages: one call with its retries, and readiness.
 
 Each call forwards ``X-Request-ID`` and what is left of the deadline as
 ``X-Request-Timeout``; its timeout is the stage's ``timeout_s`` capped by that
@@ -13,6 +13,13 @@ wraps, with no dependencies, it takes a total timeout per call, and retries
 can be switched off so that only connection failures are retried, here,
 within the budget. Under the gevent worker its sockets are gevent's, so a
 waiting call yields to the worker's other requests.
+
+A ``grpc_env`` stage is called through ``serving_core.grpc.stage`` instead (V2
+``ModelInfer`` with tensors): the same budget as its deadline, the same key (as
+``authorization`` metadata), retried on ``UNAVAILABLE`` and ``RESOURCE_EXHAUSTED``.
+That module is imported only when a stage speaks gRPC, so grpcio stays out of
+HTTP-only pipelines; it is the one import from pipeline up into grpc (pyproject's
+layers contract names it).
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import urllib3
@@ -32,6 +39,9 @@ from serving_core.context import Context
 from serving_core.handler import Output, Params
 from serving_core.pipeline.config import StageSpec
 from serving_core.runtime import Runtime
+
+if TYPE_CHECKING:
+    from serving_core.grpc.stage import GrpcStages
 
 log = logging.getLogger("serving_core.pipeline.client")
 
@@ -89,6 +99,11 @@ class StageClient:
         # Held across the stages' /readyz calls, which yield to the hub under gevent:
         # a native lock there would hang the worker on a second probe meanwhile.
         self._ready_lock = runtime.new_lock()
+        self._grpc: GrpcStages | None = None
+        if any(stage.protocol == "grpc" for stage in stages):
+            from serving_core.grpc.stage import GrpcStages
+
+            self._grpc = GrpcStages()
 
     def call(self, stage: StageSpec, params: Params, ctx: Context) -> Outcome:
         """``params`` to ``stage``, again while its connection is refused and both its
@@ -109,6 +124,14 @@ class StageClient:
             left = until - time.monotonic()
             if left <= 0:
                 failure = Failure("timeout", f"no answer within {budget:.3f} s", capped)
+                break
+            if stage.protocol == "grpc":
+                output, failure, again = self._infer(stage, params, ctx.request_id, until)
+                if failure is not None and failure.kind == "timeout":
+                    failure = Failure("timeout", f"no answer within {budget:.3f} s", capped)
+                if again and attempts <= stage.retries:
+                    time.sleep(min(_BACKOFF_S * 2 ** (attempts - 1), max(0.0, left / 2)))
+                    continue
                 break
             try:
                 output, failure = self._post(stage, body, ctx.request_id, left)
@@ -169,6 +192,27 @@ class StageClient:
             message += f" {answer['error'].get('type')}: {answer['error'].get('message')}"
         return None, Failure("rejected" if response.status == 400 else "status", message)
 
+    def _infer(
+        self, stage: StageSpec, params: Params, request_id: str, until: float
+    ) -> tuple[Output | None, Failure | None, bool]:
+        """One gRPC attempt: its output, or its failure and whether to send it again."""
+        from serving_core.grpc.stage import StageError
+
+        assert self._grpc is not None
+        assert stage.url is not None
+        try:
+            output = self._grpc.infer(
+                stage.url,
+                stage.model,
+                params,
+                until=until,
+                request_id=request_id,
+                api_key=stage.api_key,
+            )
+        except StageError as exc:
+            return None, Failure(exc.kind, exc.message, detail=exc.detail), exc.retry
+        return output, None, False
+
     def ready(self, stages: Sequence[StageSpec]) -> bool:
         """Whether every one of ``stages`` answers its ``/readyz`` with 200; asked at
         most once per ``READINESS_TTL_S``, whoever asks meanwhile."""
@@ -183,6 +227,8 @@ class StageClient:
     def _stage_ready(self, stage: StageSpec) -> bool:
         if stage.url is None:
             return False
+        if self._grpc is not None and stage.protocol == "grpc":
+            return self._grpc.ready(stage.url, stage.model, READINESS_TIMEOUT_S)
         try:
             response = self._http.request(
                 "GET",

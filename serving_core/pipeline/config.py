@@ -11,13 +11,17 @@ pool_size: 64              # keep-alive connections per stage and worker
 input_schema: {...}        # optional JSON Schema of the request
 stages:
   - name: setosa
-    url_env: IRIS_SETOSA_URL   # the variable holding the stage's base URL
+    url_env: IRIS_SETOSA_URL   # the variable holding the stage's base URL (HTTP)
+    # or, for a stage that speaks V2 gRPC (serving-core's SERVING_GRPC_PORT, Triton):
+    # grpc_env: IDS_GRPC       # the variable holding its host:port
+    # model: my-model          # the V2 model to call (grpc_env only)
     key_env: IRIS_API_KEY      # optional: the variable holding the API key the stage
                                # wants (sent as Authorization: Bearer); unset: none
     path: /predict             # default /predict
     timeout_s: 1.0             # capped by what is left of the request's deadline
     optional: false            # true: skipped, with the reason, on any failure
-    retries: 2                 # connection failures only (refused, unreachable)
+    retries: 2                 # connection failures only (refused, unreachable);
+                               # gRPC: UNAVAILABLE and RESOURCE_EXHAUSTED too
     label: setosa              # best_label: the label this stage scores (default: name)
     into: null                 # serial: the next input gets the output under this key
                                # (default: the output's fields merged into it)
@@ -60,6 +64,8 @@ _TOP_KEYS = {
 _STAGE_KEYS = {
     "name",
     "url_env",
+    "grpc_env",
+    "model",
     "key_env",
     "path",
     "timeout_s",
@@ -80,8 +86,10 @@ Fail = Callable[[str, str], "PipelineError"]
 @dataclass(frozen=True)
 class StageSpec:
     name: str
+    # The variable naming where the stage is (url_env, or grpc_env for a gRPC stage)
+    # and its value: a base URL, or host:port. None while it is unset.
     url_env: str
-    url: str | None  # the variable's value; None while it is unset
+    url: str | None
     path: str = "/predict"
     timeout_s: float = 2.0
     optional: bool = False
@@ -92,6 +100,8 @@ class StageSpec:
     # The API key the stage's service wants (its SERVING_API_KEYS), from key_env.
     # Kept out of repr, so that no log line or error message can show it.
     api_key: str | None = field(default=None, repr=False)
+    protocol: str = "http"  # or grpc: V2 ModelInfer with tensors
+    model: str = ""  # grpc: the V2 model name
 
     @property
     def endpoint(self) -> str:
@@ -191,11 +201,15 @@ def _schema(schema: Any, fail: Fail) -> dict[str, Any] | None:
 
 def _stage(raw: Any, key: str, environ: Mapping[str, str], fail: Fail) -> StageSpec:
     if not isinstance(raw, dict):
-        raise fail(key, "must be a mapping with at least `name` and `url_env`")
+        raise fail(key, "must be a mapping with at least `name` and `url_env` (or `grpc_env`)")
     _no_unknown(raw, _STAGE_KEYS, f"{key}.", fail)
     name = raw.get("name")
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise fail(f"{key}.name", f"must be a short name (letters, digits, _ . -), got {name!r}")
+    if "grpc_env" in raw:
+        return _grpc_stage(raw, key, name, environ, fail)
+    if "model" in raw:
+        raise fail(f"{key}.model", "only a gRPC stage names its model; add grpc_env, or remove it")
     url_env = _env_name(raw.get("url_env"), f"{key}.url_env", f"{name}_URL", fail)
     url = environ.get(url_env) or None
     if url is not None and not re.match(r"https?://[^/\s]+", url):
@@ -203,6 +217,49 @@ def _stage(raw: Any, key: str, environ: Mapping[str, str], fail: Fail) -> StageS
             f"{key}.url_env",
             f"{url_env}={url!r} is not an http(s) base URL; set it like http://host:8000",
         )
+    path = raw.get("path", "/predict")
+    if not isinstance(path, str) or not path.startswith("/"):
+        raise fail(f"{key}.path", f"must start with '/', got {path!r}")
+    return StageSpec(
+        name=name, url_env=url_env, url=url, path=path, **_common(raw, key, environ, fail)
+    )
+
+
+def _grpc_stage(
+    raw: dict[str, Any], key: str, name: str, environ: Mapping[str, str], fail: Fail
+) -> StageSpec:
+    for http_only in ("url_env", "path"):
+        if http_only in raw:
+            raise fail(
+                f"{key}.{http_only}",
+                "a stage is HTTP (url_env) or gRPC (grpc_env), not both; remove one",
+            )
+    grpc_env = _env_name(raw.get("grpc_env"), f"{key}.grpc_env", f"{name}_GRPC", fail)
+    target = environ.get(grpc_env) or None
+    if target is not None and not re.fullmatch(r"[^/\s:]+:\d{1,5}", target):
+        raise fail(
+            f"{key}.grpc_env",
+            f"{grpc_env}={target!r} is not host:port; set it like ids:8001 (no scheme, no path)",
+        )
+    if "model" not in raw:
+        raise fail(f"{key}.model", "a gRPC stage names the V2 model it calls; add model: <name>")
+    model = _text(raw["model"], f"{key}.model", fail)
+    return StageSpec(
+        name=name,
+        url_env=grpc_env,
+        url=target,
+        path="",
+        protocol="grpc",
+        model=model,
+        **_common(raw, key, environ, fail),
+    )
+
+
+def _common(
+    raw: dict[str, Any], key: str, environ: Mapping[str, str], fail: Fail
+) -> dict[str, Any]:
+    """The keys an HTTP and a gRPC stage share, as StageSpec's fields."""
+    name = raw["name"]
     key_env = raw.get("key_env")
     if key_env is not None:
         # SERVING_API_KEYS is the keys this service accepts, not what a stage wants.
@@ -210,9 +267,6 @@ def _stage(raw: Any, key: str, environ: Mapping[str, str], fail: Fail) -> StageS
     api_key = environ.get(key_env) if key_env is not None else None
     if api_key is not None and (not api_key.strip() or any(c.isspace() for c in api_key.strip())):
         raise fail(f"{key}.key_env", f"{key_env} must hold one key with no spaces")
-    path = raw.get("path", "/predict")
-    if not isinstance(path, str) or not path.startswith("/"):
-        raise fail(f"{key}.path", f"must start with '/', got {path!r}")
     timeout = raw.get("timeout_s", 2.0)
     if (
         isinstance(timeout, bool)
@@ -223,19 +277,15 @@ def _stage(raw: Any, key: str, environ: Mapping[str, str], fail: Fail) -> StageS
     into = raw.get("into")
     if into is not None:
         into = _text(into, f"{key}.into", fail)
-    return StageSpec(
-        name=name,
-        url_env=url_env,
-        url=url,
-        path=path,
-        timeout_s=float(timeout),
-        optional=_flag(raw.get("optional", False), f"{key}.optional", fail),
-        retries=_count(raw.get("retries", 2), f"{key}.retries", fail, least=0),
-        label=_text(raw.get("label", name), f"{key}.label", fail),
-        into=into,
-        key_env=key_env,
-        api_key=api_key.strip() if api_key else None,
-    )
+    return {
+        "timeout_s": float(timeout),
+        "optional": _flag(raw.get("optional", False), f"{key}.optional", fail),
+        "retries": _count(raw.get("retries", 2), f"{key}.retries", fail, least=0),
+        "label": _text(raw.get("label", name), f"{key}.label", fail),
+        "into": into,
+        "key_env": key_env,
+        "api_key": api_key.strip() if api_key else None,
+    }
 
 
 def _env_name(value: Any, key: str, example: str, fail: Fail) -> str:

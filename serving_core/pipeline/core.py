@@ -1,4 +1,4 @@
-"""A pipeline of services: a handler whose stages are other services, called over HTTP.
+"""A pipeline of services: a handler whose stages are other services, over HTTP or gRPC.
 
 A ``Pipeline`` is a ``Handler`` (``concurrent = True``): it is served like any
 other (gunicorn, nginx, metrics, the chart), but ``predict`` runs where the
@@ -53,6 +53,7 @@ class Pipeline(Handler):
             raise PipelineError(
                 f"{self.spec.source}: the stage variable(s) {', '.join(unset)} are not set; "
                 "set each url_env to its service's base URL, e.g. http://iris-setosa:8000, "
+                "each grpc_env to its gRPC host:port, e.g. minilm-ids:8001, "
                 "and each key_env to an API key that service accepts"
             )
 
