@@ -18,6 +18,7 @@ from tests.conftest import make_app
 from tests.servers import ROOT, SERVING_CORE, base_env
 
 STAGE = {"name": "a", "url_env": "A_URL"}
+GRPC_STAGE = {"name": "g", "grpc_env": "G_GRPC", "model": "m"}
 
 
 def spec(**top) -> dict:
@@ -53,6 +54,13 @@ def with_stage(**stage) -> dict:
         (with_stage(key_env="SERVING_API_KEYS"), "stages[0].key_env"),
         ({"kind": "serial", "stages": [STAGE, STAGE]}, "stages[1].name"),
         ({"kind": "parallel", "stages": [{**STAGE, "into": "x"}]}, "stages[0].into"),
+        # gRPC stages: grpc_env with a model, and nothing of HTTP's.
+        (with_stage(grpc_env="A_GRPC", model="m"), "stages[0].url_env"),
+        (with_stage(model="m"), "stages[0].model"),
+        ({"kind": "serial", "stages": [GRPC_STAGE | {"path": "/x"}]}, "stages[0].path"),
+        ({"kind": "serial", "stages": [GRPC_STAGE | {"model": None}]}, "stages[0].model"),
+        ({"kind": "serial", "stages": [{"name": "g", "grpc_env": "G_GRPC"}]}, "stages[0].model"),
+        ({"kind": "serial", "stages": [GRPC_STAGE | {"grpc_env": "x y"}]}, "stages[0].grpc_env"),
     ],
 )
 def test_a_bad_pipeline_file_names_the_file_and_the_key(raw, key, tmp_path):
@@ -221,6 +229,21 @@ def test_a_concurrent_handler_runs_in_the_request_and_refuses_beyond_max_queue(t
     assert not service.ready
     with pytest.raises(NotReady):
         service.admit()  # a stopped worker takes no more requests
+
+
+@pytest.mark.parametrize("target", ["http://ids:8001", "ids", "ids:8001/v2"])
+def test_a_grpc_stage_target_that_is_not_host_port_is_refused_with_the_variable(target):
+    raw = {"kind": "serial", "stages": [GRPC_STAGE]}
+    with pytest.raises(PipelineError, match=r"stages\[0\]\.grpc_env: G_GRPC=.* is not host:port"):
+        parse(raw, "p.yaml", {"G_GRPC": target})
+
+
+def test_a_grpc_stage_reads_its_target_model_and_key():
+    raw = {"kind": "serial", "stages": [GRPC_STAGE | {"key_env": "G_KEY", "retries": 1}]}
+    (stage,) = parse(raw, "p.yaml", {"G_GRPC": "ids:8001", "G_KEY": "k-1"}).stages
+    assert (stage.protocol, stage.url, stage.model) == ("grpc", "ids:8001", "m")
+    assert (stage.api_key, stage.retries) == ("k-1", 1)
+    assert parse(raw, "p.yaml", {}).unset() == ["G_GRPC", "G_KEY"]
 
 
 def test_the_example_pipeline_files_parse():

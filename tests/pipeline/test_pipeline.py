@@ -385,12 +385,12 @@ def test_readiness_waits_on_the_runtimes_lock(probe, tmp_path):
     assert taken == ["enter"]
 
 
-# -- prep→pred: two MiniLM services in series -----------------------------------
+# -- prep→pred: two MiniLM services in series, pred over V2 gRPC ---------------
 
 
 @pytest.mark.example("minilm", "minilm-prep", "minilm-ids", "minilm-prep-pred")
 @pytest.mark.model
-def test_prep_then_pred_gives_the_single_minilm_services_embeddings():
+def test_prep_then_pred_over_grpc_gives_the_single_minilm_services_embeddings():
     import numpy as np
 
     from serving_core.context import Context
@@ -407,26 +407,41 @@ def test_prep_then_pred_gives_the_single_minilm_services_embeddings():
     single.handler.setup_worker()
     engine = Engine(single.handler, max_batch_size=16)
     expected = engine.predict_many([{"text": t} for t in texts], [Context("ref")] * len(texts))
+    gthread = {"SERVING_WORKER_CLASS": "gthread", **ONE_WORKER}
+    grpc_port = free_port()
     with contextlib.ExitStack() as stack:
         prep = stack.enter_context(
             gunicorn_server({"SERVING_HANDLER": "handlers/minilm-prep", **ONE_WORKER})
         )
-        pred = stack.enter_context(
-            gunicorn_server({"SERVING_HANDLER": "handlers/minilm-ids", **ONE_WORKER})
-        )
+        pred_env = {
+            "SERVING_HANDLER": "handlers/minilm-ids",
+            "SERVING_GRPC_PORT": str(grpc_port),
+            **gthread,
+        }
+        pred = stack.enter_context(gunicorn_server(pred_env))
         env = {
             "SERVING_HANDLER": "handlers/minilm-prep-pred",
             "MINILM_PREP_URL": prep.url,
-            "MINILM_IDS_URL": pred.url,
-            **ONE_WORKER,
+            "MINILM_IDS_GRPC": f"127.0.0.1:{grpc_port}",
+            **gthread,
         }
         pair = stack.enter_context(gunicorn_server(env))
         answers = [post(pair, {"text": t}) for t in texts]
+        logs = pred.output()
+        metrics = requests.get(pred.url + "/metrics", timeout=10).text
     for answer, reference in zip(answers, expected, strict=True):
         assert answer.status_code == 200, answer.text
         body = answer.json()
-        assert [s["stage"] for s in body["stages"]] == ["prep", "pred"]
+        assert [(s["stage"], s["status"]) for s in body["stages"]] == [
+            ("prep", "ran"),
+            ("pred", "ran"),
+        ]
         got = np.array(body["embedding"])
-        want = np.asarray(reference["embedding"])
-        cosine = float(got @ want / (np.linalg.norm(got) * np.linalg.norm(want)))
-        assert cosine >= 0.9999
+        np.testing.assert_allclose(got, np.asarray(reference["embedding"]), rtol=0, atol=1e-5)
+    # pred answered over gRPC (its metrics count the calls), never over /predict.
+    assert "POST /predict" not in logs
+    infer = (
+        'serving_requests_total{protocol="grpc",route="/inference.GRPCInferenceService/ModelInfer"'
+        ',status="200"} 3.0'
+    )
+    assert infer in metrics, metrics
