@@ -12,7 +12,8 @@ connection; anything else is final.
 
 Channels are made on first use, in the worker (after fork: a channel must not
 cross a fork), one per target, multiplexing every call over HTTP/2. grpcio's calls
-block natively: a pipeline with gRPC stages runs on gthread workers.
+block natively: a pipeline with gRPC stages runs on gthread workers (``pipeline.core.load``
+refuses gevent's).
 """
 
 from __future__ import annotations

@@ -195,6 +195,13 @@ def load(path: Path, environ: Mapping[str, str], runtime: Runtime = THREADS) -> 
     """A ``Pipeline`` for the file at ``path``, stage URLs looked up in ``environ``;
     its stage calls wait as ``runtime`` says (greenlets in a gevent worker)."""
     spec = read(path, environ)
+    grpc_stages = [stage.name for stage in spec.stages if stage.protocol == "grpc"]
+    if grpc_stages and runtime.green:
+        # grpcio's calls wait natively: one would stall every request on the hub.
+        raise PipelineError(
+            f"{spec.source}: stage(s) {', '.join(grpc_stages)} speak gRPC, whose calls "
+            "block a gevent worker; serve this pipeline with SERVING_WORKER_CLASS=gthread"
+        )
     cls = type(
         "Pipeline",
         (Pipeline,),

@@ -19,6 +19,8 @@ from serving_core.errors import BadGateway, InvalidParams
 from serving_core.grpc.proto import grpc_predict_v2_pb2 as pb
 from serving_core.grpc.proto import grpc_predict_v2_pb2_grpc as pb_grpc
 from serving_core.pipeline import core as pipeline
+from serving_core.pipeline.config import PipelineError
+from serving_core.runtime import Runtime
 from tests.servers import free_port
 
 
@@ -129,3 +131,11 @@ def test_a_field_the_model_takes_missing_from_the_request_is_a_502_naming_it(sta
     _, target = stage
     with pytest.raises(BadGateway, match="no field 'input_ids'"):
         grpc_pipeline(tmp_path, target).predict({"text": "no ids"})
+
+
+def test_a_pipeline_with_a_grpc_stage_refuses_the_gevent_worker(tmp_path):
+    path = tmp_path / "pipeline.yaml"
+    stage = {"name": "ids", "grpc_env": "IDS_GRPC", "model": "ids"}
+    path.write_text(yaml.safe_dump({"kind": "serial", "stages": [stage]}))
+    with pytest.raises(PipelineError, match="SERVING_WORKER_CLASS=gthread"):
+        pipeline.load(path, {"IDS_GRPC": "127.0.0.1:1"}, Runtime("gevent"))
