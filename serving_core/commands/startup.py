@@ -11,6 +11,7 @@ from serving_core.errors import HandlerError
 from serving_core.jobs.redis_durability import UnsafeRedis, check_redis, count_losses
 from serving_core.loading import LoadedHandler, load_handler
 from serving_core.metrics.directory import enable_multiprocess
+from serving_core.pipeline import transport
 from serving_core.runtime import THREADS, Runtime
 from serving_core.settings import Settings, SettingsError
 
@@ -32,6 +33,7 @@ def load(
     """
     try:
         logs.configure(settings.log_level, settings.log_format)
+        provide_grpc_stages()
         if shared_metrics:
             enable_multiprocess(settings.metrics_dir)
         if uses_queue:
@@ -45,6 +47,20 @@ def load(
         )
     except (SettingsError, HandlerError, UnsafeRedis) as exc:
         raise Failure(str(exc)) from exc
+
+
+def provide_grpc_stages() -> None:
+    """Let a pipeline's ``grpc_env`` stages be called: the pipeline layer sits below
+    ``grpc`` and is handed its client from here (``pipeline.transport``)."""
+    transport.provide_grpc(_grpc_stages)
+
+
+def _grpc_stages() -> transport.GrpcTransport:
+    # Imported only when a pipeline has a gRPC stage: grpcio and the stubs stay out
+    # of every other process.
+    from serving_core.grpc.stage import GrpcStages
+
+    return GrpcStages()
 
 
 def check_queue(settings: Settings) -> None:

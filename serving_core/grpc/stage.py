@@ -1,5 +1,6 @@
 """A pipeline's gRPC stages: a parameters dict to a V2 ``ModelInfer`` with tensors, and
-the output tensors back to a dict (``pipeline.client`` calls it for ``grpc_env`` stages).
+the output tensors back to a dict: the ``pipeline.transport`` the command line
+provides, which ``pipeline.client`` calls for ``grpc_env`` stages.
 
 Each field the model takes (its ``ModelMetadata``, asked once per worker and model,
 then cached) goes as one row of a tensor of the datatype the model declares (int64
@@ -29,23 +30,13 @@ from serving_core.errors import BadRequest
 from serving_core.grpc.codec import from_contents
 from serving_core.grpc.proto import grpc_predict_v2_pb2 as pb
 from serving_core.grpc.proto import grpc_predict_v2_pb2_grpc as pb_grpc
+from serving_core.pipeline.transport import StageError
 from serving_core.v2.datatypes import NUMPY
 from serving_core.v2.tensors import check_datatype, check_shape, from_raw, to_raw
 
 # The model never ran the call: sending it again is safe.
 RETRIED = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED)
 UNREACHABLE = "gRPC UNAVAILABLE: down, overloaded or unreachable; the server's log has more"
-
-
-class StageError(Exception):
-    """Why a gRPC stage gave no output; ``kind`` is the pipeline's failure kind."""
-
-    def __init__(self, kind: str, message: str, *, retry: bool = False, detail: str = "") -> None:
-        super().__init__(message)
-        self.kind = kind  # timeout, unavailable, rejected, status, invalid_response
-        self.message = message  # for the client: never the stage's address
-        self.retry = retry
-        self.detail = detail or message  # for the server's log
 
 
 class GrpcStages:

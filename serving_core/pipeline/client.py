@@ -14,12 +14,11 @@ can be switched off so that only connection failures are retried, here,
 within the budget. Under the gevent worker its sockets are gevent's, so a
 waiting call yields to the worker's other requests.
 
-A ``grpc_env`` stage is called through ``serving_core.grpc.stage`` instead (V2
-``ModelInfer`` with tensors): the same budget as its deadline, the same key (as
-``authorization`` metadata), retried on ``UNAVAILABLE`` and ``RESOURCE_EXHAUSTED``.
-That module is imported only when a stage speaks gRPC, so grpcio stays out of
-HTTP-only pipelines; it is the one import from pipeline up into grpc (pyproject's
-layers contract names it).
+A ``grpc_env`` stage is called through the gRPC transport instead (V2
+``ModelInfer`` with tensors; ``pipeline.transport``, which the command line fills
+with ``serving_core.grpc.stage``): the same budget as its deadline, the same key
+(as ``authorization`` metadata), retried on ``UNAVAILABLE`` and
+``RESOURCE_EXHAUSTED``. A transport is made only when a stage speaks gRPC.
 """
 
 from __future__ import annotations
@@ -28,7 +27,7 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 import urllib3
@@ -38,10 +37,8 @@ from serving_core import encoding
 from serving_core.context import Context
 from serving_core.handler import Output, Params
 from serving_core.pipeline.config import StageSpec
+from serving_core.pipeline.transport import GrpcTransport, StageError, grpc_transport
 from serving_core.runtime import Runtime
-
-if TYPE_CHECKING:
-    from serving_core.grpc.stage import GrpcStages
 
 log = logging.getLogger("serving_core.pipeline.client")
 
@@ -99,11 +96,9 @@ class StageClient:
         # Held across the stages' /readyz calls, which yield to the hub under gevent:
         # a native lock there would hang the worker on a second probe meanwhile.
         self._ready_lock = runtime.new_lock()
-        self._grpc: GrpcStages | None = None
+        self._grpc: GrpcTransport | None = None
         if any(stage.protocol == "grpc" for stage in stages):
-            from serving_core.grpc.stage import GrpcStages
-
-            self._grpc = GrpcStages()
+            self._grpc = grpc_transport()
 
     def call(self, stage: StageSpec, params: Params, ctx: Context) -> Outcome:
         """``params`` to ``stage``, again while its connection is refused and both its
@@ -196,8 +191,6 @@ class StageClient:
         self, stage: StageSpec, params: Params, request_id: str, until: float
     ) -> tuple[Output | None, Failure | None, bool]:
         """One gRPC attempt: its output, or its failure and whether to send it again."""
-        from serving_core.grpc.stage import StageError
-
         assert self._grpc is not None
         assert stage.url is not None
         try:

@@ -28,6 +28,7 @@ from serving_core import context
 from serving_core.context import Context
 from serving_core.errors import BadGateway, DeadlineExceeded, InvalidParams
 from serving_core.handler import Handler, Output, Params
+from serving_core.pipeline import transport
 from serving_core.pipeline.client import Failure, Outcome, StageClient
 from serving_core.pipeline.config import PipelineError, PipelineSpec, StageSpec, read
 from serving_core.runtime import THREADS, Runtime
@@ -202,6 +203,8 @@ def load(path: Path, environ: Mapping[str, str], runtime: Runtime = THREADS) -> 
             f"{spec.source}: stage(s) {', '.join(grpc_stages)} speak gRPC, whose calls "
             "block a gevent worker; serve this pipeline with SERVING_WORKER_CLASS=gthread"
         )
+    if grpc_stages:
+        transport.require_grpc(spec.source)
     cls = type(
         "Pipeline",
         (Pipeline,),

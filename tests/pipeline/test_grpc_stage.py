@@ -19,7 +19,9 @@ from serving_core.errors import BadGateway, InvalidParams
 from serving_core.grpc.keys import presented
 from serving_core.grpc.proto import grpc_predict_v2_pb2 as pb
 from serving_core.grpc.proto import grpc_predict_v2_pb2_grpc as pb_grpc
+from serving_core.grpc.stage import GrpcStages
 from serving_core.pipeline import core as pipeline
+from serving_core.pipeline import transport
 from serving_core.pipeline.config import PipelineError
 from serving_core.runtime import Runtime
 from tests.servers import free_port
@@ -52,6 +54,12 @@ class Scripted(pb_grpc.GRPCInferenceServiceServicer):
         reply.outputs.add(name="total", datatype="FP32", shape=[1, 1])
         reply.raw_output_contents.append(np.array([ids.sum()], dtype="<f4").tobytes())
         return reply
+
+
+@pytest.fixture(autouse=True)
+def grpc_transport(monkeypatch: pytest.MonkeyPatch) -> None:
+    # As the command line does before it loads a handler (commands.startup).
+    monkeypatch.setattr(transport, "_grpc", GrpcStages)
 
 
 @pytest.fixture(scope="module")
@@ -140,3 +148,11 @@ def test_a_pipeline_with_a_grpc_stage_refuses_the_gevent_worker(tmp_path):
     path.write_text(yaml.safe_dump({"kind": "serial", "stages": [stage]}))
     with pytest.raises(PipelineError, match="SERVING_WORKER_CLASS=gthread"):
         pipeline.load(path, {"IDS_GRPC": "127.0.0.1:1"}, Runtime("gevent"))
+
+
+def test_a_grpc_stage_with_no_transport_provided_is_refused_at_load(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(transport, "_grpc", None)
+    with pytest.raises(PipelineError, match="provide_grpc"):
+        grpc_pipeline(tmp_path, "127.0.0.1:1")
