@@ -45,11 +45,11 @@ import jsonschema
 import yaml
 
 from serving_core.errors import HandlerError
+from serving_core.pipeline.fields import count, env_name, flag, no_unknown, text
 
 KINDS = ("serial", "parallel")
 AGGREGATES = ("all", "best_label")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
-_ENV = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _TOP_KEYS = {
     "name",
     "version",
@@ -151,7 +151,7 @@ def parse(
 
     if not isinstance(raw, dict):
         raise PipelineError(f"{source}: must be a YAML mapping with at least `kind` and `stages`")
-    _no_unknown(raw, _TOP_KEYS, "", fail)
+    no_unknown(raw, _TOP_KEYS, "", fail)
     kind = raw.get("kind")
     if kind not in KINDS:
         raise fail("kind", f"must be one of {', '.join(KINDS)}, got {kind!r}")
@@ -175,13 +175,13 @@ def parse(
                 raise fail(f"stages[{i}].into", "only serial stages feed the next one")
     return PipelineSpec(
         source=source,
-        name=_text(raw.get("name", default_name), "name", fail),
-        version=_text(raw.get("version", "1"), "version", fail),
+        name=text(raw.get("name", default_name), "name", fail),
+        version=text(raw.get("version", "1"), "version", fail),
         kind=kind,
         aggregate=aggregate,
-        score_field=_text(raw.get("score_field", "probability"), "score_field", fail),
-        readiness=_flag(raw.get("readiness", False), "readiness", fail),
-        pool_size=_count(raw.get("pool_size", 64), "pool_size", fail, least=1),
+        score_field=text(raw.get("score_field", "probability"), "score_field", fail),
+        readiness=flag(raw.get("readiness", False), "readiness", fail),
+        pool_size=count(raw.get("pool_size", 64), "pool_size", fail, least=1),
         input_schema=schema,
         stages=stages,
     )
@@ -202,7 +202,7 @@ def _schema(schema: Any, fail: Fail) -> dict[str, Any] | None:
 def _stage(raw: Any, key: str, environ: Mapping[str, str], fail: Fail) -> StageSpec:
     if not isinstance(raw, dict):
         raise fail(key, "must be a mapping with at least `name` and `url_env` (or `grpc_env`)")
-    _no_unknown(raw, _STAGE_KEYS, f"{key}.", fail)
+    no_unknown(raw, _STAGE_KEYS, f"{key}.", fail)
     name = raw.get("name")
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise fail(f"{key}.name", f"must be a short name (letters, digits, _ . -), got {name!r}")
@@ -210,7 +210,7 @@ def _stage(raw: Any, key: str, environ: Mapping[str, str], fail: Fail) -> StageS
         return _grpc_stage(raw, key, name, environ, fail)
     if "model" in raw:
         raise fail(f"{key}.model", "only a gRPC stage names its model; add grpc_env, or remove it")
-    url_env = _env_name(raw.get("url_env"), f"{key}.url_env", f"{name}_URL", fail)
+    url_env = env_name(raw.get("url_env"), f"{key}.url_env", f"{name}_URL", fail)
     url = environ.get(url_env) or None
     if url is not None and not re.match(r"https?://[^/\s]+", url):
         raise fail(
@@ -234,7 +234,7 @@ def _grpc_stage(
                 f"{key}.{http_only}",
                 "a stage is HTTP (url_env) or gRPC (grpc_env), not both; remove one",
             )
-    grpc_env = _env_name(raw.get("grpc_env"), f"{key}.grpc_env", f"{name}_GRPC", fail)
+    grpc_env = env_name(raw.get("grpc_env"), f"{key}.grpc_env", f"{name}_GRPC", fail)
     target = environ.get(grpc_env) or None
     if target is not None and not re.fullmatch(r"[^/\s:]+:\d{1,5}", target):
         raise fail(
@@ -243,7 +243,7 @@ def _grpc_stage(
         )
     if "model" not in raw:
         raise fail(f"{key}.model", "a gRPC stage names the V2 model it calls; add model: <name>")
-    model = _text(raw["model"], f"{key}.model", fail)
+    model = text(raw["model"], f"{key}.model", fail)
     return StageSpec(
         name=name,
         url_env=grpc_env,
@@ -263,7 +263,7 @@ def _common(
     key_env = raw.get("key_env")
     if key_env is not None:
         # SERVING_API_KEYS is the keys this service accepts, not what a stage wants.
-        key_env = _env_name(key_env, f"{key}.key_env", f"{name}_API_KEY", fail)
+        key_env = env_name(key_env, f"{key}.key_env", f"{name}_API_KEY", fail)
     api_key = environ.get(key_env) if key_env is not None else None
     if api_key is not None and (not api_key.strip() or any(c.isspace() for c in api_key.strip())):
         raise fail(f"{key}.key_env", f"{key_env} must hold one key with no spaces")
@@ -276,47 +276,13 @@ def _common(
         raise fail(f"{key}.timeout_s", f"must be a positive number of seconds, got {timeout!r}")
     into = raw.get("into")
     if into is not None:
-        into = _text(into, f"{key}.into", fail)
+        into = text(into, f"{key}.into", fail)
     return {
         "timeout_s": float(timeout),
-        "optional": _flag(raw.get("optional", False), f"{key}.optional", fail),
-        "retries": _count(raw.get("retries", 2), f"{key}.retries", fail, least=0),
-        "label": _text(raw.get("label", name), f"{key}.label", fail),
+        "optional": flag(raw.get("optional", False), f"{key}.optional", fail),
+        "retries": count(raw.get("retries", 2), f"{key}.retries", fail, least=0),
+        "label": text(raw.get("label", name), f"{key}.label", fail),
         "into": into,
         "key_env": key_env,
         "api_key": api_key.strip() if api_key else None,
     }
-
-
-def _env_name(value: Any, key: str, example: str, fail: Fail) -> str:
-    """An environment variable's name that is not one of serving-core's settings."""
-    if not isinstance(value, str) or not _ENV.fullmatch(value):
-        raise fail(key, f"must name an environment variable, got {value!r}")
-    if value.startswith("SERVING_"):
-        example = example.upper().replace("-", "_").replace(".", "_")
-        raise fail(key, f"{value}: SERVING_* names are serving-core's settings; use e.g. {example}")
-    return value
-
-
-def _no_unknown(raw: dict[str, Any], known: set[str], prefix: str, fail: Fail) -> None:
-    for key in raw:
-        if key not in known:
-            raise fail(f"{prefix}{key}", f"unknown key; the keys are {', '.join(sorted(known))}")
-
-
-def _text(value: Any, key: str, fail: Fail) -> str:
-    if isinstance(value, bool) or not isinstance(value, str | int | float) or str(value) == "":
-        raise fail(key, f"must be a non-empty string, got {value!r}")
-    return str(value)
-
-
-def _flag(value: Any, key: str, fail: Fail) -> bool:
-    if not isinstance(value, bool):
-        raise fail(key, f"must be true or false, got {value!r}")
-    return value
-
-
-def _count(value: Any, key: str, fail: Fail, *, least: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        raise fail(key, f"must be a whole number >= {least}, got {value!r}")
-    return value
