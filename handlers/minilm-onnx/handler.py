@@ -14,12 +14,14 @@ fork: a session owns a thread pool, and threads do not survive fork.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
 import sys
 import tempfile
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +88,23 @@ def cache_dir() -> Path:
     return Path(tempfile.gettempdir()) / "serving-core-minilm-onnx"
 
 
+@contextlib.contextmanager
+def quiet_exporter() -> Iterator[None]:
+    """The exporter's warnings and log lines (a hundred per export: each rewrite,
+    each deduplicated weight) kept out of the server's log."""
+    loggers = [logging.getLogger(name) for name in ("onnxscript", "onnx_ir", "torch.onnx")]
+    levels = [one.level for one in loggers]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # its notes on axis names
+        for one in loggers:
+            one.setLevel(logging.ERROR)
+        try:
+            yield
+        finally:
+            for one, level in zip(loggers, levels, strict=True):
+                one.setLevel(level)
+
+
 def export(model_path: Path, tokenizer: Any, target: Path) -> None:
     """The model as one ONNX file (weights inline), with dynamic batch and sequence
     axes, written atomically: two processes exporting at once both end with a whole file."""
@@ -104,8 +123,7 @@ def export(model_path: Path, tokenizer: Any, target: Path) -> None:
         # torch's default (dynamo) exporter, through onnxscript. The legacy
         # TorchScript exporter (dynamo=False) exports this model wrongly under
         # transformers 5: its masked attention differs by ~1 from the model's.
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # the exporter's notes on axis names
+        with quiet_exporter():
             torch.onnx.export(
                 _LastHidden(model),
                 (example["input_ids"], example["attention_mask"]),
