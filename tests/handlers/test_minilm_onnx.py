@@ -52,7 +52,17 @@ def served(cache: Path):
 
         with ThreadPoolExecutor(len(TEXTS)) as pool:
             responses = list(pool.map(client, TEXTS))
-        return responses, server.output()
+        # The same texts through V2 (Open Inference Protocol), one request.
+        v2 = requests.post(
+            server.url + "/v2/models/all-minilm-l6-v2-onnx/infer",
+            json={
+                "inputs": [
+                    {"name": "text", "datatype": "BYTES", "shape": [len(TEXTS)], "data": TEXTS}
+                ]
+            },
+            timeout=60,
+        )
+        return responses, v2, server.output()
 
 
 def set_up(name: str, cache: Path):
@@ -92,7 +102,7 @@ def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def test_the_master_exports_and_two_forked_workers_serve_the_graph(served, torch_handler) -> None:
-    responses, log = served
+    responses, _, log = served
     assert [r.status_code for r in responses] == [200] * len(TEXTS), log
     assert "exporting to ONNX" in log
     assert "onnx_ir" not in log  # the exporter's hundred INFO lines kept out
@@ -109,3 +119,17 @@ def test_a_padded_batch_matches_the_torch_handler(torch_handler, onnx_handler) -
     # Padding changes nothing: each sentence alone (no padding) as in the batch.
     alone = np.concatenate([embeddings(onnx_handler, [t]) for t in TEXTS])
     assert cosines(alone, onnx_rows).min() >= 0.9999
+
+
+def test_v2_answers_the_declared_fp32_tensor_with_the_predict_embeddings(served) -> None:
+    responses, v2, log = served
+    assert v2.status_code == 200, log
+    (output,) = v2.json()["outputs"]
+    assert (output["name"], output["datatype"], output["shape"]) == (
+        "embedding",
+        "FP32",
+        [len(TEXTS), 384],
+    )
+    rows = np.array(output["data"], dtype=np.float32).reshape(len(TEXTS), 384)
+    predicted = np.array([r.json()["embedding"] for r in responses], dtype=np.float32)
+    np.testing.assert_allclose(rows, predicted, atol=1e-6)
