@@ -1,0 +1,70 @@
+"""A stream's ends: a ``Source`` of messages and a ``Sink`` for results.
+
+Delivery is at-least-once: the worker acks a message to its source only after
+the sink has confirmed the message's result (or its dead letter). A worker
+that dies holding unacked messages loses none: the broker hands them out again
+(RabbitMQ on the channel's close; Redis Streams through the consumer group's
+pending entries, claimed once idle). Another broker (Kafka, say) is one more
+module with these two classes, and a scheme in ``backend``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+class BrokerError(Exception):
+    """The broker cannot be reached, or did not confirm: the worker reconnects with
+    back-off and the source hands the unacked messages out again."""
+
+
+@dataclass(frozen=True)
+class Message:
+    """One record taken from a source, not yet acked."""
+
+    id: str  # the producer's message id (AMQP message_id), or the stream entry's id
+    body: bytes  # the handler's params as JSON, as the producer sent them
+    headers: dict[str, str] = field(default_factory=dict)  # travel to the result
+    # How many times the broker has handed this message out, this time included
+    # (quorum queues' x-delivery-count + 1; XPENDING's delivery count).
+    deliveries: int = 1
+    tag: object = None  # the source's own handle for the ack (delivery tag, entry id)
+
+
+@dataclass(frozen=True)
+class Outgoing:
+    """One result (or dead letter) for a sink: JSON bytes under the input's id."""
+
+    id: str
+    body: bytes
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+class Source(Protocol):
+    def take(self, max_n: int, wait_s: float) -> list[Message]:
+        """Up to ``max_n`` messages; waits at most ``wait_s`` for the first, returns
+        [] when none came. Raises ``BrokerError`` when the broker is lost."""
+        ...
+
+    def ack(self, messages: Sequence[Message]) -> None:
+        """Done with these: the broker forgets them. Raises ``BrokerError``."""
+        ...
+
+    def lag(self) -> int | None:
+        """Messages waiting: the queue's depth, or the group's pending entries plus
+        those not yet delivered; None when the broker cannot say."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class Sink(Protocol):
+    def publish(self, messages: Sequence[Outgoing]) -> None:
+        """Returns once the broker has confirmed every one (publisher confirms, or
+        XADD's reply); raises ``BrokerError`` otherwise, and the caller does not
+        ack their inputs."""
+        ...
+
+    def close(self) -> None: ...
