@@ -137,7 +137,7 @@ def test_dashboard_is_grafana_json_with_a_datasource_variable():
     "title",
     [
         "Requests by status",
-        "/predict latency",
+        "Inference latency",
         "Queue depth",
         "Batch size",
         "Batch duration",
@@ -152,10 +152,37 @@ def test_dashboard_has_the_panel(title):
 
 
 def test_dashboard_latency_panel_shows_p50_p95_p99_from_the_histogram():
-    (panel,) = [p for p in dashboard()["panels"] if p["title"] == "/predict latency"]
+    (panel,) = [p for p in dashboard()["panels"] if p["title"] == "Inference latency"]
     for quantile, target in zip(("0.5", "0.95", "0.99"), panel["targets"], strict=True):
         assert target["expr"].startswith(f"histogram_quantile({quantile},")
         assert "serving_request_duration_seconds_bucket" in target["expr"]
+        assert "by (le, protocol)" in target["expr"]
+
+
+# The route label of each inference front, as the app and the gRPC servicer set it.
+INFERENCE_ROUTES = [
+    "/predict",
+    "/v2/models/<name>/infer",
+    "/v2/models/<name>/versions/<version>/infer",
+    "/inference.GRPCInferenceService/ModelInfer",
+]
+
+
+@pytest.mark.parametrize("route", INFERENCE_ROUTES)
+def test_the_latency_panel_and_alert_cover_every_inference_front(route: str) -> None:
+    (panel,) = [p for p in dashboard()["panels"] if p["title"] == "Inference latency"]
+    rules = yaml.safe_load(RULES.read_text())
+    (alert,) = [
+        r
+        for g in rules["spec"]["groups"]
+        for r in g["rules"]
+        if r.get("alert") == "ServingCoreP99OverDeadline"
+    ]
+    for expr in [*(t["expr"] for t in panel["targets"]), alert["expr"]]:
+        (pattern,) = re.findall(r'route=~"([^"]+)"', expr)
+        # Prometheus anchors a label regex at both ends, as fullmatch does.
+        assert re.fullmatch(pattern, route), (route, expr)
+    assert not re.fullmatch(pattern, "/v2/models/<name>/ready")
 
 
 def test_every_dashboard_expression_parses_as_promql():
