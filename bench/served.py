@@ -43,12 +43,17 @@ from tests.servers import gunicorn_server  # noqa: E402
 LUA = ROOT / "bench" / "post.lua"
 
 
-def wrk(url: str, connections: int, seconds: float, delay_ms: float = 0.0) -> dict[str, Any]:
+def wrk(
+    url: str, connections: int, seconds: float, delay_ms: float = 0.0, v2_model: str = ""
+) -> dict[str, Any]:
+    """``v2_model``: the sentences as V2 REST requests to that model (post.lua says how)."""
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is missing: apt-get install wrk")
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
         f.write("\n".join(SENTENCES))
     env = dict(os.environ, WRK_SENTENCES=f.name, WRK_DELAY_MS=str(delay_ms))
+    if v2_model:
+        env["WRK_V2_MODEL"] = v2_model
     threads = min(2, connections)
     out = subprocess.run(
         [
