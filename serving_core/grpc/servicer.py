@@ -20,7 +20,7 @@ import grpc
 
 from serving_core import context
 from serving_core.errors import DeadlineExceeded, NotReady, Overloaded, ServingError
-from serving_core.grpc import codec
+from serving_core.grpc import access, codec
 from serving_core.grpc.proto import grpc_predict_v2_pb2 as pb
 from serving_core.grpc.proto import grpc_predict_v2_pb2_grpc as pb_grpc
 from serving_core.metrics.core import Metrics
@@ -101,24 +101,36 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         request_id = request.id or uuid.uuid4().hex
         # Counted as /predict's requests are, with the HTTP status of the outcome
         # (200, or the error's: 400, 503…), so one query covers every front.
-        status = 500
+        status, code, batch_size = 500, grpc.StatusCode.INTERNAL, None
         try:
             try:
-                reply = self._infer(request, ctx, request_id, arrival)
+                reply, batch_size = self._infer(request, ctx, request_id, arrival)
             except ServingError as exc:
-                status = exc.status
+                status, code = exc.status, status_of(exc)
                 if status >= 500 and not isinstance(exc, Overloaded | NotReady | DeadlineExceeded):
                     log.error("gRPC request %s: %s", request_id, exc.message)
                 abort(ctx, exc)
-            status = 200
+            status, code = 200, grpc.StatusCode.OK
             return reply
         finally:
+            duration_s = time.monotonic() - arrival
             if self.metrics is not None:
-                self.metrics.request(INFER_ROUTE, status, time.monotonic() - arrival, "grpc")
+                self.metrics.request(INFER_ROUTE, status, duration_s, "grpc")
+            access.log_call(
+                peer=ctx.peer(),
+                route=INFER_ROUTE,
+                status=status,
+                grpc_status=code.name,
+                duration_s=duration_s,
+                request_id=request_id,
+                batch_size=batch_size,
+            )
 
     def _infer(
         self, request: Any, ctx: grpc.ServicerContext, request_id: str, arrival: float
-    ) -> Any:
+    ) -> tuple[Any, int | None]:
+        """The reply, and the size of the batch the model ran it in (None: no model call,
+        e.g. a cache hit)."""
         model = self.model
         model.find(request.model_name, request.model_version or None)
         parsed = codec.request(request)
@@ -129,8 +141,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             arrival=arrival,
             timeout_s=ctx.time_remaining(),  # None: the client set no deadline
         )
-        context.take_batch_size()
-        return codec.response(model.name, model.version, parsed.id, result)
+        batch_size = context.take_batch_size()
+        return codec.response(model.name, model.version, parsed.id, result), batch_size
 
     # The model repository extension: one model, loaded before fork, never swapped.
     # Answered here, not by the generated base, which raises (a traceback in the log).

