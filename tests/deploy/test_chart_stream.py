@@ -308,7 +308,7 @@ def test_a_plain_amqp_source_gives_keda_its_queue(chart: helm.Chart) -> None:
     [
         (
             "redis://redis.stream.svc:6380/2?stream=sentences",
-            {},
+            {"redisMetric": "pendingEntriesCount"},
             {
                 "stream": "sentences",
                 "consumerGroup": "serving-core",
@@ -319,7 +319,7 @@ def test_a_plain_amqp_source_gives_keda_its_queue(chart: helm.Chart) -> None:
         ),
         (
             "rediss://redis.example.com?stream=in&group=embedders",
-            {"redisMetric": "lagCount", "target": 500, "minReplicaCount": 0},
+            {"target": 500, "minReplicaCount": 0},
             {
                 "stream": "in",
                 "consumerGroup": "embedders",
@@ -330,7 +330,7 @@ def test_a_plain_amqp_source_gives_keda_its_queue(chart: helm.Chart) -> None:
             },
         ),
     ],
-    ids=["pending-entries", "lag-tls-scale-to-zero"],
+    ids=["pending-entries", "lag-by-default-tls-scale-to-zero"],
 )
 def test_a_plain_redis_source_gives_keda_its_stream_group_and_address(
     chart: helm.Chart, source: str, keda: dict[str, Any], expected: dict[str, str]
@@ -375,7 +375,7 @@ def test_a_redis_source_from_a_secret_takes_kedas_values(chart: helm.Chart) -> N
         "metadata": {
             "stream": "sentences",
             "consumerGroup": "embedders",
-            "pendingEntriesCount": "64",
+            "lagCount": "64",
             "activationLagCount": "0",
             "address": "redis-master.stream.svc:6379",
             "passwordFromEnv": "REDIS_PASSWORD",

@@ -82,9 +82,11 @@ stream.source (amqp, amqps -> amqp; redis, rediss -> redis); empty if neither.
 The trigger's metadata, a YAML map of strings (KEDA's trigger metadata is
 map[string]string). Nothing secret goes here: a plain source URL gives only
 its queue, stream, group, host:port, db and TLS, never its user or password.
-RabbitMQ, mode QueueLength: the queue's messages, ready and unacked alike (the
-AMQP protocol reports ready only; KEDA's http protocol counts both, but needs
-the management port). Redis: the group's pending entries (XPENDING) or lag.
+RabbitMQ, mode QueueLength over AMQP: the messages waiting in the queue, not
+those already in a consumer's prefetch (KEDA's http protocol would count those
+too, but needs the management port and its password). Redis: the group's
+pending entries (XPENDING: delivered, not yet acked) or its lag (not yet
+delivered, Redis 7+).
 */}}
 {{- define "serving-core.streamTrigger" -}}
 {{- $k := .Values.stream.keda }}
