@@ -286,7 +286,7 @@ def test_the_examples_rabbitmq_trigger_scales_on_the_queue_length(
 
 def test_the_examples_source_queue_is_the_one_keda_watches() -> None:
     example = (CHART / "examples" / "values-stream.yaml").read_text()
-    (source,) = re.findall(r"--from-literal=source='([^']+)'", example)
+    (source,) = re.findall(r'--from-literal=source="\$host([^"]+)"', example)
     assert source.endswith("?queue=" + VALUE_SETS["values-stream"]["stream"]["keda"]["queueName"])
 
 
