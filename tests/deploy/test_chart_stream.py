@@ -30,6 +30,7 @@ from tests.deploy.test_chart import (
     containers,
     env_of,
     find,
+    is_subset,
     lint_errors,
     render,
     serving_core_commands,
@@ -37,6 +38,7 @@ from tests.deploy.test_chart import (
     tagged,
     validate,
 )
+from tests.servers import ROOT
 
 PASSWORD = "s3cret-pw"
 AMQP = f"amqp://serving:{PASSWORD}@rabbitmq.stream.svc:5672/%2F"
@@ -540,3 +542,9 @@ def test_every_stream_setting_is_documented_with_its_variable() -> None:
         assert var in doc, key
     assert yaml.safe_load(values)["stream"]["enabled"] is False
     assert all(var.startswith(PREFIX) for var in STREAM_SETTINGS.values())
+
+
+def test_the_docs_show_the_examples_values_as_they_are() -> None:
+    page = (ROOT / "docs" / "streams.md").read_text()
+    (block,) = re.findall(r"```yaml\n(extraEnv:.*?)```", page, re.S)
+    assert is_subset(yaml.safe_load(block), VALUE_SETS["values-stream"]) == []
