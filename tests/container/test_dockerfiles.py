@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 import fnmatch
 import os
 import re
@@ -574,3 +575,68 @@ def test_a_stand_in_replaces_the_base_by_the_name_every_from_gives(base: bases.B
     assert standin.build_contexts() == {
         base.name: "docker-image://localhost/serving-core-standin/x:1"
     }
+
+
+# --- stream serving in compose (profile stream) -----------------------------------
+
+
+def test_the_stream_profile_leaves_the_default_stack_as_it_was() -> None:
+    services = compose()["services"]
+    stream = {name for name, spec in services.items() if spec.get("profiles") == ["stream"]}
+    assert stream == {"rabbitmq", "stream"}
+    default = {name for name, spec in services.items() if "profiles" not in spec}
+    for name in default:
+        assert not set(services[name].get("depends_on", {})) & stream, name
+
+
+@pytest.mark.parametrize("service", ["rabbitmq", "stream"])
+def test_rabbitmq_and_the_stream_worker_are_reachable_only_inside(service: str) -> None:
+    services, networks = compose()["services"], compose()["networks"]
+    assert "ports" not in services[service]
+    for network in services[service]["networks"]:
+        assert networks[network].get("internal") is True, network
+
+
+def test_the_stream_worker_runs_the_apps_image_over_the_rabbitmq_service() -> None:
+    services = compose()["services"]
+    app, stream, rabbitmq = services["app"], services["stream"], services["rabbitmq"]
+    assert (stream["image"], stream["build"]) == (app["image"], app["build"])
+    assert stream["command"] == ["serving-core", "stream"]
+    environment = {k: str(v) for k, v in stream["environment"].items()}
+    user = rabbitmq["environment"]["RABBITMQ_DEFAULT_USER"]
+    password = re.sub(
+        r"\$\{\w+:-([^}]*)\}", r"\1", rabbitmq["environment"]["RABBITMQ_DEFAULT_PASS"]
+    )
+    queues = {}
+    for name in ("SOURCE", "SINK", "DEAD_LETTER"):
+        url = urllib.parse.urlsplit(
+            re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", environment[f"SERVING_STREAM_{name}"])
+        )
+        # The broker and the account the rabbitmq service creates, on a network both share.
+        assert (url.scheme, url.hostname, url.port) == ("amqp", "rabbitmq", 5672), name
+        assert (url.username, url.password) == (user, password), name
+        query = urllib.parse.parse_qs(url.query, keep_blank_values=True)
+        queues[name] = query.get("queue", query.get("routing_key"))
+    assert queues == {
+        "SOURCE": ["sentences"],
+        "SINK": ["embeddings"],
+        "DEAD_LETTER": ["sentences.dead"],
+    }
+    assert set(stream["networks"]) & set(rabbitmq["networks"])
+    assert stream["depends_on"]["rabbitmq"]["condition"] == "service_healthy"
+    assert not environment["SERVING_BIND"].startswith("unix:")
+    fields = {f.name for f in dataclasses.fields(Settings)}
+    if "stream_source" not in fields:
+        pytest.skip("serving-core's Settings has no SERVING_STREAM_* fields yet (issue 26)")
+    Settings.from_env(environment, cores=2)
+
+
+def test_rabbitmq_is_checked_by_its_own_diagnostics_and_keeps_its_data() -> None:
+    rabbitmq = compose()["services"]["rabbitmq"]
+    assert rabbitmq["image"].startswith("rabbitmq:3")
+    assert rabbitmq["healthcheck"]["test"][:2] == ["CMD", "rabbitmq-diagnostics"]
+    (volume,) = rabbitmq["volumes"]
+    assert volume.split(":") == ["rabbitmq-data", "/var/lib/rabbitmq"]
+    assert "rabbitmq-data" in compose()["volumes"]
+    stream = compose()["services"]["stream"]
+    assert "/healthz" in stream["healthcheck"]["test"]

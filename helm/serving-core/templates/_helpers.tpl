@@ -289,6 +289,7 @@ Checks that JSON Schema cannot express; each message says what to change.
 {{- end }}
 {{- end }}
 {{- include "serving-core.validateWorker" . }}
+{{- include "serving-core.validateStream" . }}
 {{- $b := .Values.batch }}
 {{- if and $b.enabled (not $b.args) }}
 {{- fail "batch.enabled needs batch.args, the arguments of `serving-core batch`: at least [--input, <file or URL>, --output, <file or URL>]" }}
@@ -381,7 +382,8 @@ Environment of the containers that run serving-core: the server's app
 container (call with (dict "ctx" $ "server" true): it also gets SERVING_BIND,
 gunicorn's socket), the worker container (dict "ctx" $ "bind" "0.0.0.0:9090"
 "workers" N: its health/metrics address, and its own SERVING_WORKERS unless N
-is 0) and the batch container (dict "ctx" $), the same settings, so all run
+is 0), the stream container (the same, plus "stream" true: its
+SERVING_STREAM_* settings) and the batch container (dict "ctx" $), the same settings, so all run
 the same handler the same way. A pipeline's stage URLs (pipeline.stageUrls,
 sorted by name) come before extraEnv.
 */}}
@@ -440,6 +442,9 @@ worker and batch containers serve no API. */}}
 {{- end }}
 - name: SERVING_METRICS_DIR
   value: {{ include "serving-core.metricsDir" .ctx | quote }}
+{{- if .stream }}
+{{- include "serving-core.streamEnv" .ctx }}
+{{- end }}
 {{- range $name, $url := .ctx.Values.pipeline.stageUrls }}
 - name: {{ $name }}
   value: {{ $url | quote }}

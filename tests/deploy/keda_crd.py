@@ -1,0 +1,69 @@
+"""KEDA's ScaledObject CRD (vendored in tests/deploy/keda/) as a JSON Schema.
+
+The API server checks a custom resource against its CRD's openAPIV3Schema, a
+structural OpenAPI v3 schema; with strict field validation (`kubectl apply
+--validate=strict`) it also refuses fields the schema does not name, where it
+would otherwise prune them without a word. This module turns the schema into
+one `jsonschema` checks the same way: each object that lists its properties is
+closed (unless it says x-kubernetes-preserve-unknown-fields), the x-kubernetes-*
+keys, which JSON Schema does not know, are dropped, and int-or-string fields
+become either.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+CRD_PATH = Path(__file__).parent / "keda" / "keda.sh_scaledobjects.yaml"
+
+
+def load_crd(path: Path = CRD_PATH) -> dict[str, Any]:
+    return yaml.safe_load(path.read_text())  # type: ignore[no-any-return]
+
+
+def to_json_schema(node: Any) -> Any:
+    """An OpenAPI v3 structural schema node as the JSON Schema the API server applies."""
+    if isinstance(node, list):
+        return [to_json_schema(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    out = {
+        key: to_json_schema(value)
+        for key, value in node.items()
+        if not key.startswith("x-kubernetes-") and key != "description"
+    }
+    if node.get("x-kubernetes-int-or-string"):
+        out.pop("type", None)
+        out.setdefault("anyOf", [{"type": "integer"}, {"type": "string"}])
+    if (
+        "properties" in node
+        and "additionalProperties" not in node
+        and not node.get("x-kubernetes-preserve-unknown-fields")
+    ):
+        out["additionalProperties"] = False
+    return out
+
+
+def scaled_object_validator(crd: dict[str, Any] | None = None) -> jsonschema.Draft4Validator:
+    """A validator of ScaledObjects of the CRD's served storage version, keda.sh/v1alpha1."""
+    crd = crd or load_crd()
+    assert crd["spec"]["names"]["kind"] == "ScaledObject"
+    (version,) = [v for v in crd["spec"]["versions"] if v["served"] and v["storage"]]
+    schema = to_json_schema(version["schema"]["openAPIV3Schema"])
+    # The CRD names its group and version outside the schema; a resource must carry them.
+    schema["properties"]["apiVersion"] = {"const": f"{crd['spec']['group']}/{version['name']}"}
+    schema["properties"]["kind"] = {"const": "ScaledObject"}
+    schema["required"] = sorted({*schema.get("required", []), "apiVersion", "kind", "metadata"})
+    # metadata is an ObjectMeta, which the API server checks itself: a name is what
+    # a manifest cannot do without.
+    schema["properties"]["metadata"] = {
+        "type": "object",
+        "required": ["name"],
+        "properties": {"name": {"type": "string", "minLength": 1, "maxLength": 253}},
+    }
+    jsonschema.Draft4Validator.check_schema(schema)
+    return jsonschema.Draft4Validator(schema)
