@@ -2705,7 +2705,7 @@ def test_the_scaled_object_schema_refuses_what_keda_would(
 
 def test_the_worker_command_and_its_health_routes_exist() -> None:
     assert "worker" in serving_core_commands()
-    consumer = (ROOT / "serving_core" / "process" / "jobworker.py").read_text()
+    consumer = (ROOT / "serving_core" / "process" / "prefork.py").read_text()
     assert '"/healthz"' in consumer
     assert '"/metrics"' in consumer
 
