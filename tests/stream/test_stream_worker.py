@@ -280,7 +280,9 @@ def test_poison_and_invalid_messages_are_dead_lettered_with_their_errors_and_the
     letter, headers = dead["poison"]
     assert letter["attempts"] == 3  # the batch once, then alone twice
     assert letter["input"] == poison.decode()
-    assert "poisoned batch" in letter["error"]["message"]
+    # The model's exception stays in the worker's log, under the message's id.
+    assert letter["error"]["type"] == "model_error"
+    assert "request id poison" in letter["error"]["message"]
     assert headers == {"trace": "p"}
     assert dead["not-json"][0]["error"]["type"] == "invalid_json"
     assert dead["not-json"][0]["input"] == "{nope"
