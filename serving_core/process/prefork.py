@@ -70,7 +70,8 @@ class Prefork:
         # After the first forks, so they start without its thread (a respawned
         # consumer forks beside it, and never touches it).
         server = _health_server(self, self.settings.bind)
-        log.info("%s", self.describe())
+        # Under the command's own logger (jobworker, streamworker), as before the split.
+        logging.getLogger(type(self).__module__).info("%s", self.describe())
         while self.children:
             try:
                 pid, status = os.wait()
