@@ -1,8 +1,8 @@
 """``serving-core stream`` end to end: the real process over a real broker.
 
-Every test runs over each broker of ``BROKERS`` (the ``broker`` fixture): the
-same messages, the same handler, the same expectations, whatever the source
-and the sinks are. A gated message (``gate``: a file path) holds its batch
+Every test runs over each broker of conftest's ``BROKERS`` (the ``broker``
+fixture): the same messages, the same handler, the same expectations, whatever
+the source and the sinks are. A gated message (``gate``: a file path) holds its batch
 until the test creates that file, and says it was taken in ``GATE.taken``
 (``PID BATCH_SIZE``): "mid-batch" is an event, never a sleep.
 """
@@ -17,13 +17,13 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-import pytest
 import requests
 
 from tests.servers import free_port, spawn, stop, wait_for
-from tests.stream.redis_broker import Item, RedisBroker
+from tests.stream.conftest import Broker
+from tests.stream.redis_broker import Item
 
 POLL_TIMEOUT_S = 60.0  # a bound on waiting for an event, never an expected time
 
@@ -59,29 +59,6 @@ class Doubler(Handler):
                     time.sleep(0.01)
         return [{"double": 2 * item["n"], "pid": os.getpid()} for item in items]
 """
-
-
-class Broker(Protocol):
-    source_url: str
-    sink_url: str
-    dead_url: str
-
-    def __enter__(self) -> Broker: ...
-    def __exit__(self, *exc: object) -> None: ...
-    def produce(self, items: list[Item]) -> None: ...
-    def results(self) -> list[Item]: ...
-    def dead(self) -> list[Item]: ...
-    def lag(self) -> int: ...
-    def restart(self) -> None: ...
-
-
-BROKERS: dict[str, Callable[[], Broker]] = {"redis": RedisBroker}
-
-
-@pytest.fixture(params=list(BROKERS))
-def broker(request: pytest.FixtureRequest) -> Iterator[Broker]:
-    with BROKERS[request.param]() as running:
-        yield running
 
 
 @contextlib.contextmanager
