@@ -185,6 +185,8 @@ class RedisSource:
 
     def lag(self) -> int | None:
         """The group's pending entries plus those not yet delivered (XINFO GROUPS)."""
+        if not self._ready:  # the stream may not exist yet: the first take creates it
+            return None
         groups = self.redis.call(lambda: self.redis.client.xinfo_groups(self.stream))
         for group in groups:
             if _text(group["name"]) == self.group:
