@@ -23,13 +23,18 @@ REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
 
 @contextlib.contextmanager
 def redis_server(
-    *, ready_timeout_s: float = 15.0, options: Sequence[str] = (), data_dir: Path | None = None
+    *,
+    ready_timeout_s: float = 15.0,
+    options: Sequence[str] = (),
+    data_dir: Path | None = None,
+    port: int | None = None,
 ) -> Iterator[str]:
     """Run redis-server on a free port; yields its URL (``redis://127.0.0.1:PORT/0``).
 
     ``options`` come last, so they override the defaults (``--appendonly yes``).
-    ``data_dir``: its files there, for a server started again on what one left."""
-    port = free_port()
+    ``data_dir``: its files there, for a server started again on what one left
+    (``port``: on the port the last one had, so that its clients find it again)."""
+    port = port or free_port()
     with tempfile.TemporaryDirectory(prefix="serving-redis-") as own:
         tmp = str(data_dir or own)
         log_path = Path(tmp) / "redis.log"

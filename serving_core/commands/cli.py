@@ -35,6 +35,12 @@ def parser() -> argparse.ArgumentParser:
         help="run SERVING_HANDLER over its job queue (POST /jobs), in batches; "
         "/healthz and /metrics on SERVING_BIND",
     )
+    commands.add_parser(
+        "stream",
+        help="run SERVING_HANDLER over SERVING_STREAM_SOURCE's messages (RabbitMQ or Redis "
+        "Streams), in batches, results to SERVING_STREAM_SINK; /healthz and /metrics on "
+        "SERVING_BIND",
+    )
     check = commands.add_parser(
         "check", help="load a handler, run its sample request, print the output"
     )
@@ -82,13 +88,22 @@ def _run(args: argparse.Namespace) -> int:
         from serving_core.commands import check
 
         return check.main(settings, args.handler, args.params)
-    if args.command == "worker":
-        from serving_core.commands import worker
-
-        return worker.main(settings)
+    if args.command in ("worker", "stream"):
+        return _consume(args.command, settings)
     from serving_core.commands import serve
 
     return serve.main(settings)
+
+
+def _consume(command: str, settings: Settings) -> int:
+    """The prefork consumers: ``worker`` (the job queue) and ``stream`` (a broker)."""
+    if command == "stream":
+        from serving_core.commands import stream
+
+        return stream.main(settings)
+    from serving_core.commands import worker
+
+    return worker.main(settings)
 
 
 if __name__ == "__main__":

@@ -4,5 +4,6 @@
 - ``tally``: the model thread's histograms, added up in memory between writes;
 - ``directory``: prometheus-client's multiprocess mode, the files every process
   writes and ``/metrics`` sums;
-- ``archive``: a dead worker's counts folded into one file, so they stay counted.
+- ``archive``: a dead worker's counts folded into one file, so they stay counted;
+- ``stream``: `serving-core stream`'s counts (consumed, published, dead letters) and lag.
 """

@@ -1,9 +1,7 @@
 """``serving-core worker``: the handler over the job queue, in batches, preloaded like ``serve``.
 
-    master    Settings → import the handler → preload: setup() once (torch at one thread),
-              gc.collect(), gc.freeze()
-              → fork SERVING_WORKERS consumers → /metrics and /healthz on SERVING_BIND
-              → a consumer that dies is forked again from the loaded master
+    master    ``prefork.Prefork``: preload, fork SERVING_WORKERS consumers, fork again
+              one that dies; /metrics and /healthz on SERVING_BIND
     consumer  setup_worker(), torch threads = cores // workers, open the queue,
               then: take up to SERVING_MAX_BATCH_SIZE jobs → one Engine call
               → complete or fail each job
@@ -12,42 +10,30 @@ SIGTERM (or SIGINT) asks every consumer to stop: a consumer finishes the
 batch in hand and exits; jobs it holds but has not started go back to the
 queue at once. A consumer killed outright loses nothing either: its leased
 jobs are handed out again when their lease runs out (at-least-once).
-
-Our own small prefork loop rather than gunicorn's arbiter: gunicorn's workers
-accept HTTP connections, and these take jobs. Imports no Flask.
 """
 
 from __future__ import annotations
 
 import contextlib
-import http.server
-import json
 import logging
 import os
-import signal
 import socket
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from types import FrameType
 
 from serving_core.context import Context
 from serving_core.engine.core import Engine, Result
 from serving_core.errors import ServingError
 from serving_core.jobs.backend import open_queue
 from serving_core.jobs.base import Job, JobQueue
-from serving_core.loading import LoadedHandler
-from serving_core.metrics.core import CONTENT_TYPE, Metrics
-from serving_core.metrics.directory import exposition
-from serving_core.preload import preload
-from serving_core.settings import Settings
+from serving_core.metrics.core import Metrics
+from serving_core.process.prefork import Prefork
 from serving_core.threads import set_worker_threads
 
 log = logging.getLogger("serving_core.process.jobworker")
 
 TAKE_WAIT_S = 1.0  # how long a take blocks: the longest a stop request waits to be seen
-RESPAWN_PAUSE_S = 1.0  # between forks of a consumer that keeps dying at start
 
 
 @dataclass
@@ -143,90 +129,16 @@ def _waited(job: Job) -> float:
     return max(0.0, (job.started_at or job.created_at) - job.created_at)
 
 
-class Master:
-    """Forks the consumers from the loaded handler and keeps them running."""
+class Master(Prefork):
+    """``serving-core worker``: consumers of the handler's job queue."""
 
-    def __init__(self, settings: Settings, loaded: LoadedHandler) -> None:
-        self.settings = settings
-        self.loaded = loaded
-        self.children: dict[int, int] = {}  # pid -> slot
-        self.stopping = False
+    command = "serving-core worker"
 
-    def run(self) -> int:
-        if self.settings.bind.startswith("unix:"):
-            raise ValueError(
-                f"SERVING_BIND={self.settings.bind}: serving-core worker serves /healthz and "
-                "/metrics over TCP; set SERVING_BIND=0.0.0.0:9090 (or 127.0.0.1:PORT)"
-            )
-        preload(self.loaded.handler)  # as serve and batch do
-        signal.signal(signal.SIGTERM, self._stop)
-        signal.signal(signal.SIGINT, self._stop)
-        for slot in range(self.settings.workers):
-            self._fork(slot)
-        # After the first forks, so they start without its thread (a respawned
-        # consumer forks beside it, and never touches it).
-        server = _health_server(self, self.settings.bind)
-        log.info(
-            "serving-core worker: %d consumer(s) of queue %r",
-            self.settings.workers,
-            self.loaded.handler.name or type(self.loaded.handler).__name__.lower(),
-        )
-        while self.children:
-            try:
-                pid, status = os.wait()
-            except ChildProcessError:
-                break
-            except InterruptedError:
-                continue
-            slot = self.children.pop(pid, -1)
-            if slot < 0:
-                continue
-            if not self.stopping:
-                log.warning("consumer %d exited (status %d); starting another", pid, status)
-                time.sleep(RESPAWN_PAUSE_S)
-                self._fork(slot)
-        server.shutdown()
-        return 0
+    def describe(self) -> str:
+        name = self.loaded.handler.name or type(self.loaded.handler).__name__.lower()
+        return f"{self.command}: {self.settings.workers} consumer(s) of queue {name!r}"
 
-    def _stop(self, signum: int, frame: FrameType | None) -> None:
-        if self.stopping:
-            return
-        self.stopping = True
-        log.info("stopping: each consumer finishes the batch in hand")
-        for pid in list(self.children):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)
-        # The graceful timeout bounds the drain: then the rest are killed (their
-        # leases bring their jobs back).
-        signal.signal(signal.SIGALRM, self._kill)
-        signal.setitimer(signal.ITIMER_REAL, max(0.001, self.settings.graceful_timeout_s))
-
-    def _kill(self, signum: int, frame: FrameType | None) -> None:
-        for pid in list(self.children):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-
-    def _fork(self, slot: int) -> None:
-        pid = os.fork()
-        if pid:
-            self.children[pid] = slot
-            return
-        code = 1
-        try:
-            code = self._consume(slot)
-        except BaseException:
-            log.exception("consumer %d failed", os.getpid())
-        finally:
-            os._exit(code)
-
-    def _consume(self, slot: int) -> int:
-        stop = {"asked": False}
-
-        def asked(signum: int, frame: FrameType | None) -> None:
-            stop["asked"] = True
-
-        signal.signal(signal.SIGTERM, asked)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the master decides; Ctrl-C reaches all
+    def consume(self, slot: int, stopping: dict[str, bool]) -> int:
         set_worker_threads(self.settings.workers)
         self.loaded.handler.setup_worker()
         metrics = Metrics()
@@ -242,7 +154,7 @@ class Master:
                 queue,
                 name=f"{socket.gethostname()}-{os.getpid()}",
                 max_batch_size=engine.max_batch_size,
-                stopping=lambda: stop["asked"],
+                stopping=lambda: stopping["asked"],
                 observer=metrics.jobs_finished,
                 on_taken=metrics.jobs_taken,
                 lease_s=self.settings.jobs_lease_s,
@@ -250,37 +162,3 @@ class Master:
         finally:
             queue.close()
         return 0
-
-
-class _Health(http.server.BaseHTTPRequestHandler):
-    master: Master
-
-    def do_GET(self) -> None:
-        if self.path == "/healthz":
-            alive = len(self.master.children)
-            status = 200 if alive and not self.master.stopping else 503
-            body = json.dumps({"consumers": alive, "stopping": self.master.stopping}).encode()
-            self._send(status, "application/json", body)
-        elif self.path == "/metrics":
-            self._send(200, CONTENT_TYPE, exposition())
-        else:
-            self._send(404, "application/json", b'{"error": {"type": "not_found"}}')
-
-    def _send(self, status: int, content_type: str, body: bytes) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass  # the probes would be most of the log
-
-
-def _health_server(master: Master, bind: str) -> http.server.ThreadingHTTPServer:
-    """/healthz (200 while consumers run) and /metrics, on SERVING_BIND, in a thread."""
-    host, _, port = bind.rpartition(":")
-    handler = type("Health", (_Health,), {"master": master})
-    server = http.server.ThreadingHTTPServer((host.strip("[]"), int(port)), handler)
-    threading.Thread(target=server.serve_forever, name="serving-health", daemon=True).start()
-    return server

@@ -1,7 +1,8 @@
 """Settings: every ``SERVING_*`` variable, read once by ``Settings.from_env``.
 
 - ``table``: the ``Settings`` fields, each with its parser, default and doc;
-- ``parsers`` and ``addresses``: what turns a variable's text into a value;
+- ``parsers``, ``addresses`` and ``streams`` (a stream worker's broker URLs): what turns
+  a variable's text into a value; ``grpcport``: SERVING_GRPC_PORT's rules with the rest;
 - ``private``: the default private directory (the SQLite queue's);
 - ``doc``: writes ``docs/settings.md``'s table from ``Settings``.
 """

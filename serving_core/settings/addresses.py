@@ -27,7 +27,7 @@ BIND = Parser(_bind, "`HOST:PORT` or `unix:PATH`")
 _REDIS_EXAMPLES = "redis://HOST:6379/0, rediss://… (TLS) or unix:///path/redis.sock"
 
 
-def _masked(raw: str) -> str:
+def masked(raw: str) -> str:
     """The URL as an error may quote it: without its password."""
     scheme, sep, rest = raw.partition("://")
     userinfo, at, host = rest.rpartition("@")  # the last @: a password may hold one
@@ -53,7 +53,7 @@ def _cache_url(name: str, raw: str) -> str:
     fault = _redis_fault(raw)
     if fault:
         raise ValueError(
-            f"{name}={_masked(raw)!r} {fault}; use {_REDIS_EXAMPLES}, "
+            f"{name}={masked(raw)!r} {fault}; use {_REDIS_EXAMPLES}, "
             "or leave it empty for each worker's memory"
         )
     return raw
@@ -64,7 +64,7 @@ def _jobs_url(name: str, raw: str) -> str:
     fault = _redis_fault(raw)
     if fault:
         raise ValueError(
-            f"{name}={_masked(raw)!r} {fault} for the job queue (Redis Streams); use "
+            f"{name}={masked(raw)!r} {fault} for the job queue (Redis Streams); use "
             f"{_REDIS_EXAMPLES}, "
             "or leave it empty for the SQLite file at SERVING_JOBS_PATH"
         )

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from serving_core.cores import usable_cores
 from serving_core.settings.addresses import BIND, CACHE_URL, JOBS_URL, ORIGINS, PROXIES
+from serving_core.settings.grpcport import grpc_fault
 from serving_core.settings.parsers import (
     ABSOLUTE_PATH,
     API_KEYS,
@@ -28,6 +29,7 @@ from serving_core.settings.parsers import (
     spec,
 )
 from serving_core.settings.private import default_jobs_path
+from serving_core.settings.streams import STREAM_SINK, STREAM_SOURCE
 
 PREFIX = "SERVING_"
 DEFAULT_HANDLER = "handlers/minilm/handler.py"
@@ -181,6 +183,16 @@ class Settings:
     followup_queue: str = setting(
         "", TEXT, "the time-lag pattern: also queue each `/predict` for this handler"
     )
+    stream_source: str = setting(
+        "", STREAM_SOURCE, "`serving-core stream`'s input: a queue (amqp) or a stream (redis)"
+    )
+    stream_sink: str = setting("", STREAM_SINK, "where `serving-core stream` publishes results")
+    stream_dead_letter: str = setting(
+        "", STREAM_SINK, "where a message that failed goes, with its error (form: a sink's)"
+    )
+    stream_max_attempts: int = setting(
+        3, integer(1, 1000), "runs of a message the model fails before it is dead-lettered"
+    )
     # Settings are logged and printed: the keys are never in a repr.
     api_keys: tuple[str, ...] = setting((), API_KEYS, "any key turns the check on", secret=True)
     api_keys_file: str = setting(
@@ -271,27 +283,9 @@ class Settings:
                 f"SERVING_MAX_BATCH_SIZE={settings.max_batch_size}; "
                 "raise SERVING_MAX_QUEUE so that a full batch can queue"
             )
-        if settings.grpc_port:
-            _check_grpc(settings)
+        fault = settings.grpc_port and grpc_fault(
+            settings.grpc_port, settings.worker_class, settings.bind
+        )
+        if fault:
+            raise SettingsError(fault)
         return settings
-
-
-def _check_grpc(settings: Settings) -> None:
-    if settings.worker_class != "gthread":
-        # grpcio's server threads are OS threads, and a gevent worker's requests
-        # wait on greenlets of its one thread: the two cannot share a batcher.
-        raise SettingsError(
-            f"SERVING_GRPC_PORT={settings.grpc_port} needs SERVING_WORKER_CLASS=gthread "
-            f"(it is {settings.worker_class}): the gRPC front runs in each worker's threads"
-        )
-    host, _, port = settings.bind.rpartition(":")
-    if settings.bind.startswith("unix:") or not host:
-        raise SettingsError(
-            f"SERVING_GRPC_PORT={settings.grpc_port} takes its host from SERVING_BIND, "
-            f"which is {settings.bind!r}; bind HOST:PORT (e.g. 0.0.0.0:8000)"
-        )
-    if port == str(settings.grpc_port):
-        raise SettingsError(
-            f"SERVING_GRPC_PORT={settings.grpc_port} is SERVING_BIND's port too; gunicorn "
-            "speaks HTTP/1.1 there: give gRPC a port of its own (e.g. 8001)"
-        )

@@ -2734,7 +2734,7 @@ def test_kedas_crd_refuses_what_the_api_server_would(
 
 def test_the_worker_command_and_its_health_routes_exist() -> None:
     assert "worker" in serving_core_commands()
-    consumer = (ROOT / "serving_core" / "process" / "jobworker.py").read_text()
+    consumer = (ROOT / "serving_core" / "process" / "prefork.py").read_text()
     assert '"/healthz"' in consumer
     assert '"/metrics"' in consumer
 

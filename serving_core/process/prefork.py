@@ -1,0 +1,169 @@
+"""The master of ``serving-core worker`` and ``serving-core stream``: preload, fork the
+consumers, fork again one that dies, stop them on SIGTERM; /healthz and /metrics.
+
+    master    preload: setup() once (torch at one thread), gc.collect(), gc.freeze()
+              → fork SERVING_WORKERS consumers → /metrics and /healthz on SERVING_BIND
+              → a consumer that dies is forked again from the loaded master
+
+SIGTERM (or SIGINT) asks every consumer to stop: each finishes the batch in
+hand and exits; SERVING_GRACEFUL_TIMEOUT_S later the rest are killed. What a
+killed consumer held comes back from its queue or broker (at-least-once).
+
+Our own small prefork loop rather than gunicorn's arbiter: gunicorn's workers
+accept HTTP connections, and these take jobs or messages. Imports no Flask.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.server
+import json
+import logging
+import os
+import signal
+import threading
+import time
+from types import FrameType
+
+from serving_core.loading import LoadedHandler
+from serving_core.metrics.core import CONTENT_TYPE
+from serving_core.metrics.directory import exposition
+from serving_core.preload import preload
+from serving_core.settings import Settings
+
+log = logging.getLogger("serving_core.process.prefork")
+
+RESPAWN_PAUSE_S = 1.0  # between forks of a consumer that keeps dying at start
+
+
+class Prefork:
+    """Forks the consumers from the loaded handler and keeps them running; a subclass
+    says what a consumer does (``consume``) and what the master logs (``describe``)."""
+
+    command = "serving-core worker"  # in messages
+
+    def __init__(self, settings: Settings, loaded: LoadedHandler) -> None:
+        self.settings = settings
+        self.loaded = loaded
+        self.children: dict[int, int] = {}  # pid -> slot
+        self.stopping = False
+
+    def consume(self, slot: int, stopping: dict[str, bool]) -> int:
+        """One consumer's life, in the forked process; returns its exit status.
+        ``stopping["asked"]`` turns true on SIGTERM."""
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        return f"{self.command}: {self.settings.workers} consumer(s)"
+
+    def run(self) -> int:
+        if self.settings.bind.startswith("unix:"):
+            raise ValueError(
+                f"SERVING_BIND={self.settings.bind}: {self.command} serves /healthz and "
+                "/metrics over TCP; set SERVING_BIND=0.0.0.0:9090 (or 127.0.0.1:PORT)"
+            )
+        preload(self.loaded.handler)  # as serve and batch do
+        signal.signal(signal.SIGTERM, self._stop)
+        signal.signal(signal.SIGINT, self._stop)
+        for slot in range(self.settings.workers):
+            self._fork(slot)
+        # After the first forks, so they start without its thread (a respawned
+        # consumer forks beside it, and never touches it).
+        server = _health_server(self, self.settings.bind)
+        # Under the command's own logger (jobworker, streamworker), as before the split.
+        logging.getLogger(type(self).__module__).info("%s", self.describe())
+        while self.children:
+            try:
+                pid, status = os.wait()
+            except ChildProcessError:
+                break
+            except InterruptedError:
+                continue
+            slot = self.children.pop(pid, -1)
+            if slot < 0:
+                continue
+            if not self.stopping:
+                log.warning("consumer %d exited (status %d); starting another", pid, status)
+                time.sleep(RESPAWN_PAUSE_S)
+                self._fork(slot)
+        server.shutdown()
+        return 0
+
+    def _stop(self, signum: int, frame: FrameType | None) -> None:
+        if self.stopping:
+            return
+        self.stopping = True
+        log.info("stopping: each consumer finishes the batch in hand")
+        for pid in list(self.children):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        # The graceful timeout bounds the drain: then the rest are killed (their
+        # queue or broker hands what they held out again).
+        signal.signal(signal.SIGALRM, self._kill)
+        signal.setitimer(signal.ITIMER_REAL, max(0.001, self.settings.graceful_timeout_s))
+
+    def _kill(self, signum: int, frame: FrameType | None) -> None:
+        for pid in list(self.children):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+    def _fork(self, slot: int) -> None:
+        pid = os.fork()
+        if pid:
+            self.children[pid] = slot
+            return
+        code = 1
+        try:
+            stop = {"asked": False}
+
+            def asked(signum: int, frame: FrameType | None) -> None:
+                stop["asked"] = True
+
+            signal.signal(signal.SIGTERM, asked)
+            # The master decides; Ctrl-C reaches the whole process group.
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            code = self.consume(slot, stop)
+        except BaseException:
+            log.exception("consumer %d failed", os.getpid())
+        finally:
+            os._exit(code)
+
+
+class _Health(http.server.BaseHTTPRequestHandler):
+    master: Prefork
+
+    def do_GET(self) -> None:
+        if self.path == "/healthz":
+            alive = len(self.master.children)
+            status = 200 if alive and not self.master.stopping else 503
+            body = json.dumps(
+                {
+                    "consumers": alive,
+                    "pids": sorted(self.master.children),
+                    "stopping": self.master.stopping,
+                }
+            ).encode()
+            self._send(status, "application/json", body)
+        elif self.path == "/metrics":
+            self._send(200, CONTENT_TYPE, exposition())
+        else:
+            self._send(404, "application/json", b'{"error": {"type": "not_found"}}')
+
+    def _send(self, status: int, content_type: str, body: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass  # the probes would be most of the log
+
+
+def _health_server(master: Prefork, bind: str) -> http.server.ThreadingHTTPServer:
+    """/healthz (200 while consumers run) and /metrics, on SERVING_BIND, in a thread."""
+    host, _, port = bind.rpartition(":")
+    handler = type("Health", (_Health,), {"master": master})
+    server = http.server.ThreadingHTTPServer((host.strip("[]"), int(port)), handler)
+    threading.Thread(target=server.serve_forever, name="serving-health", daemon=True).start()
+    return server

@@ -1,0 +1,210 @@
+"""A ``serving-core stream`` consumer's loop: take a batch, run it, publish, then ack.
+
+    take up to SERVING_MAX_BATCH_SIZE messages
+    → each: delivered more than SERVING_STREAM_MAX_ATTEMPTS times → dead letter, unrun
+            not a JSON object → dead letter
+    → one Engine call; a handler's refusal (4xx) → dead letter
+      a model failure (5xx): its items run again alone (a poison message fails
+      without its batch-mates), up to SERVING_STREAM_MAX_ATTEMPTS runs → dead letter
+    → publish the results, then the dead letters (each sink confirms)
+    → ack the whole batch
+
+Acked last, so a consumer that dies, or loses its broker, before the sinks
+confirmed loses nothing: the source hands the batch out again (at-least-once;
+a result may then be published twice, once per delivery). A ``BrokerError``
+closes the ends and opens them again after a back-off (exponential, jittered,
+capped), so a broker that restarts is waited for rather than crash-looped on.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from serving_core import encoding
+from serving_core.context import Context
+from serving_core.engine.core import Engine, Result
+from serving_core.errors import ServingError
+from serving_core.metrics.stream import StreamMetrics
+from serving_core.stream.base import BrokerError, Message, Outgoing, Sink, Source
+
+log = logging.getLogger("serving_core.process.streamconsumer")
+
+Params = dict[str, Any]
+
+TAKE_WAIT_S = 1.0  # how long a take blocks: the longest a stop request waits to be seen
+BACKOFF_FIRST_S = 0.5
+BACKOFF_MAX_S = 30.0
+LAG_EVERY_S = 1.0  # the lag gauge is read from the broker at most this often
+
+
+@dataclass
+class Ends:
+    """A consumer's three connections, opened together and closed together."""
+
+    source: Source
+    sink: Sink
+    dead: Sink
+
+    def close(self) -> None:
+        for end in (self.source, self.sink, self.dead):
+            try:
+                end.close()
+            except Exception:  # a lost broker's connection may fail to close too
+                log.debug("closing a stream end failed", exc_info=True)
+
+
+@dataclass
+class Batch:
+    """What became of one batch's messages: results and dead letters to publish."""
+
+    results: list[Outgoing] = field(default_factory=list)
+    dead: list[Outgoing] = field(default_factory=list)
+    reasons: dict[str, int] = field(default_factory=dict)
+
+    def dead_letter(self, message: Message, kind: str, text: str, runs: int, why: str) -> None:
+        body = {
+            "error": {"type": kind, "message": text},
+            "input": message.body.decode(errors="replace"),
+            "attempts": runs,
+        }
+        self.dead.append(Outgoing(message.id, encoding.dumps(body), message.headers))
+        self.reasons[why] = self.reasons.get(why, 0) + 1
+
+
+@dataclass
+class StreamConsumer:
+    engine: Engine
+    open_ends: Callable[[], Ends]
+    max_batch_size: int
+    max_attempts: int
+    stopping: Callable[[], bool]
+    metrics: StreamMetrics
+    _lag_at: float = 0.0
+    _failures: int = 0  # BrokerErrors since the last take that worked
+
+    def run(self) -> None:
+        while not self.stopping():
+            ends: Ends | None = None
+            try:
+                ends = self.open_ends()
+                self._serve(ends)
+            except BrokerError as error:
+                self._failures += 1
+                self.metrics.reconnects.inc()
+                pause_s = _backoff_s(self._failures)
+                log.warning("lost the broker (%s); reconnecting in %.1f s", error, pause_s)
+                self._pause(pause_s)
+            finally:
+                if ends is not None:
+                    ends.close()
+
+    def _serve(self, ends: Ends) -> None:
+        while not self.stopping():
+            messages = ends.source.take(self.max_batch_size, TAKE_WAIT_S)
+            if self._failures:
+                log.info("reconnected to the stream's broker after %d failure(s)", self._failures)
+                self._failures = 0
+            self._observe_lag(ends.source)
+            if not messages:
+                continue
+            self.metrics.consumed.inc(len(messages))
+            redelivered = sum(1 for m in messages if m.deliveries > 1)
+            if redelivered:
+                self.metrics.redelivered.inc(redelivered)
+            batch = self.run_batch(messages)
+            # Results before dead letters, both before the ack: a crash between
+            # them leaves every message unacked, to be delivered again.
+            ends.sink.publish(batch.results)
+            ends.dead.publish(batch.dead)
+            ends.source.ack(messages)
+            self.metrics.published.inc(len(batch.results))
+            for why, count in batch.reasons.items():
+                self.metrics.dead_lettered.labels(why).inc(count)
+
+    def run_batch(self, messages: list[Message]) -> Batch:
+        batch = Batch()
+        runnable: list[tuple[Message, Params]] = []
+        for message in messages:
+            if message.deliveries > self.max_attempts:
+                batch.dead_letter(
+                    message,
+                    "attempts_exhausted",
+                    f"delivered {message.deliveries} times, more than "
+                    f"SERVING_STREAM_MAX_ATTEMPTS={self.max_attempts}: its consumers died "
+                    "running it, so it is not run again",
+                    0,
+                    "exhausted",
+                )
+                continue
+            params = _params(message)
+            if isinstance(params, str):
+                batch.dead_letter(message, "invalid_json", params, 0, "invalid")
+            else:
+                runnable.append((message, params))
+        if not runnable:
+            return batch
+        results, runs = self._run(runnable)
+        for (message, _), result, ran in zip(runnable, results, runs, strict=True):
+            if isinstance(result, ServingError):
+                error = result.body()["error"]
+                why = "failed" if result.status >= 500 else "invalid"
+                batch.dead_letter(message, str(error["type"]), str(error["message"]), ran, why)
+            else:
+                batch.results.append(Outgoing(message.id, encoding.dumps(result), message.headers))
+        return batch
+
+    def _run(
+        self, runnable: list[tuple[Message, dict[str, Any]]]
+    ) -> tuple[list[Result], list[int]]:
+        """Each item's result and its runs: the batch once, then each model failure
+        alone until it succeeds or has run ``max_attempts`` times."""
+        contexts = [Context(message.id) for message, _ in runnable]
+        params = [p for _, p in runnable]
+        results = self.engine.predict_many(params, contexts)
+        runs = [1] * len(results)
+        for i in range(len(results)):
+            while _model_failure(results[i]) and runs[i] < self.max_attempts:
+                results[i] = self.engine.predict_many([params[i]], [contexts[i]])[0]
+                runs[i] += 1
+        return results, runs
+
+    def _observe_lag(self, source: Source) -> None:
+        now = time.monotonic()
+        if now < self._lag_at:
+            return
+        self._lag_at = now + LAG_EVERY_S
+        lag = source.lag()
+        if lag is not None:
+            self.metrics.lag.set(lag)
+
+    def _pause(self, seconds: float) -> None:
+        """Sleep, but wake for a stop request (a SIGTERM while the broker is away)."""
+        deadline = time.monotonic() + seconds
+        while not self.stopping() and (left := deadline - time.monotonic()) > 0:
+            time.sleep(min(left, 0.1))
+
+
+def _params(message: Message) -> Params | str:
+    """The message's params, or why it has none (its dead letter's message)."""
+    try:
+        params = encoding.loads(message.body)
+    except encoding.JSONDecodeError as error:
+        return f"the message body is not JSON ({error}); send the handler's params as JSON"
+    if not isinstance(params, dict):
+        return "the message body is JSON but not an object; send the handler's params"
+    return params
+
+
+def _model_failure(result: Result) -> bool:
+    return isinstance(result, ServingError) and result.status >= 500
+
+
+def _backoff_s(failures: int) -> float:
+    """Exponential, capped, with full jitter so that consumers do not reconnect in step."""
+    ceiling = min(BACKOFF_MAX_S, BACKOFF_FIRST_S * 2 ** min(failures - 1, 16))
+    return random.uniform(ceiling / 2, ceiling)

@@ -1,0 +1,82 @@
+"""``serving-core stream``: the handler over a broker's messages, results to a sink.
+
+    master    ``prefork.Prefork``: preload, fork SERVING_WORKERS consumers, fork again
+              one that dies; /metrics and /healthz on SERVING_BIND
+    consumer  setup_worker(), torch threads = cores // workers, open the source, the
+              sink and the dead-letter sink, then ``streamconsumer.StreamConsumer``
+
+SIGTERM: each consumer publishes and acks the batch in hand, then exits. A
+consumer killed outright loses nothing: the broker hands its unacked messages
+out again (RabbitMQ when its channel closes; Redis Streams once they have been
+idle for the source's ``claim_idle_ms``).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+from serving_core.engine.core import Engine
+from serving_core.metrics.core import Metrics
+from serving_core.metrics.stream import StreamMetrics
+from serving_core.process.prefork import Prefork
+from serving_core.process.streamconsumer import Ends, StreamConsumer
+from serving_core.settings import Settings
+from serving_core.stream.backend import open_sink, open_source
+from serving_core.threads import set_worker_threads
+
+
+class StreamMaster(Prefork):
+    command = "serving-core stream"
+
+    def describe(self) -> str:
+        return f"{self.command}: {self.settings.workers} consumer(s) of {_where(self.settings)}"
+
+    def consume(self, slot: int, stopping: dict[str, bool]) -> int:
+        set_worker_threads(self.settings.workers)
+        self.loaded.handler.setup_worker()
+        metrics = Metrics()
+        engine = Engine(
+            self.loaded.handler,
+            max_batch_size=self.settings.max_batch_size,
+            on_failure=metrics.failed,
+        )
+        settings = self.settings
+        name = f"{socket.gethostname()}-{os.getpid()}"
+
+        def open_ends() -> Ends:
+            return Ends(
+                open_source(settings.stream_source, settings.max_batch_size, name),
+                open_sink(settings.stream_sink),
+                open_sink(settings.stream_dead_letter, "SERVING_STREAM_DEAD_LETTER"),
+            )
+
+        StreamConsumer(
+            engine,
+            open_ends,
+            max_batch_size=settings.max_batch_size,
+            max_attempts=settings.stream_max_attempts,
+            stopping=lambda: stopping["asked"],
+            metrics=StreamMetrics(),
+        ).run()
+        return 0
+
+
+def check(settings: Settings) -> None:
+    """The three ends are set: raises ``ValueError`` naming the one that is not."""
+    for variable, value in (
+        ("SERVING_STREAM_SOURCE", settings.stream_source),
+        ("SERVING_STREAM_SINK", settings.stream_sink),
+        ("SERVING_STREAM_DEAD_LETTER", settings.stream_dead_letter),
+    ):
+        if not value:
+            raise ValueError(
+                f"{variable} is not set; serving-core stream needs a source, a sink and a "
+                "dead-letter destination (see docs/settings.md)"
+            )
+
+
+def _where(settings: Settings) -> str:
+    """The source's URL without its password, for the log."""
+    scheme, sep, rest = settings.stream_source.partition("://")
+    return f"{scheme}{sep}{rest.rpartition('@')[2]}"

@@ -1,0 +1,241 @@
+"""Redis Streams ends: a consumer group in (``RedisSource``), XADD out (``RedisSink``).
+
+    redis://[:PASS@]HOST:PORT/DB?stream=NAME[&group=NAME][&claim_idle_ms=N]   a source
+    redis://[:PASS@]HOST:PORT/DB?stream=NAME[&maxlen=N]                       a sink
+
+An entry in: ``body`` (the params as JSON), ``id`` (optional; the entry id
+otherwise), every other field a header. A result out: ``id``, ``body`` and the
+headers. The group is created at id 0 with MKSTREAM on first use, so entries
+added before any consumer existed are delivered too.
+
+Where a message goes when its consumer is lost: taken, it sits in the group's
+pending entries under that consumer's name until XACKed. A consumer that
+reconnects reads its own pending entries first (XREADGROUP from id 0); one
+that died (a new process has a new name) leaves them to the others, which
+XAUTOCLAIM entries idle past ``claim_idle_ms`` (default a minute: longer than
+a batch takes, or a live consumer's batch is run twice).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from serving_core.stream.base import BrokerError, Message, Outgoing
+
+if TYPE_CHECKING:
+    import redis
+
+log = logging.getLogger("serving_core.stream.redis_streams")
+
+DEFAULT_GROUP = "serving-core"
+CLAIM_IDLE_MS = 60_000
+CLAIM_EVERY_S = 5.0  # how often an otherwise idle consumer looks for a dead one's entries
+COMMAND_TIMEOUT_S = 10.0  # connect, and every command but the blocking read
+OURS = ("stream", "group", "maxlen", "claim_idle_ms")  # the query keys redis-py must not see
+T = TypeVar("T")
+
+
+def _split(url: str) -> tuple[str, dict[str, str]]:
+    """The URL redis-py takes (without our query keys), and our keys' values."""
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    ours = {key: value for key, value in query if key in OURS}
+    rest = urlencode([(key, value) for key, value in query if key not in OURS])
+    return urlunsplit(parts._replace(query=rest)), ours
+
+
+class _Redis:
+    """One client, and Redis' errors (and socket ones) turned into ``BrokerError``."""
+
+    def __init__(self, url: str, what: str) -> None:
+        import redis
+
+        base, self.query = _split(url)
+        self.stream = self.query.get("stream", "")
+        if not self.stream:
+            raise ValueError(f"{what} {url!r} names no stream; add ?stream=NAME")
+        self._errors = (redis.RedisError, OSError)
+        # No retries of its own: a lost connection is a BrokerError, and the worker's
+        # back-off, reconnection and redelivery handle every case the same way.
+        self.client: redis.Redis = redis.Redis.from_url(
+            base,
+            socket_timeout=COMMAND_TIMEOUT_S,
+            socket_connect_timeout=COMMAND_TIMEOUT_S,
+            retry_on_timeout=False,
+            retry=None,
+        )
+
+    def call(self, command: Callable[[], T]) -> T:
+        try:
+            return command()
+        except self._errors as error:
+            raise BrokerError(f"Redis stream {self.stream!r}: {error}") from error
+
+    def close(self) -> None:
+        with contextlib.suppress(*self._errors):
+            self.client.close()
+
+
+class RedisSource:
+    """A consumer group's member: takes entries, acks them with XACK."""
+
+    def __init__(self, url: str, *, batch_size: int, consumer: str) -> None:
+        self.redis = _Redis(url, "SERVING_STREAM_SOURCE")
+        self.stream = self.redis.stream
+        self.group = self.redis.query.get("group") or DEFAULT_GROUP
+        self.claim_idle_ms = int(self.redis.query.get("claim_idle_ms") or CLAIM_IDLE_MS)
+        self.batch_size = batch_size
+        self.consumer = consumer
+        self._ready = False  # the group exists, and our own pending entries were read
+        self._history = True  # read our own pending entries before new ones
+        self._claim_at = 0.0  # monotonic: the next XAUTOCLAIM
+        self._claim_from = "0-0"  # XAUTOCLAIM's cursor
+
+    def take(self, max_n: int, wait_s: float) -> list[Message]:
+        return self.redis.call(lambda: self._take(max_n, wait_s))
+
+    def _take(self, max_n: int, wait_s: float) -> list[Message]:
+        client = self.redis.client
+        if not self._ready:
+            self._create_group()
+            self._ready = True
+        if self._history:
+            # After a (re)connection: what this consumer took and did not ack.
+            read = client.xreadgroup(self.group, self.consumer, {self.stream: "0"}, count=max_n)
+            entries = _entries(read)
+            if entries:
+                return self._messages(entries, redelivered=True)
+            self._history = False
+        if time.monotonic() >= self._claim_at:
+            claimed = self._claim(max_n)
+            if claimed:
+                return claimed
+            # Half the idle time: an entry is claimed at most 1.5 times it after it was taken.
+            self._claim_at = time.monotonic() + min(CLAIM_EVERY_S, self.claim_idle_ms / 2000)
+        block_ms = max(1, int(wait_s * 1000))
+        read = client.xreadgroup(
+            self.group, self.consumer, {self.stream: ">"}, count=max_n, block=block_ms
+        )
+        return self._messages(_entries(read), redelivered=False)
+
+    def _create_group(self) -> None:
+        import redis
+
+        try:
+            self.redis.client.xgroup_create(self.stream, self.group, id="0", mkstream=True)
+        except redis.ResponseError as error:
+            if "BUSYGROUP" not in str(error):
+                raise
+
+    def _claim(self, max_n: int) -> list[Message]:
+        """Entries a dead consumer left, idle past ``claim_idle_ms``."""
+        reply = self.redis.client.xautoclaim(
+            self.stream,
+            self.group,
+            self.consumer,
+            min_idle_time=self.claim_idle_ms,
+            start_id=self._claim_from,
+            count=max_n,
+        )
+        cursor, entries = reply[0], reply[1]
+        self._claim_from = _text(cursor)
+        if self._claim_from != "0-0":
+            self._claim_at = 0.0  # more to look at: the next take goes on from the cursor
+        if entries:
+            log.info("claimed %d entries of %r left by another consumer", len(entries), self.stream)
+        return self._messages(entries, redelivered=True)
+
+    def _messages(self, entries: list[Any], *, redelivered: bool) -> list[Message]:
+        entries = [entry for entry in entries if entry[0] is not None]
+        gone = [entry_id for entry_id, fields, *_ in entries if fields is None]
+        if gone:  # deleted (XDEL, trimmed) while pending: nothing to run, nothing to keep
+            self.redis.client.xack(self.stream, self.group, *gone)
+        entries = [(entry[0], entry[1]) for entry in entries if entry[1] is not None]
+        if not entries:
+            return []
+        counts = self._deliveries(entries) if redelivered else {}
+        messages = []
+        for entry_id, fields in entries:
+            key = _text(entry_id)
+            headers = {_text(k): _text(v) for k, v in fields.items()}
+            body = fields.get(b"body", b"")
+            headers.pop("body", None)
+            message_id = headers.pop("id", None) or key
+            deliveries = counts.get(key, 1)
+            messages.append(Message(message_id, body, headers, deliveries, key))
+        return messages
+
+    def _deliveries(self, entries: list[Any]) -> dict[str, int]:
+        """Each entry's delivery count, from the group's pending entries."""
+        first, last = _text(entries[0][0]), _text(entries[-1][0])
+        pending = self.redis.client.xpending_range(
+            self.stream, self.group, first, last, len(entries), consumername=self.consumer
+        )
+        return {_text(p["message_id"]): int(p["times_delivered"]) for p in pending}
+
+    def ack(self, messages: Sequence[Message]) -> None:
+        if messages:
+            ids = [str(message.tag) for message in messages]
+            self.redis.call(lambda: self.redis.client.xack(self.stream, self.group, *ids))
+
+    def lag(self) -> int | None:
+        """The group's pending entries plus those not yet delivered (XINFO GROUPS)."""
+        if not self._ready:  # the stream may not exist yet: the first take creates it
+            return None
+        groups = self.redis.call(lambda: self.redis.client.xinfo_groups(self.stream))
+        for group in groups:
+            if _text(group["name"]) == self.group:
+                if group.get("lag") is None:  # Redis cannot say after some deletions
+                    return None
+                return int(group["pending"]) + int(group["lag"])
+        return None
+
+    def close(self) -> None:
+        self.redis.close()
+        self._ready, self._history = False, True
+
+
+class RedisSink:
+    """XADD of every result in one pipeline; its reply is the confirmation."""
+
+    def __init__(self, url: str) -> None:
+        self.redis = _Redis(url, "SERVING_STREAM_SINK")
+        self.stream = self.redis.stream
+        maxlen = self.redis.query.get("maxlen")
+        self.maxlen = int(maxlen) if maxlen else None
+
+    def publish(self, messages: Sequence[Outgoing]) -> None:
+        if not messages:
+            return
+
+        def add() -> None:
+            pipe = self.redis.client.pipeline(transaction=False)
+            for message in messages:
+                fields: dict[Any, Any] = {**message.headers}
+                fields["id"] = message.id
+                fields["body"] = message.body
+                pipe.xadd(self.stream, fields, maxlen=self.maxlen, approximate=True)
+            pipe.execute()
+
+        self.redis.call(add)
+
+    def close(self) -> None:
+        self.redis.close()
+
+
+def _entries(read: Any) -> list[Any]:
+    """XREADGROUP's reply for one stream: its entries ([] when none came)."""
+    if not read:
+        return []
+    if isinstance(read, dict):  # RESP3
+        return list(next(iter(read.values()))[0]) if read else []
+    return list(read[0][1])
+
+
+def _text(value: object) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)

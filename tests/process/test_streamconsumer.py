@@ -1,0 +1,104 @@
+"""A stream consumer's decisions on one batch: what runs, what is retried, what is a dead
+letter (``StreamConsumer.run_batch``, over a real ``Engine``; the brokers are in
+tests/stream)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from serving_core import Handler
+from serving_core.engine.core import Engine
+from serving_core.metrics.stream import StreamMetrics
+from serving_core.process.streamconsumer import Ends, StreamConsumer
+from serving_core.stream.base import Message
+
+
+class Flaky(Handler):
+    """Fails every batch that holds a ``poison`` item, and the first run of ``flaky`` ones."""
+
+    name = "flaky"
+
+    def __init__(self) -> None:
+        self.batches: list[list[int]] = []
+        self.failed_once: set[int] = set()
+
+    def predict_batch(self, items: list[Any]) -> list[Any]:
+        self.batches.append([item["n"] for item in items])
+        if any(item.get("poison") for item in items):
+            raise RuntimeError("poisoned")
+        for item in items:
+            if item.get("flaky") and item["n"] not in self.failed_once:
+                self.failed_once.add(item["n"])
+                raise RuntimeError("flaky")
+        return [{"double": 2 * item["n"]} for item in items]
+
+
+def consumer(handler: Handler) -> StreamConsumer:
+    def no_ends() -> Ends:
+        raise AssertionError("run_batch opens no broker")
+
+    return StreamConsumer(
+        Engine(handler, max_batch_size=8),
+        no_ends,
+        max_batch_size=8,
+        max_attempts=3,
+        stopping=lambda: False,
+        metrics=StreamMetrics(),
+    )
+
+
+def message(message_id: str, params: Any, deliveries: int = 1) -> Message:
+    body = params if isinstance(params, bytes) else json.dumps(params).encode()
+    return Message(message_id, body, {"h": message_id}, deliveries, message_id)
+
+
+def test_a_model_failure_is_run_again_alone_and_succeeds_without_its_batch_mates() -> None:
+    handler = Flaky()
+    batch = consumer(handler).run_batch(
+        [message("a", {"n": 1}), message("b", {"n": 2, "flaky": True}), message("c", {"n": 3})]
+    )
+    assert [(r.id, json.loads(r.body), r.headers) for r in batch.results] == [
+        ("a", {"double": 2}, {"h": "a"}),
+        ("b", {"double": 4}, {"h": "b"}),
+        ("c", {"double": 6}, {"h": "c"}),
+    ]
+    assert batch.dead == []
+    assert handler.batches == [[1, 2, 3], [1], [2], [3]]
+
+
+def test_a_poison_message_runs_max_attempts_times_then_is_a_dead_letter() -> None:
+    handler = Flaky()
+    batch = consumer(handler).run_batch(
+        [message("ok", {"n": 1}), message("poison", {"n": 9, "poison": True})]
+    )
+    assert [r.id for r in batch.results] == ["ok"]
+    (dead,) = batch.dead
+    letter = json.loads(dead.body)
+    assert (dead.id, dead.headers, letter["attempts"]) == ("poison", {"h": "poison"}, 3)
+    assert letter["error"]["type"] == "model_error"
+    assert json.loads(letter["input"]) == {"n": 9, "poison": True}
+    assert handler.batches == [[1, 9], [1], [9], [9]]  # each alone: "ok" succeeds at once
+    assert batch.reasons == {"failed": 1}
+
+
+def test_a_message_delivered_more_than_max_attempts_times_is_dead_lettered_unrun() -> None:
+    handler = Flaky()
+    batch = consumer(handler).run_batch([message("crashy", {"n": 5}, deliveries=4)])
+    (dead,) = batch.dead
+    letter = json.loads(dead.body)
+    assert letter["error"]["type"] == "attempts_exhausted"
+    assert "SERVING_STREAM_MAX_ATTEMPTS=3" in letter["error"]["message"]
+    assert handler.batches == []
+    assert batch.reasons == {"exhausted": 1}
+
+
+def test_bodies_that_are_not_a_json_object_are_dead_letters_and_never_run() -> None:
+    handler = Flaky()
+    batch = consumer(handler).run_batch(
+        [message("text", b"hello"), message("list", [1, 2]), message("ok", {"n": 1})]
+    )
+    kinds = {d.id: json.loads(d.body)["error"]["type"] for d in batch.dead}
+    assert kinds == {"text": "invalid_json", "list": "invalid_json"}
+    assert json.loads(batch.dead[0].body)["input"] == "hello"
+    assert handler.batches == [[1]]

@@ -1,0 +1,105 @@
+"""The Redis Streams ends on a real redis-server: the group, pending entries, claims, lag."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from serving_core.stream.backend import open_sink, open_source
+from serving_core.stream.base import BrokerError, Outgoing
+from serving_core.stream.redis_streams import RedisSink, RedisSource
+from tests.redis_server import redis_server
+from tests.servers import SERVING_CORE, base_env, wait_for
+
+
+@pytest.fixture
+def url() -> Iterator[str]:
+    with redis_server() as running:
+        yield running
+
+
+def produce(url: str, count: int) -> None:
+    client = redis.Redis.from_url(url)
+    for i in range(count):
+        client.xadd("in", {"body": json.dumps({"n": i}), "id": f"m-{i}", "trace": f"t-{i}"})
+    client.close()
+
+
+def test_a_source_reads_body_id_and_headers_and_counts_its_lag(url: str) -> None:
+    produce(url, 5)
+    source = open_source(f"{url}?stream=in", 3, "a")
+    assert isinstance(source, RedisSource)
+    taken = source.take(3, 0.1)
+    assert [(m.id, json.loads(m.body), m.headers, m.deliveries) for m in taken] == [
+        (f"m-{i}", {"n": i}, {"trace": f"t-{i}"}, 1) for i in range(3)
+    ]
+    assert source.lag() == 5  # 3 pending, 2 not yet delivered
+    source.ack(taken[:2])
+    assert source.lag() == 3
+    source.close()
+
+
+def test_a_reconnected_consumer_reads_its_own_pending_entries_first(url: str) -> None:
+    produce(url, 4)
+    source = RedisSource(f"{url}?stream=in", batch_size=2, consumer="a")
+    first = source.take(2, 0.1)
+    source.close()  # as after a lost connection: nothing was acked
+    again = source.take(2, 0.1)
+    assert [m.id for m in again] == [m.id for m in first]
+    assert all(m.deliveries == 2 for m in again)
+    source.ack(again)
+    assert [m.id for m in source.take(2, 0.1)] == ["m-2", "m-3"]
+
+
+def test_a_dead_consumers_entries_are_claimed_once_idle(url: str) -> None:
+    produce(url, 3)
+    query = f"{url}?stream=in&group=g&claim_idle_ms=200"
+    dead = RedisSource(query, batch_size=3, consumer="dead")
+    assert len(dead.take(3, 0.1)) == 3
+    live = RedisSource(query, batch_size=3, consumer="live")
+    claimed = wait_for(lambda: live.take(3, 0.05), "the dead consumer's entries claimed")
+    assert [(m.id, m.deliveries) for m in claimed] == [(f"m-{i}", 2) for i in range(3)]
+    live.ack(claimed)
+    assert live.lag() == 0
+
+
+def test_a_sink_adds_id_body_and_headers_and_trims_to_maxlen(url: str) -> None:
+    sink = open_sink(f"{url}?stream=out&maxlen=10")
+    assert isinstance(sink, RedisSink)
+    sink.publish([Outgoing(f"m-{i}", b'{"ok": 1}', {"trace": "t"}) for i in range(500)])
+    client = redis.Redis.from_url(url)
+    entries = client.xrange("out")
+    assert entries[-1][1] == {b"trace": b"t", b"id": b"m-499", b"body": b'{"ok": 1}'}
+    assert len(entries) < 500  # MAXLEN ~ trims whole nodes: near 10, never exactly
+    client.close()
+
+
+def test_a_lost_redis_is_a_broker_error() -> None:
+    with redis_server() as gone:
+        pass
+    with pytest.raises(BrokerError, match="stream 'in'"):
+        RedisSource(f"{gone}?stream=in", batch_size=1, consumer="a").take(1, 0.1)
+    with pytest.raises(BrokerError):
+        RedisSink(f"{gone}?stream=out").publish([Outgoing("m", b"{}")])
+
+
+def test_an_unknown_scheme_names_the_setting() -> None:
+    with pytest.raises(ValueError, match="SERVING_STREAM_DEAD_LETTER"):
+        open_sink("kafka://broker:9092?topic=x", "SERVING_STREAM_DEAD_LETTER")
+
+
+def test_the_stream_command_refuses_to_start_without_its_ends() -> None:
+    ran = subprocess.run(
+        [str(SERVING_CORE), "stream"],
+        env=base_env({"SERVING_STREAM_SOURCE": "redis://127.0.0.1:1/0?stream=in"}),
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert ran.returncode != 0
+    assert "SERVING_STREAM_SINK is not set" in ran.stderr
