@@ -246,11 +246,13 @@ class AmqpSink(_Connected):
                     correlation_id=message.id,
                     headers=dict(message.headers) or None,
                 )
+                # Counted before it is sent: its confirm can arrive while basic_publish
+                # still flushes the socket (it reads as it writes).
+                self._sent += 1
+                self._unconfirmed[self._sent] = message.id
                 self.channel.basic_publish(
                     self.exchange, self.routing_key, message.body, properties, mandatory=True
                 )
-                self._sent += 1
-                self._unconfirmed[self._sent] = message.id
             self._wait(lambda: not self._unconfirmed, "publisher confirm")
             # A return comes before its message's confirm; this dispatches it.
             self.connection.process_data_events(time_limit=0)
