@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, cast
 
 import pika
 import pika.exceptions
 from pika.adapters.blocking_connection import BlockingChannel
 from pika.channel import Channel
+from pika.frame import Method
 from pika.spec import Basic, BasicProperties
 
 from serving_core.stream.amqp_url import amqp_url
@@ -124,15 +125,7 @@ class AmqpSource(_Connected):
         return [self._taken.popleft() for _ in range(min(max_n, len(self._taken)))]
 
     def ack(self, messages: Sequence[Message]) -> None:
-        # A tag of another channel (a source before a reconnect) is not acked here: the
-        # broker hands that message out again, which at-least-once allows.
-        tags = {
-            tag
-            for m in messages
-            if isinstance(m.tag, tuple) and m.tag[0] is self._token
-            for tag in [int(m.tag[1])]
-            if tag in self._unacked
-        }
+        tags = {tag for tag in map(self._own_tag, messages) if tag in self._unacked}
         if not tags:
             return
         # The longest run of the oldest unacked tags goes in one multiple ack.
@@ -149,6 +142,14 @@ class AmqpSource(_Connected):
         except ERRORS as error:
             raise self.failed("cannot ack", error) from error
         self._unacked -= tags
+
+    def _own_tag(self, message: Message) -> int | None:
+        """Its delivery tag on this source's channel. A message taken before a reconnect
+        has none here: the broker hands it out again, which at-least-once allows."""
+        tag = message.tag
+        if isinstance(tag, tuple) and len(tag) == 2 and tag[0] is self._token:
+            return int(tag[1])
+        return None
 
     def lag(self) -> int | None:
         """The queue's ready messages (those handed out and not yet acked are not counted)."""
@@ -201,7 +202,7 @@ class AmqpSink(_Connected):
         # stops waiting now instead of at its time limit.
         self.connection.call_later(0, lambda: None)
 
-    def _on_confirm(self, frame: Any) -> None:
+    def _on_confirm(self, frame: Method[Basic.Ack | Basic.Nack]) -> None:
         method = frame.method
         tag = int(method.delivery_tag)
         done = [t for t in self._unconfirmed if t <= tag] if method.multiple else [tag]
@@ -221,7 +222,7 @@ class AmqpSink(_Connected):
     ) -> None:
         self._returned.append(f"{properties.message_id!r} ({method.reply_text})")
 
-    def _wait(self, done: Any, what: str) -> None:
+    def _wait(self, done: Callable[[], bool], what: str) -> None:
         deadline = time.monotonic() + self.confirm_timeout_s
         while not done():
             left = deadline - time.monotonic()

@@ -101,11 +101,11 @@ class AmqpBroker:
             last = 0
             while True:
                 method, properties, body = channel.basic_get(queue)
-                if method is None:
+                if method is None or properties is None:
                     break
-                headers = {k: str(v) for k, v in (properties.headers or {}).items()}
+                headers = {str(k): str(v) for k, v in (properties.headers or {}).items()}
                 headers.pop("x-delivery-count", None)
-                items.append((properties.message_id or "", body, headers))
+                items.append((properties.message_id or "", body or b"", headers))
                 last = int(method.delivery_tag or 0)
             if last:
                 channel.basic_ack(last, multiple=True)

@@ -11,6 +11,7 @@ import re
 import uuid
 from collections import Counter
 from collections.abc import Iterator
+from typing import Any
 
 import pika
 import pika.exceptions
@@ -46,7 +47,12 @@ def items(n: int, start: int = 0) -> list[tuple[str, bytes, dict[str, str]]]:
 
 def take_all(source: AmqpSource, n: int, batch: int) -> list[Message]:
     taken: list[Message] = []
-    wait_for(lambda: taken.extend(source.take(batch, 1.0)) or len(taken) >= n, f"{n} messages")
+
+    def enough() -> bool:
+        taken.extend(source.take(batch, 1.0))
+        return len(taken) >= n
+
+    wait_for(enough, f"{n} messages")
     return taken
 
 
@@ -87,6 +93,7 @@ def test_a_result_is_persistent_json_under_its_inputs_id(broker: AmqpBroker) -> 
     method, properties, body = connection.channel().basic_get(broker.results_queue, auto_ack=True)
     connection.close()
     assert method is not None
+    assert properties is not None
     assert body == b'{"y": 1}'
     assert properties.message_id == properties.correlation_id == "abc"
     assert properties.delivery_mode == 2
@@ -154,7 +161,7 @@ def test_a_message_without_a_message_id_is_handed_out_with_an_empty_id(
     connection = pika.BlockingConnection(pika.URLParameters(broker.server.url))
     channel = connection.channel()
     channel.confirm_delivery()
-    headers = {"n": 7, "flag": True, "raw": b"bytes"}
+    headers: dict[str, Any] = {"n": 7, "flag": True, "raw": b"bytes"}
     channel.basic_publish(
         "", broker.queue, b'{"x": 1}', pika.BasicProperties(headers=headers), mandatory=True
     )
