@@ -113,6 +113,10 @@ class RabbitMQServer:
                 stop(self._epmd)
                 self._epmd = None
 
+    def process_groups(self) -> list[int]:
+        """The node's and epmd's process groups, for a test that they are gone."""
+        return [p.pid for p in (self._broker, self._epmd) if p is not None]
+
     def output(self) -> str:
         return self.log_path.read_text(errors="replace")
 

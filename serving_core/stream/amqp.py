@@ -16,6 +16,10 @@ confirm is awaited at once (one round trip per batch, not per message).
 
 Any other query parameter is pika's own (``heartbeat=30``, ``socket_timeout=5``
 ...). Neither class is thread-safe: each belongs to the thread that made it.
+Heartbeats are sent only inside take, ack, lag and publish: a handler call
+longer than the heartbeat timeout (the broker proposes 60 s) can lose the
+connection, and its batch is delivered again; such a model needs a longer
+``heartbeat=`` on its source URL.
 """
 
 from __future__ import annotations
@@ -83,9 +87,11 @@ class AmqpSource(_Connected):
         self._taken: deque[Message] = deque()
         self._unacked: set[int] = set()
         self._lag_channel: BlockingChannel | None = None
+        self._cancelled = False
         try:
             self.channel.queue_declare(self.queue, durable=True, arguments=QUORUM)
             self.channel.basic_qos(prefetch_count=2 * batch_size)
+            self.channel.add_on_cancel_callback(self._on_cancel)
             self.channel.basic_consume(self.queue, self._on_message, consumer_tag=consumer or None)
         except ERRORS as error:
             self.close()
@@ -113,15 +119,26 @@ class AmqpSource(_Connected):
             )
         )
 
+    def _on_cancel(self, _frame: Method[Basic.Cancel]) -> None:
+        self._cancelled = True
+
     def take(self, max_n: int, wait_s: float) -> list[Message]:
         deadline = time.monotonic() + wait_s
         try:
             self.connection.process_data_events(time_limit=0)
-            while not self._taken and (left := deadline - time.monotonic()) > 0:
+            while (
+                not (self._taken or self._cancelled) and (left := deadline - time.monotonic()) > 0
+            ):
                 # Returns as soon as a delivery is dispatched (or at the time limit).
                 self.connection.process_data_events(time_limit=left)
         except ERRORS as error:
             raise self.failed("cannot take messages", error) from error
+        if self._cancelled:
+            # Otherwise the source would wait for deliveries that never come.
+            raise BrokerError(
+                f"{self.shown}: the broker cancelled the consumer of queue {self.queue!r} "
+                "(the queue was deleted?); a new source declares it again"
+            )
         return [self._taken.popleft() for _ in range(min(max_n, len(self._taken)))]
 
     def ack(self, messages: Sequence[Message]) -> None:

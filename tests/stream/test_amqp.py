@@ -7,6 +7,7 @@ its own. The broker-restart test runs a node of its own.
 from __future__ import annotations
 
 import json
+import os
 import re
 import uuid
 from collections import Counter
@@ -155,6 +156,18 @@ def test_lag_is_the_queues_depth_of_messages_not_handed_out(broker: AmqpBroker) 
         source.close()
 
 
+def test_a_source_whose_queue_is_deleted_raises_instead_of_waiting(broker: AmqpBroker) -> None:
+    source = AmqpSource(broker.source_url, batch_size=1, consumer="deleted")
+    try:
+        connection = pika.BlockingConnection(pika.URLParameters(broker.server.url))
+        connection.channel().queue_delete(broker.queue)
+        connection.close()
+        with pytest.raises(BrokerError, match="cancelled the consumer"):
+            source.take(1, 30.0)
+    finally:
+        source.close()
+
+
 def test_a_message_without_a_message_id_is_handed_out_with_an_empty_id(
     broker: AmqpBroker,
 ) -> None:
@@ -246,6 +259,11 @@ def test_a_broker_restart_fails_open_sources_and_sinks_and_loses_nothing_durable
         sink.close()
         assert sorted(broker.results()) == sorted(items(100))
         assert broker.lag() == 0
+        groups = broker.server.process_groups()
+    assert len(groups) == 2
+    for group in groups:  # the node (script, VM, helpers) and its epmd: all stopped
+        with pytest.raises(ProcessLookupError):
+            os.killpg(group, 0)
 
 
 def test_a_broker_that_is_not_there_is_a_broker_error() -> None:
