@@ -74,6 +74,8 @@ class RabbitMQServer:
         self._broker: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
+        if not Path(RABBITMQ_SERVER).exists():
+            raise RuntimeError(f"{RABBITMQ_SERVER} is missing: `make system-deps` installs it")
         with self.log_path.open("ab") as log:
             if self._epmd is None:
                 # In the foreground, so that it is ours to stop: the node would
