@@ -9,7 +9,7 @@ PIP := $(BIN)/python -m pip
 export TOKENIZERS_PARALLELISM := false
 # prometheus: its promtool runs the alerts' rule tests (tests/deploy/test_alerts.py);
 # prometheus-nginx-exporter: the chart's nginx sidecar, run by test_alerts_prometheus.py.
-SYSTEM_PACKAGES := nginx redis-server shellcheck gettext-base chromium prometheus prometheus-nginx-exporter
+SYSTEM_PACKAGES := nginx redis-server rabbitmq-server shellcheck gettext-base chromium prometheus prometheus-nginx-exporter
 # The container tests (tests/container) build and run the images with docker
 # when its daemon answers, else with podman as root: podman, its OCI runtime and
 # networking, and debootstrap for the stand-in base images built where no
@@ -168,7 +168,8 @@ $(STAMPS)/%/requirements.txt: %/requirements.txt constraints.txt | $(BIN)/.runti
 	$(PIP_INSTALL_HANDLER) -r $<
 	@mkdir -p $(@D) && touch $@
 
-# The suite starts real nginx and redis-server on 127.0.0.1, and builds and runs
+# The suite starts real nginx, redis-server and rabbitmq-server on 127.0.0.1
+# (each on its own ports and data, never the Debian service), and builds and runs
 # the images; install what is missing from Debian (CI runs as root; elsewhere
 # this asks for sudo). A machine whose docker answers needs no podman.
 system-deps:
