@@ -2,7 +2,7 @@
 
     take up to SERVING_MAX_BATCH_SIZE messages
     → each: delivered more than SERVING_STREAM_MAX_ATTEMPTS times → dead letter, unrun
-            not a JSON object → dead letter
+            no id (an AMQP message without message_id), not a JSON object → dead letter
     → one Engine call; a handler's refusal (4xx) → dead letter
       a model failure (5xx): its items run again alone (a poison message fails
       without its batch-mates), up to SERVING_STREAM_MAX_ATTEMPTS runs → dead letter
@@ -139,6 +139,16 @@ class StreamConsumer:
                     "running it, so it is not run again",
                     0,
                     "exhausted",
+                )
+                continue
+            if not message.id:
+                batch.dead_letter(
+                    message,
+                    "missing_id",
+                    "the message has no id, so its result could not be matched to it; set "
+                    "the AMQP message_id property (or the Redis entry's id field)",
+                    0,
+                    "invalid",
                 )
                 continue
             params = _params(message)

@@ -102,3 +102,15 @@ def test_bodies_that_are_not_a_json_object_are_dead_letters_and_never_run() -> N
     assert kinds == {"text": "invalid_json", "list": "invalid_json"}
     assert json.loads(batch.dead[0].body)["input"] == "hello"
     assert handler.batches == [[1]]
+
+
+def test_a_message_without_an_id_is_dead_lettered_unrun_saying_to_set_message_id() -> None:
+    handler = Flaky()
+    batch = consumer(handler).run_batch([message("", {"n": 1}), message("b", {"n": 2})])
+    assert handler.batches == [[2]]
+    assert [r.id for r in batch.results] == ["b"]
+    (dead,) = batch.dead
+    error = json.loads(dead.body)["error"]
+    assert error["type"] == "missing_id"
+    assert "message_id" in error["message"]
+    assert batch.reasons == {"invalid": 1}

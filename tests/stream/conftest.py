@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import uuid
 from collections.abc import Callable, Iterator
 from typing import Protocol
 
 import pytest
 
+from tests.rabbitmq_server import RabbitMQServer, rabbitmq_server
+from tests.stream.amqp_broker import AmqpBroker
 from tests.stream.redis_broker import Item, RedisBroker
 
 
@@ -26,11 +30,26 @@ class Broker(Protocol):
     def restart(self) -> None: ...
 
 
+def _amqp(request: pytest.FixtureRequest) -> contextlib.AbstractContextManager[Broker]:
+    # One node for the session (it takes ~10 s to start), each test its own queues.
+    server: RabbitMQServer = request.getfixturevalue("rabbitmq")
+    return AmqpBroker(server, prefix=f"t{uuid.uuid4().hex[:8]}-")
+
+
 # A broker more is one entry more (its class in tests/stream/BROKER_broker.py).
-BROKERS: dict[str, Callable[[], Broker]] = {"redis": RedisBroker}
+BROKERS: dict[str, Callable[[pytest.FixtureRequest], contextlib.AbstractContextManager[Broker]]] = {
+    "redis": lambda request: RedisBroker(),
+    "amqp": _amqp,
+}
+
+
+@pytest.fixture(scope="session")
+def rabbitmq() -> Iterator[RabbitMQServer]:
+    with rabbitmq_server() as running:
+        yield running
 
 
 @pytest.fixture(params=list(BROKERS))
 def broker(request: pytest.FixtureRequest) -> Iterator[Broker]:
-    with BROKERS[request.param]() as running:
+    with BROKERS[request.param](request) as running:
         yield running
