@@ -12,7 +12,10 @@ model never ran it (refused connection, admission control), like HTTP's refused
 connection; anything else is final.
 
 Channels are made on first use, in the worker (after fork: a channel must not
-cross a fork), one per target, multiplexing every call over HTTP/2. grpcio's calls
+cross a fork), ``CHANNELS`` per target, each its own HTTP/2 connection, the calls
+taken round-robin: the target's workers share one port through SO_REUSEPORT,
+which spreads connections, not calls, so one connection would put every call of
+this worker on one of the target's workers. grpcio's calls
 block natively: a pipeline with gRPC stages runs on gthread workers (``pipeline.core.load``
 refuses gevent's).
 """
@@ -37,6 +40,17 @@ from serving_core.v2.tensors import check_datatype, check_shape, from_raw, to_ra
 # The model never ran the call: sending it again is safe.
 RETRIED = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED)
 UNREACHABLE = "gRPC UNAVAILABLE: down, overloaded or unreachable; the server's log has more"
+# Connections per target. With W workers behind the port, the chance that all of them
+# land on one worker is W * (1/W)**CHANNELS: 1/128 for two workers.
+CHANNELS = 8
+CHANNEL_OPTIONS = [
+    # Each channel its own connection: grpc shares one between channels of the same
+    # target and arguments unless told not to.
+    ("grpc.use_local_subchannel_pool", 1),
+    # A name that resolves to several addresses (a headless Service's pods) spreads
+    # calls over them, not over the first one only (grpc's default, pick_first).
+    ("grpc.lb_policy_name", "round_robin"),
+]
 
 
 class GrpcStages:
@@ -44,7 +58,8 @@ class GrpcStages:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._stubs: dict[str, Any] = {}
+        self._stubs: dict[str, list[Any]] = {}
+        self._turn = 0
         self._inputs: dict[tuple[str, str], tuple[tuple[str, str], ...]] = {}
 
     def infer(
@@ -105,12 +120,17 @@ class GrpcStages:
 
     def _stub(self, target: str) -> Any:
         with self._lock:
-            stub = self._stubs.get(target)
-            if stub is None:
-                channel = grpc.insecure_channel(target)
-                stub = pb_grpc.GRPCInferenceServiceStub(channel)  # type: ignore[no-untyped-call]
-                self._stubs[target] = stub
-            return stub
+            stubs = self._stubs.get(target)
+            if stubs is None:
+                stubs = [
+                    pb_grpc.GRPCInferenceServiceStub(  # type: ignore[no-untyped-call]
+                        grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
+                    )
+                    for _ in range(CHANNELS)
+                ]
+                self._stubs[target] = stubs
+            self._turn += 1
+            return stubs[self._turn % len(stubs)]
 
     @staticmethod
     def _call(method: Any, request: Any, until: float, metadata: Any) -> Any:

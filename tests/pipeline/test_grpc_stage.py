@@ -19,7 +19,7 @@ from serving_core.errors import BadGateway, InvalidParams
 from serving_core.grpc.keys import presented
 from serving_core.grpc.proto import grpc_predict_v2_pb2 as pb
 from serving_core.grpc.proto import grpc_predict_v2_pb2_grpc as pb_grpc
-from serving_core.grpc.stage import GrpcStages
+from serving_core.grpc.stage import CHANNELS, GrpcStages
 from serving_core.pipeline import core as pipeline
 from serving_core.pipeline import transport
 from serving_core.pipeline.config import PipelineError
@@ -34,6 +34,7 @@ class Scripted(pb_grpc.GRPCInferenceServiceServicer):
     def __init__(self) -> None:
         self.script: list[Any] = []
         self.calls: list[tuple[dict[str, str], Any]] = []
+        self.peers: list[str] = []  # each call's client address: its connection
         self.release = threading.Event()
 
     def ModelMetadata(self, request: Any, context: Any) -> Any:
@@ -43,6 +44,7 @@ class Scripted(pb_grpc.GRPCInferenceServiceServicer):
 
     def ModelInfer(self, request: Any, context: Any) -> Any:
         self.calls.append((dict(context.invocation_metadata()), request))
+        self.peers.append(context.peer())
         step = self.script.pop(0) if self.script else "ok"
         if step == "hang":
             self.release.wait(30)
@@ -99,6 +101,18 @@ def test_a_grpc_stage_sends_int64_tensors_with_the_key_and_retries_unavailable(s
     assert [(t.name, t.datatype, list(t.shape)) for t in request.inputs] == [
         ("input_ids", "INT64", [1, 3])
     ]
+
+
+def test_a_grpc_stages_calls_take_its_connections_in_turn(stage, tmp_path):
+    # The target's workers share its port (SO_REUSEPORT spreads connections, not
+    # calls): the calls of one worker of this pipeline go over CHANNELS connections.
+    servicer, target = stage
+    servicer.peers.clear()
+    one = grpc_pipeline(tmp_path, target)
+    for _ in range(2 * CHANNELS):
+        assert one.predict({"input_ids": [1, 2]})["total"] == [3.0]
+    assert len(set(servicer.peers)) == CHANNELS
+    assert servicer.peers[:CHANNELS] == servicer.peers[CHANNELS:]  # in turn
 
 
 def test_a_grpc_stage_out_of_retries_is_a_502_without_its_address(stage, tmp_path):
