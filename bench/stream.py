@@ -1,0 +1,209 @@
+"""``serving-core stream`` with MiniLM over each broker: messages/s against the bare-model
+limit, and the end-to-end latency of a paced stream.
+
+For each backend (a real redis-server, a real rabbitmq-server, as tests/stream runs
+them), one ``serving-core stream`` (the default workers and batch size) reads
+sentences from the broker and publishes their embeddings back to it:
+
+- **throughput**, in rounds: the bare limit again first (``bare_model.Bare``: this
+  VM drifts), then ``--messages`` sentences produced at once; messages/s is that
+  count over the time from the first produce to the last result published. The
+  summary is the median of the rounds' ratios to their own limit.
+- **latency**: an open loop at ``--paced`` times the measured rate for ``--seconds``,
+  each message stamped with its send time; the bench polls the results every
+  few ms and takes seen - sent, so the p50 includes up to one poll interval.
+
+    .venv/bin/python bench/stream.py [--backends redis amqp] [--messages 3000]
+        [--rounds 3] [--paced 0.5] [--seconds 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import redis  # noqa: E402
+
+from bench.bare_model import Bare  # noqa: E402
+from bench.workload import SENTENCES  # noqa: E402
+from tests.servers import free_port, spawn, stop, wait_for  # noqa: E402
+from tests.stream.amqp_broker import AmqpBroker  # noqa: E402
+from tests.stream.redis_broker import RedisBroker  # noqa: E402
+
+# Each starts its own server, as tests/stream does (the tests share one RabbitMQ node).
+BROKERS: dict[str, Any] = {"redis": RedisBroker, "amqp": AmqpBroker}
+
+POLL_S = 0.005  # the latency phase's poll of the results
+
+
+class Results:
+    """How many results a broker holds, and which arrived since the last look, cheaply:
+    the stream's XLEN and XREAD from the last id; the queue's depth (a passive declare)
+    and a drain. A poll must not cost the server the CPU it is measured on."""
+
+    def __init__(self, backend: str, broker: Any) -> None:
+        self.backend, self.broker = backend, broker
+        self.last_id = "0-0"
+        self.taken = 0
+        if backend == "redis":
+            self.client = redis.Redis.from_url(broker.sink_url.split("?")[0])
+        else:
+            import pika
+
+            self.connection = pika.BlockingConnection(pika.URLParameters(broker.server.url))
+            self.channel = self.connection.channel()
+
+    def count(self) -> int:
+        if self.backend == "redis":
+            return int(self.client.xlen("out"))
+        depth = self.channel.queue_declare(self.broker.results_queue, passive=True)
+        return self.taken + int(depth.method.message_count or 0)
+
+    def new_ids(self) -> list[str]:
+        if self.backend == "redis":
+            got = self.client.xread({"out": self.last_id}, count=10_000)
+            ids = []
+            for _, entries in got:
+                for entry_id, fields in entries:
+                    self.last_id = entry_id.decode()
+                    ids.append(fields[b"id"].decode())
+            return ids
+        items = self.broker.results()  # drains the results queue, keeps what it took
+        new, self.taken = items[self.taken :], len(items)
+        return [item[0] for item in new]
+
+    def close(self) -> None:
+        if self.backend == "redis":
+            self.client.close()
+        else:
+            self.connection.close()
+
+
+def messages(prefix: str, count: int, **headers: str) -> list[tuple[str, bytes, dict[str, str]]]:
+    return [
+        (f"{prefix}-{i}", json.dumps({"text": SENTENCES[i % len(SENTENCES)]}).encode(), headers)
+        for i in range(count)
+    ]
+
+
+def run_backend(backend: str, bare: Bare, args: argparse.Namespace) -> dict[str, Any]:
+    with BROKERS[backend]() as broker, tempfile.TemporaryDirectory() as tmp:
+        port = free_port()
+        env = {
+            "SERVING_HANDLER": "handlers/minilm/handler.py",
+            "SERVING_BIND": f"127.0.0.1:{port}",
+            "SERVING_METRICS_DIR": str(Path(tmp) / "metrics"),
+            "SERVING_STREAM_SOURCE": broker.source_url,
+            "SERVING_STREAM_SINK": broker.sink_url,
+            "SERVING_STREAM_DEAD_LETTER": broker.dead_url,
+        }
+        log = Path(tmp) / "stream.log"
+        results = Results(backend, broker)
+        process = spawn("stream", env, log)
+        try:
+            done = 0
+
+            def reached(n: int) -> bool:
+                if process.poll() is not None:
+                    raise RuntimeError(f"the stream worker exited:\n{log.read_text()[-3000:]}")
+                return results.count() >= n
+
+            broker.produce(messages("warm", 64))
+            done += 64
+            wait_for(lambda: reached(done), lambda: log.read_text()[-3000:], 300)
+            rounds = []
+            for round_ in range(1, args.rounds + 1):
+                limit = bare.measure(3.0)["limit_per_s"]
+                start = time.perf_counter()
+                broker.produce(messages(f"r{round_}", args.messages))
+                done += args.messages
+                while not reached(done):
+                    time.sleep(0.05)
+                rate = args.messages / (time.perf_counter() - start)
+                rounds.append(
+                    {"round": round_, "limit": limit, "rate": rate, "ratio": rate / limit}
+                )
+                print(
+                    f"{backend:>6} round {round_}: {rate:7.1f} msg/s, limit {limit:7.1f}/s, "
+                    f"ratio {rate / limit:.2f}",
+                    flush=True,
+                )
+            results.new_ids()  # skip what the throughput rounds published
+            paced = args.paced * statistics.median(r["rate"] for r in rounds)
+            sent: dict[str, float] = {}
+            seen: dict[str, float] = {}
+            interval, index = 1.0 / paced, 0
+            start = time.perf_counter()
+            next_at = start
+            while time.perf_counter() - start < args.seconds or len(seen) < len(sent):
+                now = time.perf_counter()
+                if now >= next_at and now - start < args.seconds:
+                    message_id = f"p-{index}"
+                    sent[message_id] = time.perf_counter()
+                    text = json.dumps({"text": SENTENCES[index % len(SENTENCES)]}).encode()
+                    broker.produce([(message_id, text, {})])
+                    index += 1
+                    next_at += interval
+                for message_id in results.new_ids():
+                    seen.setdefault(message_id, time.perf_counter())
+                if now - start > args.seconds + 60:
+                    raise RuntimeError(f"{len(sent) - len(seen)} paced messages never came back")
+                time.sleep(POLL_S)
+            latencies = sorted((seen[k] - sent[k]) * 1000 for k in sent)
+            p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
+            return {
+                "backend": backend,
+                "rounds": rounds,
+                "paced_per_s": paced,
+                "p50_ms": statistics.median(latencies),
+                "p99_ms": p99,
+                "paced_messages": len(latencies),
+            }
+        finally:
+            results.close()
+            stop(process)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backends", nargs="+", default=["redis", "amqp"])
+    parser.add_argument("--messages", type=int, default=3000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--paced", type=float, default=0.5, help="of the measured rate")
+    parser.add_argument("--seconds", type=float, default=10.0, help="of the paced phase")
+    args = parser.parse_args()
+    summaries = []
+    with Bare() as bare:
+        for backend in args.backends:
+            summaries.append(run_backend(backend, bare, args))
+    print(f"\n{args.messages} messages a round, medians over {args.rounds} rounds")
+    print(
+        f"{'backend':>8} {'msg/s':>8} {'limit/s':>8} {'ratio':>6} {'range':>11} "
+        f"{'paced/s':>8} {'p50 ms':>8} {'p99 ms':>8}"
+    )
+    for s in summaries:
+        ratios = [r["ratio"] for r in s["rounds"]]
+        print(
+            f"{s['backend']:>8} {statistics.median(r['rate'] for r in s['rounds']):>8.1f} "
+            f"{statistics.median(r['limit'] for r in s['rounds']):>8.1f} "
+            f"{statistics.median(ratios):>6.2f} {min(ratios):>5.2f}-{max(ratios):<5.2f} "
+            f"{s['paced_per_s']:>8.1f} {s['p50_ms']:>8.1f} {s['p99_ms']:>8.1f}"
+        )
+    out = ROOT / "bench" / "figures" / "stream.json"
+    out.write_text(json.dumps(summaries, indent=1) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
