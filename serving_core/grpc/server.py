@@ -14,12 +14,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from concurrent import futures
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import reflection, reflection_pb2
 
 from serving_core.grpc.keys import KeyCheck
+from serving_core.grpc.proto import grpc_predict_v2_pb2 as pb
 from serving_core.grpc.proto import grpc_predict_v2_pb2_grpc as pb_grpc
 from serving_core.grpc.servicer import SERVICE, InferenceServicer
 from serving_core.metrics.core import Metrics
@@ -57,7 +59,7 @@ class GrpcFront:
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         names = (SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME)
-        reflection.enable_server_reflection(names, self.server)
+        reflection.enable_server_reflection(names, self.server, pool=_reflected_pool())
         try:
             self.server.add_insecure_port(self.address)
         except RuntimeError as exc:
@@ -87,3 +89,13 @@ class GrpcFront:
         )
         for name in ("", SERVICE):
             self.health.set(name, status)
+
+
+def _reflected_pool() -> Any:  # a protobuf DescriptorPool (protobuf ships no types)
+    """Our messages' own pool (setup.py's ``private_pool`` says why they are not in the
+    default one), with health's and reflection's files added, so that reflection can
+    describe every service it lists (``grpcurl describe``)."""
+    for module in (health_pb2, reflection_pb2):
+        # The same file again (another front in this process) is accepted as it is.
+        pb.POOL.AddSerializedFile(module.DESCRIPTOR.serialized_pb)
+    return pb.POOL

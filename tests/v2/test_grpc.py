@@ -4,6 +4,8 @@ INVALID_ARGUMENT names, grpc.health.v1 and reflection, the calls in the metrics.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -109,6 +111,29 @@ def test_health_is_serving_and_reflection_lists_the_service(server: Any) -> None
         (answer,) = reflection.ServerReflectionInfo(iter([asked]), timeout=10)
         names = {service.name for service in answer.list_services_response.service}
     assert {"inference.GRPCInferenceService", "grpc.health.v1.Health"} <= names
+
+
+@pytest.mark.parametrize("symbol", ["inference.GRPCInferenceService", "grpc.health.v1.Health"])
+def test_reflection_describes_each_service_it_lists(server: Any, symbol: str) -> None:
+    # As `grpcurl describe` asks: the file that declares the symbol.
+    with grpc.insecure_channel(server.grpc) as channel:
+        reflection = reflection_pb2_grpc.ServerReflectionStub(channel)
+        asked = reflection_pb2.ServerReflectionRequest(file_containing_symbol=symbol)
+        (answer,) = reflection.ServerReflectionInfo(iter([asked]), timeout=10)
+    assert answer.WhichOneof("message_response") == "file_descriptor_response", answer
+    assert answer.file_descriptor_response.file_descriptor_proto
+
+
+def test_our_stubs_import_beside_tritonclients_and_kserves_copies_of_the_proto() -> None:
+    # Each other copy declares the same inference.* messages in protobuf's default pool;
+    # ours are in a pool of their own (setup.py's private_pool), so a handler may use
+    # either client beside the gRPC front. (The two others cannot share a process.)
+    for other in ("tritonclient.grpc", "kserve"):
+        code = f"import {other}; from serving_core.grpc import server, stage; print('ok')"
+        done = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=False
+        )
+        assert done.stdout.strip() == "ok", done.stderr[-2000:]
 
 
 def test_the_request_metrics_count_grpc_calls_with_their_outcome(server: Any, client: Any) -> None:
