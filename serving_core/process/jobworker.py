@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
-import socket
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -27,9 +25,7 @@ from serving_core.engine.core import Engine, Result
 from serving_core.errors import ServingError
 from serving_core.jobs.backend import open_queue
 from serving_core.jobs.base import Job, JobQueue
-from serving_core.metrics.core import Metrics
 from serving_core.process.prefork import Prefork
-from serving_core.threads import set_worker_threads
 
 log = logging.getLogger("serving_core.process.jobworker")
 
@@ -139,20 +135,13 @@ class Master(Prefork):
         return f"{self.command}: {self.settings.workers} consumer(s) of queue {name!r}"
 
     def consume(self, slot: int, stopping: dict[str, bool]) -> int:
-        set_worker_threads(self.settings.workers)
-        self.loaded.handler.setup_worker()
-        metrics = Metrics()
-        engine = Engine(
-            self.loaded.handler,
-            max_batch_size=self.settings.max_batch_size,
-            on_failure=metrics.failed,
-        )
+        engine, metrics = self.consumer_engine()
         queue = open_queue(self.settings, engine.name)
         try:
             Consumer(
                 engine,
                 queue,
-                name=f"{socket.gethostname()}-{os.getpid()}",
+                name=self.consumer_name(),
                 max_batch_size=engine.max_batch_size,
                 stopping=lambda: stopping["asked"],
                 observer=metrics.jobs_finished,

@@ -21,15 +21,18 @@ import json
 import logging
 import os
 import signal
+import socket
 import threading
 import time
 from types import FrameType
 
+from serving_core.engine.core import Engine
 from serving_core.loading import LoadedHandler
-from serving_core.metrics.core import CONTENT_TYPE
+from serving_core.metrics.core import CONTENT_TYPE, Metrics
 from serving_core.metrics.directory import exposition
 from serving_core.preload import preload
 from serving_core.settings import Settings
+from serving_core.threads import set_worker_threads
 
 log = logging.getLogger("serving_core.process.prefork")
 
@@ -55,6 +58,23 @@ class Prefork:
 
     def describe(self) -> str:
         return f"{self.command}: {self.settings.workers} consumer(s)"
+
+    def consumer_engine(self) -> tuple[Engine, Metrics]:
+        """In a forked consumer: its share of the cores, the handler's per-process
+        setup, and the engine its batches run through (with the metrics it feeds)."""
+        set_worker_threads(self.settings.workers)
+        self.loaded.handler.setup_worker()
+        metrics = Metrics()
+        engine = Engine(
+            self.loaded.handler,
+            max_batch_size=self.settings.max_batch_size,
+            on_failure=metrics.failed,
+        )
+        return engine, metrics
+
+    def consumer_name(self) -> str:
+        """This consumer's name at its broker or queue: unique across hosts and forks."""
+        return f"{socket.gethostname()}-{os.getpid()}"
 
     def run(self) -> int:
         if self.settings.bind.startswith("unix:"):

