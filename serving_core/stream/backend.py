@@ -7,8 +7,6 @@ this module. Another broker (Kafka, say) is one more scheme here.
 
 from __future__ import annotations
 
-import importlib
-from types import ModuleType
 from urllib.parse import urlsplit
 
 from serving_core.stream.base import Sink, Source
@@ -25,8 +23,9 @@ def open_source(url: str, batch_size: int, consumer_name: str) -> Source:
         from serving_core.stream.redis_streams import RedisSource
 
         return RedisSource(url, batch_size=batch_size, consumer=consumer_name)
-    source: Source = _amqp().AmqpSource(url, batch_size=batch_size, consumer=consumer_name)
-    return source
+    from serving_core.stream.amqp import AmqpSource
+
+    return AmqpSource(url, batch_size=batch_size, consumer=consumer_name)
 
 
 def open_sink(url: str, setting: str = "SERVING_STREAM_SINK") -> Sink:
@@ -36,13 +35,9 @@ def open_sink(url: str, setting: str = "SERVING_STREAM_SINK") -> Sink:
         from serving_core.stream.redis_streams import RedisSink
 
         return RedisSink(url)
-    sink: Sink = _amqp().AmqpSink(url)
-    return sink
+    from serving_core.stream.amqp import AmqpSink
 
-
-def _amqp() -> ModuleType:
-    # By name: the module (and its client library) is imported only for amqp:// URLs.
-    return importlib.import_module("serving_core.stream.amqp")
+    return AmqpSink(url)
 
 
 def _scheme(url: str, setting: str) -> str:
