@@ -1,4 +1,4 @@
-"""Torch's intra-op threads around fork, for every command that preloads a model.
+"""Torch's intra-op threads: around fork, and lent between forked processes while idle.
 
 One multi-threaded torch operation before fork leaves GNU OpenMP's thread
 pool unusable in the forked children: a child then hangs on its first
@@ -6,13 +6,38 @@ parallel operation on its main thread. So the master keeps torch at one
 thread (no pool exists at fork), and each child takes its share of the
 usable cores after fork. ``serve``, ``batch`` and ``worker`` all do this.
 Touches torch only when the handler imported it.
+
+Lending: with W workers on C cores each has C // W torch threads, so a lone
+request runs on one core while the others sit idle (MiniLM: 12 ms on one
+core, 8.5 on two). ``CoreLending`` keeps, in memory shared by the master and
+its forks, which processes are idle and since when; before each batch a
+process adds the shares of the peers idle for ``LEND_AFTER_S`` to its own.
+Under load nobody is idle that long, so every process keeps its share and
+no core is oversubscribed; a peer that wakes while its cores are lent runs
+beside the borrower for the rest of that one batch. Our own, since torch and
+OpenMP only know one process's threads.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import fcntl
+import mmap
+import os
 import sys
+import threading
+import time
+from collections.abc import Iterator
 
 from serving_core.cores import usable_cores
+from serving_core.settings import Settings
+
+# How long a peer must have been idle before its cores are borrowed: longer than
+# the gap between two batches under load (a hand-off, a queue's write), so that
+# a busy peer is never mistaken for an idle one; far shorter than a lone
+# client's pause between requests.
+LEND_AFTER_S = 0.02
 
 
 def limit_master_threads() -> None:
@@ -23,8 +48,10 @@ def limit_master_threads() -> None:
 
 
 def set_worker_threads(workers: int) -> int | None:
-    """Give each forked process its share of the usable cores for torch's intra-op pool;
-    the share, or None where the handler does not use torch."""
+    """Give each forked process its share of the usable cores for torch's intra-op pool,
+    and its place among the processes that lend them; the share, or None where the
+    handler does not use torch."""
+    join_lending()
     return set_model_threads(max(1, usable_cores() // workers))
 
 
@@ -36,3 +63,142 @@ def set_model_threads(threads: int) -> int | None:
         return None
     torch.set_num_threads(threads)
     return threads
+
+
+class CoreLending:
+    """Which of the forked processes are idle, and since when, in shared memory.
+
+    Made in the master before fork. A process claims a slot on its first batch
+    (a lock on the shared memory's file orders the claims; a dead owner's slot
+    is taken over), marks itself busy around each batch, and sets torch's
+    threads, on the thread that runs the model, to its share plus the shares of
+    its idle peers, at most every usable core.
+    """
+
+    def __init__(self, processes: int, share: int, cores: int) -> None:
+        self.share = share
+        self.cores = cores
+        # Twice the processes: a recycled worker's successor can start before it leaves.
+        slots = 2 * processes
+        # A memfd, not /dev/shm: the chart's root filesystem is read-only, and a
+        # POSIX record lock on it is let go when its holder dies, even by SIGKILL.
+        self._fd = os.memfd_create("serving-core-cores", os.MFD_CLOEXEC)
+        os.ftruncate(self._fd, slots * 16)
+        self._memory = mmap.mmap(self._fd, slots * 16)
+        self._owners = (ctypes.c_int64 * slots).from_buffer(self._memory)
+        # 0.0 while busy, else when (CLOCK_MONOTONIC, one clock for every process) it idled.
+        self._idle_since = (ctypes.c_double * slots).from_buffer(self._memory, slots * 8)
+        self._slot = -1
+        # The process that holds ``_slot``: a fork starts without one. The master
+        # never claims one: it would count as an idle peer forever.
+        self._pid = os.getpid()
+        self._depth = 0  # nested holds (a consumer's batch around its engine calls)
+        # What each thread has set: OpenMP's thread count belongs to the calling thread.
+        self._set_here = threading.local()
+
+    def join(self) -> None:
+        """In a forked process, at its start: its slot, idle, so that its peers can
+        borrow its cores before its first batch."""
+        if self._pid != os.getpid():
+            self._claim()
+
+    @contextlib.contextmanager
+    def hold(self) -> Iterator[int]:
+        """Busy for the block; yields the torch threads it runs with. Held by one
+        thread of a process at a time (the model thread, or a consumer's loop)."""
+        self.join()
+        slot, self._depth = self._slot, self._depth + 1
+        if slot < 0:
+            # The master (whose torch must stay at one thread until fork), or a
+            # process that found no free slot: its threads are left as they are.
+            try:
+                yield self.share
+            finally:
+                self._depth -= 1
+            return
+        if self._depth == 1:
+            self._idle_since[slot] = 0.0
+        try:
+            yield self._set(self._lent())
+        finally:
+            self._depth -= 1
+            if self._depth == 0:
+                self._idle_since[slot] = time.monotonic()
+
+    def _lent(self) -> int:
+        now, threads = time.monotonic(), self.share
+        for slot, owner in enumerate(self._owners):
+            since = self._idle_since[slot]
+            if owner and slot != self._slot and since and now - since >= LEND_AFTER_S:
+                threads += self.share
+        return min(threads, self.cores)
+
+    def _set(self, threads: int) -> int:
+        # Only a change costs: torch.set_num_threads resizes OpenMP's team.
+        if getattr(self._set_here, "threads", 0) != threads:
+            self._set_here.threads = threads
+            set_model_threads(threads)
+        return threads
+
+    def _claim(self) -> None:
+        pid = os.getpid()
+        self._pid, self._slot, self._depth = pid, -1, 0
+        self._set_here = threading.local()
+        fcntl.lockf(self._fd, fcntl.LOCK_EX)
+        try:
+            for slot, owner in enumerate(self._owners):
+                if owner == 0 or not _alive(owner):
+                    self._idle_since[slot] = time.monotonic()
+                    self._owners[slot] = pid
+                    self._slot = slot
+                    return
+        finally:
+            fcntl.lockf(self._fd, fcntl.LOCK_UN)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+_lending: CoreLending | None = None
+
+
+def lend_idle_cores(processes: int, cores: int | None = None) -> None:
+    """In the master, before the first fork: let ``processes`` forked processes lend
+    each other their share of ``cores`` (the usable cores) while idle."""
+    global _lending  # noqa: PLW0603 - one master per process
+    cores = usable_cores() if cores is None else cores
+    share = max(1, cores // processes)
+    _lending = CoreLending(processes, share, cores) if processes > 1 and share < cores else None
+
+
+def share_idle_cores(settings: Settings, processes: int, cores: int | None = None) -> None:
+    """``lend_idle_cores`` unless SERVING_LEND_CORES is off: then each keeps its share."""
+    global _lending  # noqa: PLW0603 - one master per process
+    if settings.lend_cores:
+        lend_idle_cores(processes, cores)
+    else:
+        _lending = None
+
+
+def join_lending() -> None:
+    """In each forked process, at its start (``CoreLending.join``), when lending is on."""
+    if _lending is not None:
+        _lending.join()
+
+
+@contextlib.contextmanager
+def held() -> Iterator[None]:
+    """Around a batch (or a consumer's whole batch): busy, and the lent cores in use."""
+    lending = _lending
+    if lending is None:
+        yield
+        return
+    with lending.hold():
+        yield

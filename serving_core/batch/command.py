@@ -45,6 +45,7 @@ from serving_core.handler import Handler, Output, Params, handler_name
 from serving_core.loading import load_handler
 from serving_core.preload import preload
 from serving_core.settings import Settings
+from serving_core.threads import share_idle_cores
 
 log = logging.getLogger("serving_core.batch.command")
 
@@ -78,6 +79,7 @@ def main(args: argparse.Namespace, settings: Settings, environ: Mapping[str, str
             return EXIT_CONFIG
         try:
             preload(loaded.handler)  # as serve and worker do
+            share_idle_cores(settings, args.workers or settings.workers)
         except Exception as exc:
             log.exception("setup() failed")
             print(f"serving-core: error: {loaded.source}: setup() failed: {exc!r}", file=sys.stderr)

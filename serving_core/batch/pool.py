@@ -24,7 +24,7 @@ from serving_core.context import Context
 from serving_core.engine.core import Engine
 from serving_core.errors import ServingError
 from serving_core.handler import Handler, Output, Params
-from serving_core.threads import set_worker_threads
+from serving_core.threads import held, set_worker_threads
 
 log = logging.getLogger("serving_core.batch.pool")
 
@@ -109,7 +109,8 @@ def _predict(params: list[Params], keys: list[str]) -> Answers:
     """One chunk, encoded here, so that the parent, the one writer, only copies bytes."""
     engine, on_result = _worker.engine, _worker.on_result
     assert engine is not None, "the worker initializer did not run"
-    results = engine.predict_many(params, [Context(key) for key in keys])
+    with held():  # busy for the whole chunk: its cores are lent only once the run ends
+        results = engine.predict_many(params, [Context(key) for key in keys])
     answers: Answers = []
     for one, result in zip(params, results, strict=True):
         if isinstance(result, ServingError):

@@ -24,7 +24,7 @@ from typing import Any
 
 import jsonschema
 
-from serving_core import context
+from serving_core import context, threads
 from serving_core.context import Context
 from serving_core.errors import QUOTE_CHARS, InvalidParams, ModelError, ServingError, quote, shorten
 from serving_core.handler import (
@@ -125,7 +125,9 @@ class Engine:
         items with ``ModelError`` (logged once, with their request ids).
         """
         calls = [0]
-        results = self._call(list(items), list(contexts), calls)
+        # Busy while it runs, and on the idle peers' cores too (``threads.held``).
+        with threads.held():
+            results = self._call(list(items), list(contexts), calls)
         return Ran(results, calls[0])
 
     def _call(self, items: list[Any], contexts: list[Context], calls: list[int]) -> list[Result]:

@@ -26,6 +26,7 @@ from serving_core.errors import ServingError
 from serving_core.jobs.backend import open_queue
 from serving_core.jobs.base import Job, JobQueue
 from serving_core.process.prefork import Prefork
+from serving_core.threads import held
 
 log = logging.getLogger("serving_core.process.jobworker")
 
@@ -54,7 +55,10 @@ class Consumer:
             jobs = self.queue.take(self.name, self.max_batch_size, TAKE_WAIT_S)
             if jobs:
                 self.on_taken([_waited(job) for job in jobs])
-                self.run_batch(jobs)
+                # Busy until the results are stored: a peer that borrowed this
+                # consumer's core in that gap would oversubscribe the next batch.
+                with held():
+                    self.run_batch(jobs)
 
     def run_batch(self, jobs: list[Job]) -> None:
         contexts = [Context(job.id) for job in jobs]

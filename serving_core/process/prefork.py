@@ -32,7 +32,7 @@ from serving_core.metrics.core import CONTENT_TYPE, Metrics
 from serving_core.metrics.directory import exposition
 from serving_core.preload import preload
 from serving_core.settings import Settings
-from serving_core.threads import set_worker_threads
+from serving_core.threads import set_worker_threads, share_idle_cores
 
 log = logging.getLogger("serving_core.process.prefork")
 
@@ -83,6 +83,7 @@ class Prefork:
                 "/metrics over TCP; set SERVING_BIND=0.0.0.0:9090 (or 127.0.0.1:PORT)"
             )
         preload(self.loaded.handler)  # as serve and batch do
+        share_idle_cores(self.settings, self.settings.workers)
         signal.signal(signal.SIGTERM, self._stop)
         signal.signal(signal.SIGINT, self._stop)
         for slot in range(self.settings.workers):

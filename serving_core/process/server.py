@@ -36,6 +36,7 @@ from typing import Any
 from flask import Flask
 from gunicorn.app.base import BaseApplication
 
+from serving_core.cores import usable_cores
 from serving_core.device import model_devices
 from serving_core.engine.core import Engine
 from serving_core.loading import LoadedHandler
@@ -50,6 +51,7 @@ from serving_core.process.hooks import Hooks
 from serving_core.process.options import gunicorn_options
 from serving_core.runtime import THREADS, Runtime
 from serving_core.settings import Settings
+from serving_core.threads import share_idle_cores
 from serving_core.web.app import create_app
 
 log = logging.getLogger("serving_core.process.server")
@@ -173,6 +175,11 @@ def serve(settings: Settings, loaded: LoadedHandler) -> None:
     """Set up the handler in this (master) process, then hand over to gunicorn."""
     preload(loaded.handler)
     app, service, models, metrics = build_with_metrics(settings, loaded)
+    if models:  # the model processes run every batch: they lend to each other
+        cores = max(1, usable_cores() - settings.workers)
+        share_idle_cores(settings, len(models), cores)
+    else:
+        share_idle_cores(settings, settings.workers)
     warn_about(settings, service)
     say_where(settings.bind)
     wire.install()  # gunicorn's response and error paths, in this process and its workers

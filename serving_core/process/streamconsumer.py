@@ -31,6 +31,7 @@ from serving_core.engine.core import Engine, Result
 from serving_core.errors import ServingError
 from serving_core.metrics.stream import StreamMetrics
 from serving_core.stream.base import BrokerError, Message, Outgoing, Sink, Source
+from serving_core.threads import held
 
 log = logging.getLogger("serving_core.process.streamconsumer")
 
@@ -116,12 +117,15 @@ class StreamConsumer:
             redelivered = sum(1 for m in messages if m.deliveries > 1)
             if redelivered:
                 self.metrics.redelivered.inc(redelivered)
-            batch = self.run_batch(messages)
-            # Results before dead letters, both before the ack: a crash between
-            # them leaves every message unacked, to be delivered again.
-            ends.sink.publish(batch.results)
-            ends.dead.publish(batch.dead)
-            ends.source.ack(messages)
+            # Busy until acked: a peer that borrowed this consumer's core while it
+            # publishes would oversubscribe the next batch (``threads.held``).
+            with held():
+                batch = self.run_batch(messages)
+                # Results before dead letters, both before the ack: a crash between
+                # them leaves every message unacked, to be delivered again.
+                ends.sink.publish(batch.results)
+                ends.dead.publish(batch.dead)
+                ends.source.ack(messages)
             self.metrics.published.inc(len(batch.results))
             for why, count in batch.reasons.items():
                 self.metrics.dead_lettered.labels(why).inc(count)

@@ -68,6 +68,9 @@ class Settings:
         0, integer(1, 4096), "gthread: request threads per worker", shown="4 times max batch size"
     )
     max_batch_size: int = setting(16, integer(1, 4096), "most items per `predict_batch` call")
+    lend_cores: bool = setting(
+        True, BOOLEAN, "an idle worker's torch threads are lent to a busy one's batch"
+    )
     max_wait_ms: float = setting(
         5.0, number(0.0, 60_000.0), "the fixed window; the most the adaptive policy adds"
     )
