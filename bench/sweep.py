@@ -8,11 +8,14 @@ stays full (``--max-queue``, the default SERVING_MAX_QUEUE for batches of 32):
   one integer check (no marks), so this is the refusal's own cost;
 - a hang-up marked (``hung_up``, what the client watch calls on the hub);
 - a newcomer admitted after the whole queue hung up: the sweep, then the
-  decision again.
+  decision again;
+- a refusal that first asks every queued client's socket whether it hung up
+  (``Batcher._peek``, a ``recv(MSG_PEEK | MSG_DONTWAIT)`` on each of a queue of
+  live socket pairs): at most one refusal in ``PEEK_EVERY_S`` pays it.
 
-Then what the first costs at ``--overload`` x a capacity of ``--capacity``
+Then what refusing costs at ``--overload`` x a capacity of ``--capacity``
 requests/s (the c=32 figure of bench/README.md): every request beyond capacity
-is refused, each paying it.
+is refused, each paying the first, and a peek every ``PEEK_EVERY_S``.
 
     .venv/bin/python bench/sweep.py [--max-queue 64] [--rounds 5] [--capacity 400] [--overload 10]
 """
@@ -20,6 +23,7 @@ is refused, each paying it.
 from __future__ import annotations
 
 import argparse
+import socket
 import statistics
 import sys
 import threading
@@ -31,11 +35,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from serving_core.context import Context  # noqa: E402
-from serving_core.engine.batcher import Batcher  # noqa: E402
+from serving_core.engine.batcher import PEEK_EVERY_S, Batcher  # noqa: E402
 from serving_core.engine.core import Ran  # noqa: E402
 from serving_core.engine.pending import Pending  # noqa: E402
 from serving_core.engine.policy import make_policy  # noqa: E402
 from serving_core.errors import Overloaded  # noqa: E402
+from serving_core.process.workers.clientwatch import peek_hangup  # noqa: E402
 
 
 def held_batcher(max_queue: int, gate: threading.Event) -> Batcher:
@@ -92,6 +97,29 @@ def sweep_s(batcher: Batcher, max_queue: int) -> tuple[float, float]:
     return marked, time.thread_time() - started
 
 
+def peek_s(batcher: Batcher, max_queue: int, times: int) -> float:
+    """Seconds for a refusal that asks each of a full queue of live clients first."""
+    pairs = [socket.socketpair() for _ in range(max_queue)]
+    try:
+        for pending, (server, _) in zip(fill(batcher, max_queue), pairs, strict=False):
+            pending.client_gone = lambda server=server: bool(peek_hangup(server))
+        deadline = time.monotonic() + 60
+        started = time.thread_time()
+        for _ in range(times):
+            batcher._peeked_at = float("-inf")  # due every time
+            try:
+                batcher.admit(deadline)
+            except Overloaded:
+                pass
+            else:
+                raise AssertionError("a full queue of live clients admitted a request")
+        return (time.thread_time() - started) / times
+    finally:
+        for pair in pairs:
+            for sock in pair:
+                sock.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-queue", type=int, default=64)
@@ -108,6 +136,15 @@ def main() -> None:
     finally:
         gate.set()
         batcher.stop(5)
+    peeks = []
+    for _ in range(args.rounds):
+        gate = threading.Event()
+        batcher = held_batcher(args.max_queue, gate)
+        try:
+            peeks.append(peek_s(batcher, args.max_queue, 2000))
+        finally:
+            gate.set()
+            batcher.stop(5)
     sweeps = []
     for _ in range(args.rounds):
         gate = threading.Event()
@@ -120,14 +157,18 @@ def main() -> None:
     refusal = statistics.median(refusals)
     marked = statistics.median(mark for mark, _ in sweeps)
     swept = statistics.median(sweep for _, sweep in sweeps)
+    peek = statistics.median(peeks)
     per_s = args.capacity * (args.overload - 1)
+    peeks_per_s = min(per_s, 1 / PEEK_EVERY_S)
     print(f"queue of {args.max_queue}, {args.rounds} rounds, medians")
     print(f"refusal, a full queue of live clients: {refusal * 1e6:.2f} us")
     print(f"hung_up mark: {marked * 1e6:.2f} us")
     print(f"admission that sweeps {args.max_queue} hung-up items: {swept * 1e6:.1f} us")
+    print(f"refusal that first peeks at {args.max_queue} live clients: {peek * 1e6:.1f} us")
+    busy = per_s * refusal + peeks_per_s * (peek - refusal)
     print(
         f"at {args.overload:g}x of {args.capacity:g} req/s: {per_s:.0f} refusals/s, "
-        f"{per_s * refusal * 100:.2f}% of a core"
+        f"{peeks_per_s:.0f} of them peeking: {busy * 100:.2f}% of a core"
     )
 
 

@@ -26,6 +26,10 @@ from serving_core.engine.pending import Pending, resolve
 from serving_core.engine.policy import Policy
 from serving_core.errors import NotReady, Overloaded
 
+# At most how often a refusal asks every queued client's socket whether it hung
+# up (``_peek``): ~1.5 µs a socket, so at 10x overload a few percent of a core.
+PEEK_EVERY_S = 0.005
+
 
 class Batcher:
     def __init__(
@@ -70,8 +74,10 @@ class Batcher:
         self._wake_pending = False
         # Queued items whose clients hung up (``hung_up``), not yet dropped. A
         # refusal sweeps them out first only when this is non-zero: a queue of
-        # live clients costs a refusal one integer check.
+        # live clients costs a refusal one integer check, and a peek at most every
+        # PEEK_EVERY_S.
         self._gone = 0
+        self._peeked_at = float("-inf")
 
     # -- request threads ---------------------------------------------------
 
@@ -116,7 +122,7 @@ class Batcher:
         if self._stopping or not self._thread.is_alive():
             raise NotReady("this worker is shutting down; retry on another instance")
         refusal = self._refusal(deadline, now)
-        if refusal is not None and self._gone and self._sweep():
+        if refusal is not None and (self._gone or self._peek(now)) and self._sweep():
             refusal = self._refusal(deadline, now)  # decided again without the gone
         if refusal is not None:
             self._observer.rejected(refusal.reason)
@@ -139,6 +145,20 @@ class Batcher:
                 retry_after_s=late,
             )
         return None
+
+    def _peek(self, now: float) -> int:
+        """Ask each queued client's connection whether it hung up (holding the lock); the
+        gone now marked. The watch reports a hang-up a turn of the hub late, and not
+        before an item has waited WATCH_AFTER_S: a storm's last closed clients still
+        filled the queue when the next newcomer came."""
+        if now - self._peeked_at < PEEK_EVERY_S:
+            return 0
+        self._peeked_at = now
+        for pending in self._queue:
+            if not pending.gone and pending.client_gone():
+                pending.gone = True
+                self._gone += 1
+        return self._gone
 
     def _sweep(self) -> int:
         """Drop the queued items whose clients hung up (holding the lock); how many."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +22,9 @@ class Pending:
     future: Future[Any] = field(default_factory=Future)
     batch_size: int = 0  # the size of the batch that ran it, once it ran (for the log)
     gone: bool = False  # its client hung up: dropped unrun at the next sweep or take
+    # Asks the client's connection, now, whether it has hung up (the gevent
+    # worker's peek; ``Batcher._peek`` calls it before refusing anyone).
+    client_gone: Callable[[], bool] = field(default=lambda: False, repr=False)
 
     @property
     def request_id(self) -> str:

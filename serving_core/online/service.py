@@ -24,7 +24,13 @@ from serving_core.errors import DeadlineExceeded
 from serving_core.handler import Output, Params
 from serving_core.loading import LoadedHandler
 from serving_core.online.jobsapi import JobsApi
-from serving_core.online.runner.base import Runner, Unstarted, WatchGone, not_loaded
+from serving_core.online.runner.base import (
+    ClientWatch,
+    Runner,
+    Unstarted,
+    WatchGone,
+    not_loaded,
+)
 from serving_core.online.runner.concurrent import ConcurrentRunner
 from serving_core.online.runner.local import LocalRunner
 from serving_core.online.runner.shared import SharedRunner
@@ -33,7 +39,7 @@ from serving_core.settings import Settings
 
 # The worker's way to notice a client hanging up: (its socket, what to do then)
 # -> what stops watching.
-WatchClient = Callable[[Any, Callable[[], None]], Callable[[], None]]
+WatchClient = Callable[[Any, Callable[[], None]], ClientWatch]
 
 
 class Service:
@@ -190,12 +196,13 @@ class Service:
         if client is None or watch_client is None:
             return None
 
-        def watch(withdraw: Callable[[], None]) -> Callable[[], None]:
+        def watch(withdraw: Callable[[], None]) -> ClientWatch:
             def gone() -> None:
                 if alone():
                     withdraw()
 
-            return watch_client(client, gone)
+            watching = watch_client(client, gone)
+            return ClientWatch(watching.stop, lambda: alone() and watching.gone_now())
 
         return watch
 

@@ -43,7 +43,9 @@ def clients():
         pending = submit(batcher, item)
         server, client = socket.socketpair()
         opened.extend((server, client))
-        stops.append(clientwatch.watch_client(server, partial(batcher.hung_up, pending)))
+        watching = clientwatch.watch_client(server, partial(batcher.hung_up, pending))
+        pending.client_gone = watching.gone_now  # as the queued runner sets it
+        stops.append(watching.stop)
         return pending, client
 
     yield watched
@@ -73,6 +75,21 @@ def test_a_full_queue_of_hung_up_clients_does_not_refuse_a_newcomer(held, client
     model.gate.set()
     assert newcomer.future.result(5) == {"out": "newcomer"}
     assert [batch for batch in model.batches if batch[0].startswith("gone")] == []
+
+
+def test_clients_that_hung_up_before_any_watch_saw_it_are_asked_before_a_refusal(held, clients):
+    # A storm's last requests: queued a moment ago, their clients closed in the same
+    # turn of the hub, so no watch has reported them. The refusal asks each socket.
+    model, batcher = held
+    queued = [clients(batcher, f"young-{n}") for n in range(4)]
+    for _, client in queued:
+        client.close()
+    assert not any(pending.gone for pending, _ in queued)  # nobody has looked yet
+    newcomer = submit(batcher, "newcomer")
+    assert all(pending.future.cancelled() for pending, _ in queued)
+    model.gate.set()
+    assert newcomer.future.result(5) == {"out": "newcomer"}
+    assert [batch for batch in model.batches if batch[0].startswith("young")] == []
 
 
 def test_a_full_queue_of_live_clients_still_refuses(held, clients):

@@ -118,7 +118,7 @@ def test_a_clients_hang_up_is_seen_once_its_request_has_waited_a_moment():
     gone = []
     started = time.monotonic()
     gevent.get_hub().loop.update_now()  # as fresh_loop_time does, after `started`
-    stop = clientwatch.watch_client(mine, lambda: gone.append(time.monotonic() - started))
+    stop = clientwatch.watch_client(mine, lambda: gone.append(time.monotonic() - started)).stop
     theirs.close()
     try:
         deadline = time.monotonic() + 5
@@ -136,7 +136,7 @@ def test_a_clients_hang_up_is_seen_once_its_request_has_waited_a_moment():
 def test_a_request_answered_before_the_watch_starts_never_watches_its_client():
     mine, theirs = socket.socketpair()
     gone = []
-    stop = clientwatch.watch_client(mine, lambda: gone.append(True))
+    stop = clientwatch.watch_client(mine, lambda: gone.append(True)).stop
     stop()  # answered at once
     theirs.close()
     gevent.sleep(clientwatch.WATCH_AFTER_S * 3)

@@ -3,15 +3,25 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from serving_core.context import Context
 from serving_core.engine.batcher import Batcher
 from serving_core.errors import NotReady
 
-# Given what withdraws a waiting request, starts watching its client (for a hang-up);
-# returns what stops watching.
-WatchGone = Callable[[Callable[[], None]], Callable[[], None]]
+
+@dataclass(frozen=True)
+class ClientWatch:
+    """A waiting request's watch on its client (the gevent worker's): ``stop`` ends
+    it; ``gone_now`` asks the connection, now, whether the client has hung up."""
+
+    stop: Callable[[], None]
+    gone_now: Callable[[], bool]
+
+
+# Given what withdraws a waiting request, starts watching its client (for a hang-up).
+WatchGone = Callable[[Callable[[], None]], ClientWatch]
 
 
 class Runner(Protocol):

@@ -76,7 +76,9 @@ class Queued:
         # A client that hangs up: its item is marked, and dropped unrun before any
         # refusal (``Batcher.hung_up``); the shared model process's queue withdraws it.
         gone = partial(queue.hung_up if isinstance(queue, Batcher) else queue.withdraw, pending)
-        unwatch = watch(gone) if watch is not None else None
+        watching = watch(gone) if watch is not None else None
+        if watching is not None:
+            pending.client_gone = watching.gone_now  # before anyone else can be refused
         try:
             output = pending.future.result(timeout=ctx.remaining_s())
         except (FutureTimeout, CancelledError):
@@ -86,8 +88,8 @@ class Queued:
                 "retry later or ask for a longer timeout"
             ) from None
         finally:
-            if unwatch is not None:
-                unwatch()
+            if watching is not None:
+                watching.stop()
         context.note_batch_size(pending.batch_size)
         return output
 

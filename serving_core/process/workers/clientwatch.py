@@ -8,18 +8,21 @@ from typing import Any
 
 from gevent.hub import get_hub
 
+from serving_core.online.runner.base import ClientWatch
+
 WATCH_AFTER_S = 0.05  # how long a request waits before its client's socket is watched
 
 
-def watch_client(sock: Any, on_gone: Callable[[], None]) -> Callable[[], None]:
-    """Call ``on_gone`` if the client closes its connection while its request waits
-    for the model; returns what stops watching. An io watcher on the hub, so a wait
-    costs nothing until the socket turns readable: then a peek, in the watcher's
-    callback, and an end of stream (or a reset) means the client has gone. Data
-    means a pipelined request, which says nothing: the watch ends there. Without
-    this, the requests of clients that gave up (a storm's connections, closed)
-    keep their places in the queue and the model runs them for nobody, while new
-    requests are refused.
+def watch_client(sock: Any, on_gone: Callable[[], None]) -> ClientWatch:
+    """Call ``on_gone`` if the client closes its connection while its request waits for the
+    model; returns what stops watching, and a peek for admission to ask before it
+    refuses anyone (``Batcher._peek``: the watch below is late by design). An io
+    watcher on the hub, so a wait costs nothing until the socket turns readable:
+    then a peek, in the watcher's callback, and an end of stream (or a reset) means
+    the client has gone. Data means a pipelined request, which says nothing: the
+    watch ends there. Without this, the requests of clients that gave up (a storm's
+    connections, closed) keep their places in the queue and the model runs them for
+    nobody, while new requests are refused.
 
     The peek and ``on_gone`` run in the callback itself, not in a greenlet it
     spawns: a greenlet would run only after the rest of the loop's turn, and a
@@ -34,9 +37,9 @@ def watch_client(sock: Any, on_gone: Callable[[], None]) -> Callable[[], None]:
     try:
         fd = sock.fileno()
     except (AttributeError, OSError):
-        return _nothing
+        return NOT_WATCHED
     if fd < 0:
-        return _nothing
+        return NOT_WATCHED
     # gevent's socket would wait on the hub if the peek found nothing (a spurious
     # wake-up), which the hub cannot do: peek on the native socket, never waiting.
     native = getattr(sock, "_sock", sock)
@@ -45,12 +48,9 @@ def watch_client(sock: Any, on_gone: Callable[[], None]) -> Callable[[], None]:
     watcher: Any = None
 
     def readable() -> None:
-        try:
-            gone = native.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
-        except BlockingIOError:
+        gone = peek_hangup(native)
+        if gone is None:
             return  # nothing to read after all: keep watching
-        except OSError:
-            gone = True
         watcher.stop()
         if gone:
             on_gone()
@@ -66,8 +66,18 @@ def watch_client(sock: Any, on_gone: Callable[[], None]) -> Callable[[], None]:
             watcher.close()
 
     timer.start(watch)
-    return stop
+    return ClientWatch(stop, lambda: bool(peek_hangup(native)))
 
 
-def _nothing() -> None:
-    pass
+def peek_hangup(native: socket.socket) -> bool | None:
+    """Whether the client has hung up: an end of stream or a reset; False for data (a
+    pipelined request, which says nothing); None when there is nothing to read."""
+    try:
+        return native.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except BlockingIOError:
+        return None
+    except OSError:
+        return True
+
+
+NOT_WATCHED = ClientWatch(lambda: None, lambda: False)
