@@ -11,8 +11,9 @@ from serving_core.jobs.sqlite_queue import SqliteJobQueue
 from serving_core.settings import Settings
 
 
-def open_queue(settings: Settings, queue: str) -> JobQueue:
-    """The queue of ``queue``'s jobs on the backend ``settings.jobs_url`` names."""
+def open_queue(settings: Settings, queue: str, *, consumer: bool = False) -> JobQueue:
+    """The queue of ``queue``'s jobs on the backend ``settings.jobs_url`` names;
+    ``consumer``: for a worker's consumer, which takes and finishes jobs only."""
     if not queue or not all(c.isalnum() or c in "-_." for c in queue):
         raise ValueError(f"queue name {queue!r}: use letters, digits, '-', '_' or '.'")
     if settings.jobs_url:
@@ -21,4 +22,4 @@ def open_queue(settings: Settings, queue: str) -> JobQueue:
         from serving_core.jobs.redis_queue import RedisJobQueue
 
         return RedisJobQueue(settings, queue)
-    return SqliteJobQueue(settings, queue)
+    return SqliteJobQueue(settings, queue, consumer=consumer)

@@ -45,14 +45,15 @@ TAKE_POLL_S = 0.01  # how often an idle take looks again: the latency it adds to
 class SqliteJobQueue:
     """``JobQueue`` over ``settings.jobs_path``; ``serving_core.jobs.base`` has the guarantees."""
 
-    def __init__(self, settings: Settings, queue: str) -> None:
+    def __init__(self, settings: Settings, queue: str, *, consumer: bool = False) -> None:
         self.queue = queue
         self.path = settings.jobs_path
         self.limits = Limits.of(settings)
         self.ttl_s = settings.jobs_ttl_s
         self.max_attempts = settings.jobs_max_attempts
         self.lease_s = settings.jobs_lease_s
-        self.file = SqliteFile(self.path)
+        # A consumer's commits need not wait for the disk (sqlite_file says why).
+        self.file = SqliteFile(self.path, durable=not consumer)
         self._consumers = SqliteConsumers(self.file, queue, lease_s=self.lease_s, ttl_s=self.ttl_s)
 
     def submit(

@@ -140,7 +140,7 @@ class Master(Prefork):
 
     def consume(self, slot: int, stopping: dict[str, bool]) -> int:
         engine, metrics = self.consumer_engine()
-        queue = open_queue(self.settings, engine.name)
+        queue = open_queue(self.settings, engine.name, consumer=True)
         try:
             Consumer(
                 engine,

@@ -69,6 +69,20 @@ def test_the_sqlite_queue_commits_with_synchronous_full(tmp_path):
     assert (level, journal) == (2, "wal")  # 2: FULL, an fsync of the WAL at every commit
 
 
+def test_a_workers_consumer_commits_with_synchronous_normal(tmp_path):
+    # Its takes and results: a power cut may undo the last of them, and the jobs run
+    # again after their lease (docs/guarantees.md); a killed process loses none.
+    settings = Settings(jobs_path=str(tmp_path / "q.db"))
+    consumer = open_queue(settings, "sync", consumer=True)
+    assert isinstance(consumer, SqliteJobQueue)
+    try:
+        with consumer.file.reading() as db:
+            [(level,)] = db.execute("PRAGMA synchronous").fetchall()
+    finally:
+        consumer.close()
+    assert level == 1  # NORMAL
+
+
 def test_jobs_in_a_redis_with_its_append_only_file_survive_its_sigkill_and_restart(tmp_path):
     aof = ["--appendonly", "yes", "--appendfsync", "always", "--maxmemory-policy", "noeviction"]
     with redis_server(options=aof, data_dir=tmp_path) as url:
