@@ -11,7 +11,7 @@ import pytest
 import requests
 
 from tests.conftest import PROBE
-from tests.servers import gunicorn_server
+from tests.servers import gunicorn_server, wait_for
 
 pytestmark = pytest.mark.e2e
 WAIT_S = 30.0  # a bound on waiting for an event, never an expected time
@@ -44,44 +44,44 @@ def test_the_requests_of_clients_that_hung_up_leave_the_queue_and_never_run(tmp_
         "SERVING_REQUEST_TIMEOUT_S": "30",
         "PROBE_SEEN_FILE": str(seen),
     }
+    gate = tmp_path / "gate"
+    gate.mkdir()
     with gunicorn_server(env) as server:
         host, port = server.bind.rsplit(":", 1)
         with ThreadPoolExecutor(2) as pool:
-            # The model is busy with this one while the rest queue behind it.
+            # The model is busy with this one, until the gate opens, while the rest
+            # queue behind it.
             hold = pool.submit(
                 requests.post,
                 server.url + "/predict",
-                json={"id": "hold", "sleep_s": 6},
+                json={"id": "hold", "gate": str(gate)},
                 timeout=WAIT_S,
             )
-            # hold reaches the model at once (an idle worker runs a lone request
-            # without waiting); its 6 s leave room for what follows.
-            time.sleep(0.5)
-            deadline = time.monotonic() + WAIT_S
-            clients = []
-            for i in range(8):
-                clients.append(post_and_keep(host, int(port), {"id": f"gone-{i}"}))
-            while queue_depth(server.url) < 8:
-                assert time.monotonic() < deadline, "the gone requests never queued"
-                time.sleep(0.02)
-            full = requests.post(server.url + "/predict", json={"id": "refused"}, timeout=WAIT_S)
-            assert full.status_code == 503  # the queue is full of them
-            for client in clients:
-                client.close()
-            clients.clear()
-            # They leave the queue while the model is still busy with hold.
-            while queue_depth(server.url) > 0:
-                assert not hold.done(), "the queue kept the gone requests until the model was free"
-                time.sleep(0.02)
-            # Hung up, but still in the queue until room is needed: a newcomer is
-            # admitted (they are swept out first), not refused for a full queue.
-            newcomer = pool.submit(
-                requests.post, server.url + "/predict", json={"id": "newcomer"}, timeout=WAIT_S
-            )
-            while queue_depth(server.url) < 1:  # the newcomer waits behind hold
-                assert not newcomer.done(), newcomer.result().text  # refused
-                assert not hold.done(), "the model was free before the newcomer queued"
-                time.sleep(0.02)
+            try:
+                wait_for((gate / "started").exists, "hold in the model", WAIT_S)
+                clients = []
+                for i in range(8):
+                    clients.append(post_and_keep(host, int(port), {"id": f"gone-{i}"}))
+                wait_for(lambda: queue_depth(server.url) == 8, "the gone requests queued", WAIT_S)
+                full = requests.post(
+                    server.url + "/predict", json={"id": "refused"}, timeout=WAIT_S
+                )
+                assert full.status_code == 503  # the queue is full of them
+                for client in clients:
+                    client.close()
+                clients.clear()
+                # They leave the queue while the model is still busy with hold.
+                wait_for(lambda: queue_depth(server.url) == 0, "the gone requests gone", WAIT_S)
+                # Hung up, but still in the queue until room is needed: a newcomer is
+                # admitted (they are swept out first), not refused for a full queue.
+                newcomer = pool.submit(
+                    requests.post, server.url + "/predict", json={"id": "newcomer"}, timeout=WAIT_S
+                )
+                while queue_depth(server.url) < 1:  # the newcomer waits behind hold
+                    assert not newcomer.done(), newcomer.result().text  # refused
+                    time.sleep(0.02)
+            finally:
+                (gate / "open").touch()
             assert hold.result().status_code == 200
             assert newcomer.result().status_code == 200, newcomer.result().text
         after = requests.post(server.url + "/predict", json={"id": "after"}, timeout=WAIT_S)

@@ -2,7 +2,10 @@
 
 Parameters: ``text`` (echoed), ``sleep_s`` (the batch sleeps that long),
 ``bad`` (raise InvalidInput for this item), ``fail`` (raise RuntimeError for
-the batch), ``nan`` (return a NaN), ``report`` (return the ids seen so far).
+the batch), ``nan`` (return a NaN), ``report`` (return the ids seen so far),
+``gate`` (a folder: the batch touches ``started`` in it, then holds the model
+thread until ``open`` exists there, so a test, not the clock, decides when the
+batch ends).
 With PROBE_SEEN_FILE set, the ids seen are also appended to that file.
 """
 
@@ -11,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from pathlib import Path
 
 from serving_core import Handler, InvalidInput
 
@@ -24,6 +28,7 @@ class Probe(Handler):
             "text": {"type": "string"},
             "n": {"type": "integer", "minimum": 0},
             "sleep_s": {"type": "number", "maximum": 30},
+            "gate": {"type": "string"},
         },
     }
 
@@ -45,6 +50,8 @@ class Probe(Handler):
             raise RuntimeError("the probe was asked to fail")
         if any(p.get("bad") for p in batch):
             raise InvalidInput("this item is bad")
+        for gate in {p["gate"] for p in batch if p.get("gate")}:
+            hold(Path(gate))
         time.sleep(max((float(p.get("sleep_s", 0)) for p in batch), default=0))
         self.seen.extend(str(p.get("id", "")) for p in batch)
         seen_file = os.environ.get("PROBE_SEEN_FILE")
@@ -72,3 +79,10 @@ class Probe(Handler):
         if params.get("late_bad"):
             raise InvalidInput("refused in postprocess")
         return output
+
+
+def hold(gate: Path) -> None:
+    # Files: the one thing the test process and this worker's model thread both see.
+    (gate / "started").touch()
+    while not (gate / "open").exists():
+        time.sleep(0.01)
