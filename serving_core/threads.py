@@ -68,9 +68,9 @@ def set_model_threads(threads: int) -> int | None:
 class CoreLending:
     """Which of the forked processes are idle, and since when, in shared memory.
 
-    Made in the master before fork. A process claims a slot on its first batch
-    (a lock on the shared memory's file orders the claims; a dead owner's slot
-    is taken over), marks itself busy around each batch, and sets torch's
+    Made in the master before fork. A forked process claims a slot as it starts
+    (``join``; a lock on the shared memory's file orders the claims, and a dead
+    owner's slot is taken over), marks itself busy around each batch, and sets torch's
     threads, on the thread that runs the model, to its share plus the shares of
     its idle peers, at most every usable core.
     """
