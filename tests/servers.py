@@ -6,6 +6,7 @@ SIGKILL) when its ``with`` block ends, whatever happens inside it.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import signal
@@ -69,10 +70,20 @@ def served_handler_dir() -> str:
     return image_workflow_env()["HANDLER_DIR"].rstrip("/")
 
 
+# The ports free_port handed out last: a test takes several (an app's HTTP and gRPC
+# ports, nginx's) before anything binds them, and the kernel may offer one twice.
+_HANDED_OUT: collections.deque[int] = collections.deque(maxlen=256)
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A port nothing listens on now, and none of the last ones handed out here."""
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.append(port)
+            return port
 
 
 @dataclass
@@ -121,7 +132,12 @@ def gunicorn_server(
                 _wait_ready(server, ready_timeout_s, workers)
             yield server
         finally:
-            stop(process)
+            # Quick: a graceful stop waited for every keep-alive connection a test's
+            # clients left open to time out (SERVING_KEEPALIVE_S), and for a gevent
+            # worker's one-second loop, ~3.5 s a server: a third of tests/web's time.
+            # The tests of SIGTERM send it themselves, inside their block; nothing
+            # reads a server after it (its log is in this temporary directory).
+            stop(process, quick=True)
 
 
 def spawn(command: str, overrides: Mapping[str, str], log_path: Path) -> subprocess.Popen[bytes]:
@@ -138,10 +154,17 @@ def spawn(command: str, overrides: Mapping[str, str], log_path: Path) -> subproc
         )
 
 
-def stop(process: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None:
+def stop(process: subprocess.Popen[bytes], timeout_s: float = 30.0, *, quick: bool = False) -> None:
+    """Stop ``process`` and its process group: SIGTERM to the group (each process
+    finishes its work), or ``quick``, gunicorn's quick shutdown (SIGINT to its
+    master, which stops its workers at once: Ctrl-C); SIGKILL to whatever is left
+    once it has exited or after ``timeout_s``."""
     if process.poll() is None:
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
+            if quick:
+                os.kill(process.pid, signal.SIGINT)
+            else:
+                os.killpg(process.pid, signal.SIGTERM)
         with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(timeout_s)
     # Workers of a master that died are in the same process group.

@@ -176,12 +176,25 @@ def test_one_bad_item_in_a_batch_fails_alone():
         assert [responses[i].json()["text"] for i in (0, 2, 3)] == ["a", "c", "d"]
 
 
-def test_a_raising_handler_is_a_json_500_logged_once_and_the_next_request_works():
+@pytest.fixture(scope="module")
+def probe_server():
+    """The probe on one worker, for the tests here that only send it requests."""
     with gunicorn_server({"SERVING_HANDLER": PROBE, "SERVING_WORKERS": "1"}) as server:
-        failed = post(server.url, {"fail": True}, headers={"X-Request-ID": "boom-1"})
-        after = post(server.url, {"text": "after"})
-        time.sleep(0.2)
+        yield server
+
+
+def test_a_raising_handler_is_a_json_500_logged_once_and_the_next_request_works(probe_server):
+    server = probe_server
+    failed = post(server.url, {"fail": True}, headers={"X-Request-ID": "boom-1"})
+    after = post(server.url, {"text": "after"})
+    # The access line (serving_core.process.accesslog), one per request, follows the response.
+    line = r'^127\.0\.0\.1 "POST /predict HTTP/1\.1" 500 \d+ \d+ms request_id=boom-1$'
+
+    def logged():
         log = server.output()
+        return log if re.search(line, log, re.M) else ""
+
+    log = wait_for(logged, "the access line of boom-1")
     assert failed.status_code == 500
     assert failed.json()["error"]["type"] == "model_error"
     assert "Traceback" not in failed.text
@@ -190,9 +203,6 @@ def test_a_raising_handler_is_a_json_500_logged_once_and_the_next_request_works(
     assert log.count("request ids: boom-1") == 1
     assert "RuntimeError: the probe was asked to fail" in log
     assert failed.headers["X-Request-ID"] == "boom-1"
-    # The access line (serving_core.process.accesslog), one per request.
-    line = r'^127\.0\.0\.1 "POST /predict HTTP/1\.1" 500 \d+ \d+ms request_id=boom-1$'
-    assert re.search(line, log, re.M)
 
 
 def test_computing_with_torch_in_setup_does_not_hang_the_forked_workers():
@@ -279,14 +289,13 @@ def test_a_bad_setting_or_handler_stops_serve_before_fork(env, expected):
         ),
     ],
 )
-def test_requests_gunicorn_refuses_itself_get_json_errors(raw, status, type_):
-    with gunicorn_server({"SERVING_HANDLER": PROBE, "SERVING_WORKERS": "1"}) as server:
-        host, port = server.bind.split(":")
-        with socket.create_connection((host, int(port)), timeout=10) as sock:
-            sock.sendall(raw)
-            data = b""
-            while chunk := sock.recv(65536):
-                data += chunk
+def test_requests_gunicorn_refuses_itself_get_json_errors(probe_server, raw, status, type_):
+    host, port = probe_server.bind.split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(raw)
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
     head, _, body = data.partition(b"\r\n\r\n")
     assert head.split()[1] == str(status).encode()
     assert b"Content-Type: application/json" in head

@@ -1,7 +1,7 @@
 """The RabbitMQ source and sink against a real rabbitmq-server (tests/rabbitmq_server.py).
 
-One node serves the module (it takes seconds to start); each test has queues of
-its own. The broker-restart test runs a node of its own.
+One node serves tests/stream (it takes seconds to start; conftest.py's ``rabbitmq``);
+each test has queues of its own. The broker-restart test runs a node of its own.
 """
 
 from __future__ import annotations
@@ -20,17 +20,18 @@ import pytest
 
 from serving_core.stream.amqp import AmqpSink, AmqpSource
 from serving_core.stream.base import BrokerError, Message, Outgoing
-from tests.rabbitmq_server import RabbitMQServer, rabbitmq_server
+from tests.rabbitmq_server import RabbitMQServer
 from tests.servers import free_port, wait_for
 from tests.stream.amqp_broker import AmqpBroker
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[RabbitMQServer]:
-    with rabbitmq_server() as running:
-        yield running
+@pytest.fixture
+def server(rabbitmq: RabbitMQServer) -> RabbitMQServer:
+    """tests/stream's one node for the session (conftest.py), which the worker's tests
+    of the amqp broker use too: each test here declares queues of its own."""
+    return rabbitmq
 
 
 @pytest.fixture

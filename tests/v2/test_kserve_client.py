@@ -29,7 +29,7 @@ CALLS = Path(__file__).with_name("kserve_calls.py")
 
 pytestmark = [pytest.mark.e2e, pytest.mark.model, pytest.mark.example("minilm")]
 
-# Its module-scoped server: MiniLM on gthread workers with a gRPC port.
+# The MiniLM with a gRPC port that tests/v2 shares (tests/v2/conftest.py).
 server, MODEL, TEXTS = direct.server, direct.MODEL, direct.TEXTS
 
 
