@@ -92,7 +92,10 @@ class CoreLending:
         # The process that holds ``_slot``: a fork starts without one. The master
         # never claims one: it would count as an idle peer forever.
         self._pid = os.getpid()
-        self._depth = 0  # nested holds (a consumer's batch around its engine calls)
+        # What keeps this process busy now: requests in hand (``busy``), a batch, a
+        # consumer's batch around its engine calls; from several threads (a lock).
+        self._depth = 0
+        self._lock = threading.Lock()
         # What each thread has set: OpenMP's thread count belongs to the calling thread.
         self._set_here = threading.local()
 
@@ -103,27 +106,38 @@ class CoreLending:
             self._claim()
 
     @contextlib.contextmanager
-    def hold(self) -> Iterator[int]:
-        """Busy for the block; yields the torch threads it runs with. Held by one
-        thread of a process at a time (the model thread, or a consumer's loop)."""
-        self.join()
-        slot, self._depth = self._slot, self._depth + 1
-        if slot < 0:
-            # The master (whose torch must stay at one thread until fork), or a
-            # process that found no free slot: its threads are left as they are.
-            try:
-                yield self.share
-            finally:
-                self._depth -= 1
-            return
-        if self._depth == 1:
-            self._idle_since[slot] = 0.0
+    def busy(self) -> Iterator[None]:
+        """Busy for the block (a request in hand, from any thread); torch untouched."""
+        self._enter()
         try:
-            yield self._set(self._lent())
+            yield
         finally:
+            self._leave()
+
+    @contextlib.contextmanager
+    def hold(self) -> Iterator[int]:
+        """Busy for the block, on the thread that runs the model: yields the torch
+        threads it runs with, its share and its idle peers'."""
+        self._enter()
+        try:
+            # The master (whose torch must stay at one thread until fork), or a
+            # process that found no free slot, leaves its threads as they are.
+            yield self._set(self._lent()) if self._slot >= 0 else self.share
+        finally:
+            self._leave()
+
+    def _enter(self) -> None:
+        self.join()
+        with self._lock:
+            self._depth += 1
+            if self._depth == 1 and self._slot >= 0:
+                self._idle_since[self._slot] = 0.0
+
+    def _leave(self) -> None:
+        with self._lock:
             self._depth -= 1
-            if self._depth == 0:
-                self._idle_since[slot] = time.monotonic()
+            if self._depth == 0 and self._slot >= 0:
+                self._idle_since[self._slot] = time.monotonic()
 
     def _lent(self) -> int:
         now, threads = time.monotonic(), self.share
@@ -143,6 +157,7 @@ class CoreLending:
     def _claim(self) -> None:
         pid = os.getpid()
         self._pid, self._slot, self._depth = pid, -1, 0
+        self._lock = threading.Lock()  # the master's could have been held at fork
         self._set_here = threading.local()
         fcntl.lockf(self._fd, fcntl.LOCK_EX)
         try:
@@ -191,6 +206,18 @@ def join_lending() -> None:
     """In each forked process, at its start (``CoreLending.join``), when lending is on."""
     if _lending is not None:
         _lending.join()
+
+
+@contextlib.contextmanager
+def busy() -> Iterator[None]:
+    """Around a request's stay in a worker: while any is in hand, the worker lends
+    nothing, even between its batches (its hub parses and answers meanwhile)."""
+    lending = _lending
+    if lending is None:
+        yield
+        return
+    with lending.busy():
+        yield
 
 
 @contextlib.contextmanager

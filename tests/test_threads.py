@@ -37,8 +37,9 @@ def _child(lending: threads.CoreLending, conn: Connection) -> None:
 
     held = None
     for command in iter(conn.recv, "stop"):
-        if command == "hold":
-            held = lending.hold()
+        if command in ("hold", "busy"):
+            # busy: a request in hand, between batches (its hub at work), no torch change
+            held = lending.hold() if command == "hold" else lending.busy()
             conn.send(held.__enter__())
         elif command == "release":
             assert held is not None
@@ -101,6 +102,17 @@ def test_a_busy_peer_lends_nothing(lending):
     peer.ask("release")
     # Idle only a moment (the next batch of a loaded peer): not lent.
     assert borrower.ask("strict") == (1, 1)
+
+
+def test_a_peer_with_a_request_in_hand_lends_nothing_between_its_batches(lending):
+    _, child = lending
+    peer, borrower = child(), child()
+    peer.ask("busy")  # joined, then a request in hand and no batch running
+    time.sleep(IDLE_LONG_ENOUGH_S)
+    assert borrower.ask("batch") == (1, 1)
+    peer.ask("release")
+    time.sleep(IDLE_LONG_ENOUGH_S)
+    assert borrower.ask("batch") == (2, 2)
 
 
 def test_a_peer_killed_while_busy_is_replaced_and_its_slot_taken_over(lending):

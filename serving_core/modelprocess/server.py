@@ -25,7 +25,7 @@ from serving_core.engine.policy import make_policy
 from serving_core.errors import ModelError, ServingError
 from serving_core.modelprocess.protocol import Answer, Request, recv_frame, send_frame
 from serving_core.settings import Settings
-from serving_core.threads import join_lending, set_model_threads
+from serving_core.threads import set_model_threads
 
 log = logging.getLogger("serving_core.modelprocess.server")
 
@@ -175,7 +175,6 @@ def run_model_process(
     # torch thread that has to share its core with a worker's hub collapses
     # (OpenMP threads spin and wait on each other; a 15 ms call took 500 ms).
     set_model_threads(max(1, (usable_cores() - settings.workers) // processes))
-    join_lending()  # the model processes lend each other their cores while idle
     engine.handler.setup_worker()
     server = ModelServer(engine, settings, observer)
     server.batcher.start()

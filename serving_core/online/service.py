@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from serving_core import threads
 from serving_core.cache.core import Cache, CacheObserver, CacheResult, from_settings
 from serving_core.context import Context
 from serving_core.engine.core import Engine
@@ -187,9 +188,12 @@ class Service:
         deadline = self._live_deadline(arrival, timeout_s)
         arrival = time.monotonic() if arrival is None else arrival
         ctx = Context(request_id, deadline)
-        item = self.engine.prepare(params, ctx)
-        output = self.runner.run(item, ctx, arrival=arrival, watch=self._watch(client, alone))
-        return self.engine.finish(output, params, ctx)
+        # A worker with a request in hand lends its core to no sibling (``threads``):
+        # between its batches its hub still reads, prepares and answers.
+        with threads.busy():
+            item = self.engine.prepare(params, ctx)
+            output = self.runner.run(item, ctx, arrival=arrival, watch=self._watch(client, alone))
+            return self.engine.finish(output, params, ctx)
 
     def _watch(self, client: Any, alone: Callable[[], bool]) -> WatchGone | None:
         watch_client = self._watch_client

@@ -36,7 +36,6 @@ from typing import Any
 from flask import Flask
 from gunicorn.app.base import BaseApplication
 
-from serving_core.cores import usable_cores
 from serving_core.device import model_devices
 from serving_core.engine.core import Engine
 from serving_core.loading import LoadedHandler
@@ -175,11 +174,9 @@ def serve(settings: Settings, loaded: LoadedHandler) -> None:
     """Set up the handler in this (master) process, then hand over to gunicorn."""
     preload(loaded.handler)
     app, service, models, metrics = build_with_metrics(settings, loaded)
-    if models:  # the model processes run every batch: they lend to each other
-        cores = max(1, usable_cores() - settings.workers)
-        share_idle_cores(settings, len(models), cores)
-    else:
-        share_idle_cores(settings, settings.workers)
+    # Per-worker: the workers lend each other their cores while idle. Shared: the
+    # model process (on a GPU, or the one core the workers leave) lends to none.
+    share_idle_cores(settings, 1 if models else settings.workers)
     warn_about(settings, service)
     say_where(settings.bind)
     wire.install()  # gunicorn's response and error paths, in this process and its workers
