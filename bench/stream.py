@@ -43,6 +43,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import redis  # noqa: E402
 
 from bench.bare_model import Bare, Cell, Selection  # noqa: E402
+from bench.jobs import busy_s, own_cpu_s, session_cpu_s  # noqa: E402
 from bench.workload import SENTENCES  # noqa: E402
 from tests.servers import free_port, spawn, stop, wait_for  # noqa: E402
 from tests.stream.amqp_broker import AmqpBroker  # noqa: E402
@@ -105,6 +106,23 @@ def messages(prefix: str, count: int, **headers: str) -> list[tuple[str, bytes, 
     ]
 
 
+def cpu_seconds(worker: int) -> tuple[float, float, float]:
+    """The whole machine's busy CPU seconds, the stream worker's (its session), this
+    script's."""
+    return busy_s(), session_cpu_s(worker), own_cpu_s()
+
+
+def cores_used(
+    before: tuple[float, float, float], after: tuple[float, float, float], elapsed: float
+) -> dict[str, float]:
+    """Where the cores went over a round: the stream worker, this script (producing,
+    counting), and the rest, which on a quiet machine is the broker, here on the
+    same two cores as the worker (in production, on a machine of its own)."""
+    busy, worker, own = ((now - then) / elapsed for now, then in zip(after, before, strict=True))
+    shares = {"worker": worker, "bench": own, "broker": busy - worker - own}
+    return {name: round(share, 2) for name, share in shares.items()}
+
+
 def judged(
     backend: str, round_: int, run: Callable[[], float], bare: Bare, cell: Cell
 ) -> dict[str, Any]:
@@ -158,15 +176,23 @@ def run_backend(
 
             def one_round(round_: int) -> float:
                 start = time.perf_counter()
+                cpu_at = cpu_seconds(process.pid)
                 broker.produce(messages(f"r{round_}", args.messages))
                 while not reached(64 + round_ * args.messages):
                     time.sleep(0.05)
-                return float(args.messages / (time.perf_counter() - start))
+                elapsed = time.perf_counter() - start
+                cpu[round_] = cores_used(cpu_at, cpu_seconds(process.pid), elapsed)
+                print(f"{backend:>6} round {round_}: cores used: {cpu[round_]}", flush=True)
+                return float(args.messages / elapsed)
+
+            cpu: dict[int, dict[str, float]] = {}
 
             rounds = [
                 judged(backend, round_, partial(one_round, round_), bare, selection.cell)
                 for round_ in range(1, args.rounds + 1)
             ]
+            for row in rounds:
+                row["cores"] = cpu[row["round"]]
             results.new_ids()  # skip what the throughput rounds published
             paced = args.paced * statistics.median(r["rate"] for r in rounds)
             sent: dict[str, float] = {}
@@ -221,7 +247,7 @@ def main() -> None:
     print(f"\n{args.messages} messages a round, medians over {args.rounds} rounds")
     print(
         f"{'backend':>8} {'msg/s':>8} {'limit/s':>8} {'ratio':>6} {'range':>11} "
-        f"{'paced/s':>8} {'p50 ms':>8} {'p99 ms':>8}"
+        f"{'paced/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'broker cores':>12}"
     )
     for s in summaries:
         ratios = [r["ratio"] for r in s["rounds"]]
@@ -229,7 +255,8 @@ def main() -> None:
             f"{s['backend']:>8} {statistics.median(r['rate'] for r in s['rounds']):>8.1f} "
             f"{statistics.median(r['limit'] for r in s['rounds']):>8.1f} "
             f"{statistics.median(ratios):>6.2f} {min(ratios):>5.2f}-{max(ratios):<5.2f} "
-            f"{s['paced_per_s']:>8.1f} {s['p50_ms']:>8.1f} {s['p99_ms']:>8.1f}"
+            f"{s['paced_per_s']:>8.1f} {s['p50_ms']:>8.1f} {s['p99_ms']:>8.1f} "
+            f"{statistics.median(r['cores']['broker'] for r in s['rounds']):>12.2f}"
         )
     out = ROOT / "bench" / "figures" / "stream.json"
     out.write_text(json.dumps(summaries, indent=1) + "\n")
