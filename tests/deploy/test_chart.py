@@ -399,6 +399,7 @@ SETTINGS_TABLE = [
     ("workerConnections", 250, "SERVING_WORKER_CONNECTIONS", "250"),
     ("threads", 48, "SERVING_THREADS", "48"),
     ("maxBatchSize", 24, "SERVING_MAX_BATCH_SIZE", "24"),
+    ("lendCores", False, "SERVING_LEND_CORES", "false"),
     ("maxWaitMs", 2.5, "SERVING_MAX_WAIT_MS", "2.5"),
     ("batchPolicy", "fixed", "SERVING_BATCH_POLICY", "fixed"),
     ("maxQueue", 1000000, "SERVING_MAX_QUEUE", "1000000"),

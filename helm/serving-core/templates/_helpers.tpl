@@ -205,6 +205,7 @@ workerClass: {env: SERVING_WORKER_CLASS, kind: string}
 workerConnections: {env: SERVING_WORKER_CONNECTIONS, kind: int}
 threads: {env: SERVING_THREADS, kind: auto}
 maxBatchSize: {env: SERVING_MAX_BATCH_SIZE, kind: int}
+lendCores: {env: SERVING_LEND_CORES, kind: string}
 maxWaitMs: {env: SERVING_MAX_WAIT_MS, kind: number}
 batchPolicy: {env: SERVING_BATCH_POLICY, kind: string}
 maxQueue: {env: SERVING_MAX_QUEUE, kind: auto}
