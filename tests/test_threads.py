@@ -21,6 +21,10 @@ from serving_core.jobs.backend import open_queue
 from serving_core.settings import Settings
 from tests.servers import ROOT, gunicorn_server, job_worker, wait_for
 
+# Lending sets torch's threads: a clone whose handlers never install torch has
+# nothing to lend (``set_model_threads`` touches torch only when it is imported).
+pytest.importorskip("torch", reason="no handler here installs torch")
+
 FORK = multiprocessing.get_context("fork")
 FORKWARM = str(ROOT / "tests/handlers/forkwarm/handler.py")  # answers torch's thread count
 IDLE_LONG_ENOUGH_S = 3 * threads.LEND_AFTER_S
