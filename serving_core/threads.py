@@ -208,24 +208,12 @@ def join_lending() -> None:
         _lending.join()
 
 
-@contextlib.contextmanager
-def busy() -> Iterator[None]:
+def busy() -> contextlib.AbstractContextManager[None]:
     """Around a request's stay in a worker: while any is in hand, the worker lends
     nothing, even between its batches (its hub parses and answers meanwhile)."""
-    lending = _lending
-    if lending is None:
-        yield
-        return
-    with lending.busy():
-        yield
+    return _lending.busy() if _lending is not None else contextlib.nullcontext()
 
 
-@contextlib.contextmanager
-def held() -> Iterator[None]:
+def held() -> contextlib.AbstractContextManager[object]:
     """Around a batch (or a consumer's whole batch): busy, and the lent cores in use."""
-    lending = _lending
-    if lending is None:
-        yield
-        return
-    with lending.hold():
-        yield
+    return _lending.hold() if _lending is not None else contextlib.nullcontext()
