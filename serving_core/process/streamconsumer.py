@@ -6,8 +6,9 @@
     → one Engine call; a handler's refusal (4xx) → dead letter
       a model failure (5xx): its items run again alone (a poison message fails
       without its batch-mates), up to SERVING_STREAM_MAX_ATTEMPTS runs → dead letter
-    → publish the results, then the dead letters (each sink confirms)
-    → ack the whole batch
+    → send the results, then the dead letters
+    → after the next batch has run (or when none came): await both sinks'
+      confirms, then ack the whole batch
 
 Acked last, so a consumer that dies, or loses its broker, before the sinks
 confirmed loses nothing: the source hands the batch out again (at-least-once;
@@ -77,6 +78,14 @@ class Batch:
         self.reasons[why] = self.reasons.get(why, 0) + 1
 
 
+@dataclass(frozen=True)
+class Sent:
+    """A batch whose results and dead letters are sent, not yet confirmed nor acked."""
+
+    messages: list[Message]
+    batch: Batch
+
+
 @dataclass
 class StreamConsumer:
     engine: Engine
@@ -105,30 +114,48 @@ class StreamConsumer:
                     ends.close()
 
     def _serve(self, ends: Ends) -> None:
+        # The batch whose results were sent and await their confirms: it is confirmed
+        # and acked after the next batch has run, so the broker's confirm round trip
+        # (a quorum queue's fsync, milliseconds) overlaps the model instead of idling
+        # its core. Both stay unacked until then: a crash redelivers both.
+        sent: Sent | None = None
         while not self.stopping():
-            messages = ends.source.take(self.max_batch_size, TAKE_WAIT_S)
+            # With a batch awaiting its confirms, take what is already here and no more:
+            # waiting for new messages would hold that batch's acks.
+            messages = ends.source.take(self.max_batch_size, 0.0 if sent else TAKE_WAIT_S)
             if self._failures:
                 log.info("reconnected to the stream's broker after %d failure(s)", self._failures)
                 self._failures = 0
             self._observe_lag(ends.source)
             if not messages:
+                if sent:
+                    self._settle(ends, sent)
+                    sent = None
                 continue
             self.metrics.consumed.inc(len(messages))
             redelivered = sum(1 for m in messages if m.deliveries > 1)
             if redelivered:
                 self.metrics.redelivered.inc(redelivered)
-            # Busy until acked: a peer that borrowed this consumer's core while it
+            # Busy until sent: a peer that borrowed this consumer's core while it
             # publishes would oversubscribe the next batch (``threads.held``).
             with held():
                 batch = self.run_batch(messages)
-                # Results before dead letters, both before the ack: a crash between
-                # them leaves every message unacked, to be delivered again.
-                ends.sink.publish(batch.results)
-                ends.dead.publish(batch.dead)
-                ends.source.ack(messages)
-            self.metrics.published.inc(len(batch.results))
-            for why, count in batch.reasons.items():
-                self.metrics.dead_lettered.labels(why).inc(count)
+                if sent:
+                    self._settle(ends, sent)
+                # Results before dead letters, both confirmed before the ack.
+                ends.sink.send(batch.results)
+                ends.dead.send(batch.dead)
+            sent = Sent(messages, batch)
+        if sent:  # stopping: the batch in hand is confirmed and acked before the exit
+            self._settle(ends, sent)
+
+    def _settle(self, ends: Ends, sent: Sent) -> None:
+        ends.sink.confirm()
+        ends.dead.confirm()
+        ends.source.ack(sent.messages)
+        self.metrics.published.inc(len(sent.batch.results))
+        for why, count in sent.batch.reasons.items():
+            self.metrics.dead_lettered.labels(why).inc(count)
 
     def run_batch(self, messages: list[Message]) -> Batch:
         batch = Batch()

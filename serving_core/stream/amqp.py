@@ -2,8 +2,9 @@
 
 In: ``amqp://USER:PASS@HOST:PORT/VHOST?queue=NAME``. The queue is declared
 durable, of type quorum (declared again if it exists: RabbitMQ refuses one of
-another type, and says so); prefetch is twice the batch size, so the next
-batch is already on its way while the handler runs the one in hand. A message's
+another type, and says so); prefetch is three batches: the one whose results
+await their confirms, the one the handler runs, and the next, already on its
+way. A message's
 ``message_id`` is its id; one without it is handed out with the id ``""``, and
 the consumer dead-letters it (its result could not be matched to its input).
 
@@ -11,8 +12,10 @@ Out: ``amqp://USER:PASS@HOST:PORT/VHOST?exchange=NAME&routing_key=KEY``. A
 named exchange is declared durable, of type direct; ``exchange=`` empty (or
 left out) is the default exchange, where the routing key is a queue's name.
 Binding a queue to the exchange is the reader of the results' business.
-Publishing is mandatory and confirmed: a batch is sent whole, then every
-confirm is awaited at once (one round trip per batch, not per message).
+Publishing is mandatory and confirmed: a batch is sent whole (``send``), and
+every confirm is awaited at once (``confirm``: one round trip per batch, not per
+message); the consumer confirms a batch after running the next one, so the wait
+for a quorum queue's fsync overlaps the model.
 
 Any other query parameter is pika's own (``heartbeat=30``, ``socket_timeout=5``
 ...). Neither class is thread-safe: each belongs to the thread that made it.
@@ -42,6 +45,8 @@ from serving_core.stream.base import BrokerError, Message, Outgoing
 # What pika raises when the broker is gone, refused a call, or closed the channel.
 ERRORS = (pika.exceptions.AMQPError, OSError)
 QUORUM = {"x-queue-type": "quorum"}
+# Unacked at once: a batch awaiting its confirms, the batch running, the next one.
+PREFETCH_BATCHES = 3
 
 
 def _text(value: object) -> str:
@@ -90,7 +95,7 @@ class AmqpSource(_Connected):
         self._cancelled = False
         try:
             self.channel.queue_declare(self.queue, durable=True, arguments=QUORUM)
-            self.channel.basic_qos(prefetch_count=2 * batch_size)
+            self.channel.basic_qos(prefetch_count=PREFETCH_BATCHES * batch_size)
             self.channel.add_on_cancel_callback(self._on_cancel)
             self.channel.basic_consume(self.queue, self._on_message, consumer_tag=consumer or None)
         except ERRORS as error:
@@ -250,11 +255,7 @@ class AmqpSink(_Connected):
             # At most a second at a time: a channel the broker closes wakes nothing.
             self.connection.process_data_events(time_limit=min(left, 1.0))
 
-    def publish(self, messages: Sequence[Outgoing]) -> None:
-        if not messages:
-            return
-        self._nacked.clear()
-        self._returned.clear()
+    def send(self, messages: Sequence[Outgoing]) -> None:
         try:
             for message in messages:
                 properties = BasicProperties(
@@ -271,15 +272,29 @@ class AmqpSink(_Connected):
                 self.channel.basic_publish(
                     self.exchange, self.routing_key, message.body, properties, mandatory=True
                 )
+        except ERRORS as error:
+            raise self.failed("cannot publish", error) from error
+
+    def confirm(self) -> None:
+        # Confirms that came while the caller ran its next batch wait in the socket's
+        # buffer; the first read dispatches them, so this wait is then no wait.
+        try:
             self._wait(lambda: not self._unconfirmed, "publisher confirm")
             # A return comes before its message's confirm; this dispatches it.
             self.connection.process_data_events(time_limit=0)
         except ERRORS as error:
             raise self.failed("cannot publish", error) from error
-        if self._returned:
+        returned, self._returned = self._returned, []
+        nacked, self._nacked = self._nacked, []
+        if returned:
             raise BrokerError(
                 f"{self.shown}: unroutable: no queue is bound to exchange {self.exchange!r} "
-                f"with routing key {self.routing_key!r}; returned: {', '.join(self._returned[:5])}"
+                f"with routing key {self.routing_key!r}; returned: {', '.join(returned[:5])}"
             )
-        if self._nacked:
-            raise BrokerError(f"{self.shown}: the broker nacked {len(self._nacked)} message(s)")
+        if nacked:
+            raise BrokerError(f"{self.shown}: the broker nacked {len(nacked)} message(s)")
+
+    def publish(self, messages: Sequence[Outgoing]) -> None:
+        if messages:
+            self.send(messages)
+            self.confirm()

@@ -17,7 +17,7 @@ AMQP = ("amqp", "amqps")
 
 def open_source(url: str, batch_size: int, consumer_name: str) -> Source:
     """SERVING_STREAM_SOURCE's reader; ``batch_size``: what one take asks for at most
-    (XREADGROUP's COUNT; AMQP's prefetch is twice it)."""
+    (XREADGROUP's COUNT; AMQP's prefetch is three times it)."""
     scheme = _scheme(url, "SERVING_STREAM_SOURCE")
     if scheme in REDIS:
         from serving_core.stream.redis_streams import RedisSource

@@ -61,10 +61,19 @@ class Source(Protocol):
 
 
 class Sink(Protocol):
+    def send(self, messages: Sequence[Outgoing]) -> None:
+        """Hands them to the broker without waiting for its confirmation, so that the
+        wait can overlap the next batch's run; ``confirm`` waits. Raises ``BrokerError``."""
+        ...
+
+    def confirm(self) -> None:
+        """Returns once the broker has confirmed everything sent (publisher confirms, or
+        XADD's reply); raises ``BrokerError`` otherwise, and the caller does not ack
+        their inputs."""
+        ...
+
     def publish(self, messages: Sequence[Outgoing]) -> None:
-        """Returns once the broker has confirmed every one (publisher confirms, or
-        XADD's reply); raises ``BrokerError`` otherwise, and the caller does not
-        ack their inputs."""
+        """``send`` then ``confirm``."""
         ...
 
     def close(self) -> None: ...

@@ -114,3 +114,118 @@ def test_a_message_without_an_id_is_dead_lettered_unrun_saying_to_set_message_id
     assert error["type"] == "missing_id"
     assert "message_id" in error["message"]
     assert batch.reasons == {"invalid": 1}
+
+
+class Log:
+    """The ends' calls and the handler's runs, in order (a queue in memory: the
+    order is what these tests check; tests/stream runs the real brokers)."""
+
+    def __init__(self, batches: list[list[Message]]) -> None:
+        self.waiting = list(batches)
+        self.events: list[str] = []
+        self.waits: list[float] = []
+
+
+class ListSource:
+    def __init__(self, log: Log) -> None:
+        self.log = log
+
+    def take(self, max_n: int, wait_s: float) -> list[Message]:
+        self.log.waits.append(wait_s)
+        return self.log.waiting.pop(0) if self.log.waiting else []
+
+    def ack(self, messages: Any) -> None:
+        self.log.events.append("ack " + ",".join(m.id for m in messages))
+
+    def lag(self) -> int | None:
+        return None
+
+    def close(self) -> None:
+        pass
+
+
+class ListSink:
+    def __init__(self, log: Log, name: str) -> None:
+        self.log, self.name = log, name
+
+    def send(self, messages: Any) -> None:
+        self.log.events.append(f"send {self.name} " + ",".join(m.id for m in messages))
+
+    def confirm(self) -> None:
+        self.log.events.append(f"confirm {self.name}")
+
+    def publish(self, messages: Any) -> None:
+        self.send(messages)
+        self.confirm()
+
+    def close(self) -> None:
+        pass
+
+
+class Recorder(Handler):
+    name = "recorder"
+
+    def __init__(self, log: Log) -> None:
+        self.log = log
+
+    def predict_batch(self, items: list[Any]) -> list[Any]:
+        self.log.events.append("run " + ",".join(str(item["n"]) for item in items))
+        return [{"n": item["n"]} for item in items]
+
+
+def run_until_drained(log: Log) -> StreamConsumer:
+    """A consumer over ``log``'s batches that stops once they are taken and it has
+    waited for more once (a stop request while idle)."""
+
+    def stopping() -> bool:
+        return not log.waiting and len(log.waits) > 0 and log.waits[-1] > 0
+
+    stream = StreamConsumer(
+        Engine(Recorder(log), max_batch_size=8),
+        lambda: Ends(ListSource(log), ListSink(log, "out"), ListSink(log, "dead")),
+        max_batch_size=8,
+        max_attempts=3,
+        stopping=stopping,
+        metrics=StreamMetrics(),
+    )
+    stream.run()
+    return stream
+
+
+def test_a_batchs_confirms_are_awaited_after_the_next_batch_ran_and_before_its_ack() -> None:
+    log = Log([[message("a", {"n": 1})], [message("b", {"n": 2})]])
+    run_until_drained(log)
+    assert log.events == [
+        "run 1",
+        "send out a",
+        "send dead ",
+        "run 2",  # while a's confirms are on their way
+        "confirm out",
+        "confirm dead",
+        "ack a",
+        "send out b",
+        "send dead ",
+        "confirm out",  # nothing more came: b is confirmed at once
+        "confirm dead",
+        "ack b",
+    ]
+    # With a batch awaiting its confirms, a take does not wait for new messages.
+    assert log.waits[:3] == [1.0, 0.0, 0.0]
+
+
+def test_a_stop_confirms_and_acks_the_batch_in_hand_before_the_consumer_returns() -> None:
+    log = Log([[message("a", {"n": 1})]])
+    stopped: list[bool] = []
+
+    def stop_after_the_run() -> bool:
+        return bool(stopped) or any(e.startswith("run") for e in log.events)
+
+    StreamConsumer(
+        Engine(Recorder(log), max_batch_size=8),
+        lambda: Ends(ListSource(log), ListSink(log, "out"), ListSink(log, "dead")),
+        max_batch_size=8,
+        max_attempts=3,
+        stopping=stop_after_the_run,
+        metrics=StreamMetrics(),
+    ).run()
+    assert log.events[-3:] == ["confirm out", "confirm dead", "ack a"]

@@ -148,11 +148,11 @@ def test_lag_is_the_queues_depth_of_messages_not_handed_out(broker: AmqpBroker) 
     source = AmqpSource(broker.source_url, batch_size=1, consumer="lag")
     try:
         taken = take_all(source, 1, 1)
-        # Prefetch 2: two are out (one taken, one on its way), five wait.
-        assert wait_for(lambda: source.lag() == 5, "lag 5")
-        assert broker.lag() == 5
+        # Prefetch 3 batches of 1: three are out (one taken, two on their way), four wait.
+        assert wait_for(lambda: source.lag() == 4, "lag 4")
+        assert broker.lag() == 4
         source.ack(taken)
-        assert wait_for(lambda: source.lag() == 4, "lag 4 after an ack")
+        assert wait_for(lambda: source.lag() == 3, "lag 3 after an ack")
     finally:
         source.close()
 

@@ -208,9 +208,9 @@ def test_a_restarted_broker_is_reconnected_to_and_nothing_is_lost(
     with stream_worker(broker, tmp_path, SERVING_WORKERS="2") as (process, url, log_path):
         consumers = requests.get(url + "/healthz", timeout=5).json()["pids"]
         holder, _ = taken(gate)
-        # One consumer holds its gated batch unacked, and over AMQP up to one batch more
-        # (prefetch is twice the batch size); the other works off the rest, then waits.
-        wait_for(results_at_least(broker, 300 - 2 * 8), "the ungated messages' results")
+        # One consumer holds its gated batch unacked, and over AMQP up to two batches
+        # more (prefetch is three times the batch size); the other works off the rest.
+        wait_for(results_at_least(broker, 300 - 3 * 8), "the ungated messages' results")
         broker.restart()
         gate.touch()  # the holder publishes to a broker that is gone, or back
         broker.produce(numbers(300, start=300))
