@@ -15,8 +15,6 @@ jobs are handed out again when their lease runs out (at-least-once).
 from __future__ import annotations
 
 import contextlib
-import logging
-import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -25,10 +23,9 @@ from serving_core.engine.core import Engine, Result
 from serving_core.errors import ServingError
 from serving_core.jobs.backend import open_queue
 from serving_core.jobs.base import Job, JobQueue
+from serving_core.process.leases import LeaseRenewer
 from serving_core.process.prefork import Prefork
 from serving_core.threads import held
-
-log = logging.getLogger("serving_core.process.jobworker")
 
 TAKE_WAIT_S = 1.0  # how long a take blocks: the longest a stop request waits to be seen
 
@@ -45,20 +42,28 @@ class Consumer:
     observer: Callable[[int, int], None] = field(default=lambda done, failed: None)
     # Each taken job's wait in the queue (submitted to started): the queue's lag.
     on_taken: Callable[[list[float]], None] = field(default=lambda waits: None)
-    # SERVING_JOBS_LEASE_S: a batch running longer renews its jobs' leases every
-    # third of it, so a slow model is not mistaken for a dead consumer (its jobs
-    # handed out again, and failed once their attempts ran out). None: never.
+    # SERVING_JOBS_LEASE_S: a batch running longer than a third of it renews its
+    # jobs' leases (``leases.LeaseRenewer``). None: never.
     lease_s: float | None = None
+    _renewer: LeaseRenewer | None = field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        if self.lease_s is not None:
+            self._renewer = LeaseRenewer(self.queue, self.name, self.lease_s)
 
     def run(self) -> None:
-        while not self.stopping():
-            jobs = self.queue.take(self.name, self.max_batch_size, TAKE_WAIT_S)
-            if jobs:
-                self.on_taken([_waited(job) for job in jobs])
-                # Busy until the results are stored: a peer that borrowed this
-                # consumer's core in that gap would oversubscribe the next batch.
-                with held():
-                    self.run_batch(jobs)
+        try:
+            while not self.stopping():
+                jobs = self.queue.take(self.name, self.max_batch_size, TAKE_WAIT_S)
+                if jobs:
+                    self.on_taken([_waited(job) for job in jobs])
+                    # Busy until the results are stored: a peer that borrowed this
+                    # consumer's core in that gap would oversubscribe the next batch.
+                    with held():
+                        self.run_batch(jobs)
+        finally:
+            if self._renewer is not None:
+                self._renewer.close()
 
     def run_batch(self, jobs: list[Job]) -> None:
         contexts = [Context(job.id) for job in jobs]
@@ -86,26 +91,11 @@ class Consumer:
 
     @contextlib.contextmanager
     def _renewing(self, jobs: list[Job]) -> Iterator[None]:
-        if self.lease_s is None:
+        if self._renewer is None:
             yield
-            return
-        done = threading.Event()
-        interval_s = self.lease_s / 3
-
-        def renew() -> None:
-            while not done.wait(interval_s):
-                try:
-                    self.queue.renew(self.name, jobs)
-                except Exception:  # the queue is down: the next renewal may get through
-                    log.warning("could not renew the leases of %d jobs", len(jobs), exc_info=True)
-
-        renewer = threading.Thread(target=renew, name="serving-lease-renewer", daemon=True)
-        renewer.start()
-        try:
-            yield
-        finally:
-            done.set()
-            renewer.join()
+        else:
+            with self._renewer.renewing(jobs):
+                yield
 
     def _isolate(
         self, jobs: list[Job], contexts: list[Context], results: list[Result]
