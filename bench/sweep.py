@@ -10,7 +10,7 @@ stays full (``--max-queue``, the default SERVING_MAX_QUEUE for batches of 32):
 - a newcomer admitted after the whole queue hung up: the sweep, then the
   decision again;
 - a refusal that first asks every queued client's socket whether it hung up
-  (``Batcher._peek``, a ``recv(MSG_PEEK | MSG_DONTWAIT)`` on each of a queue of
+  (``WaitQueue.peek``, a ``recv(MSG_PEEK | MSG_DONTWAIT)`` on each of a queue of
   live socket pairs): at most one refusal in ``PEEK_EVERY_S`` pays it.
 
 Then what refusing costs at ``--overload`` x a capacity of ``--capacity``
@@ -35,10 +35,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from serving_core.context import Context  # noqa: E402
-from serving_core.engine.batcher import PEEK_EVERY_S, Batcher  # noqa: E402
+from serving_core.engine.batcher import Batcher  # noqa: E402
 from serving_core.engine.core import Ran  # noqa: E402
 from serving_core.engine.pending import Pending  # noqa: E402
 from serving_core.engine.policy import make_policy  # noqa: E402
+from serving_core.engine.waitqueue import PEEK_EVERY_S  # noqa: E402
 from serving_core.errors import Overloaded  # noqa: E402
 from serving_core.process.workers.clientwatch import peek_hangup  # noqa: E402
 
@@ -79,7 +80,7 @@ def refusal_s(batcher: Batcher, times: int, *, peek: bool = False) -> float:
     started = time.thread_time()
     for _ in range(times):
         if peek:
-            batcher._peeked_at = float("-inf")
+            batcher._queue.peeked_at = float("-inf")
         try:
             batcher.admit(deadline)
         except Overloaded:

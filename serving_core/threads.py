@@ -78,6 +78,8 @@ class CoreLending:
     def __init__(self, processes: int, share: int, cores: int) -> None:
         self.share = share
         self.cores = cores
+        # The most a batch runs on, every peer idle (``_lent``): what the log says.
+        self.most = min(share * processes, cores)
         # Twice the processes: a recycled worker's successor can start before it leaves.
         slots = 2 * processes
         # A memfd, not /dev/shm: the chart's root filesystem is read-only, and a
@@ -206,6 +208,13 @@ def join_lending() -> None:
     """In each forked process, at its start (``CoreLending.join``), when lending is on."""
     if _lending is not None:
         _lending.join()
+
+
+def most_threads() -> int | None:
+    """The most torch threads a forked process's batch may run on, its share and its
+    idle peers' (every usable core at most); None when nothing is lent (lending
+    off, one process, or a shared model process)."""
+    return _lending.most if _lending is not None else None
 
 
 def busy() -> contextlib.AbstractContextManager[None]:

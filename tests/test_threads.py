@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import re
 import signal
 import time
 from collections.abc import Callable
@@ -157,12 +158,17 @@ def torch_threads() -> int:
 def test_nothing_is_lent_to_one_process_or_when_it_has_every_core_already():
     threads.lend_idle_cores(1, cores=4)
     assert threads._lending is None
+    assert threads.most_threads() is None
     threads.lend_idle_cores(4, cores=2)  # a share of one core each: lent up to 2
     lending = threads._lending
     assert lending is not None
     assert (lending.share, lending.cores) == (1, 2)
+    assert threads.most_threads() == 2
+    threads.lend_idle_cores(3, cores=4)  # every peer idle: 3 shares of one, not 4 cores
+    assert threads.most_threads() == 3
     threads.share_idle_cores(Settings.from_env({"SERVING_LEND_CORES": "false"}), 2, cores=2)
     assert threads._lending is None
+    assert threads.most_threads() is None
 
 
 # -- end to end ----------------------------------------------------------------
@@ -184,9 +190,13 @@ def lone_requests(url: str, count: int = 5) -> list[int]:
 @pytest.mark.parametrize("lend", ["true", "false"])
 def test_a_lone_request_runs_on_the_idle_workers_cores_too(lend):
     env = {"SERVING_HANDLER": FORKWARM, "SERVING_WORKERS": "2", "SERVING_LEND_CORES": lend}
+    share = usable_cores() // 2
+    # The start-up log says what a worker may borrow, and nothing when lending is off.
+    lent = f", up to {2 * share} while its siblings idle" if lend == "true" else ""
+    ready = re.compile(rf"worker \d+ ready: {share} torch thread\(s\){re.escape(lent)}$", re.M)
     with gunicorn_server(env) as server:
         answered = lone_requests(server.url)
-    share = usable_cores() // 2
+        wait_for(lambda: len(ready.findall(server.output())) == 2, server.output, 60)
     assert answered == [2 * share if lend == "true" else share] * 5
 
 

@@ -6,7 +6,8 @@ and wait on a future (``pending.Pending``), or are refused at once when they
 cannot be served in time; the model thread (``modelthread``) takes the next
 batch when the dispatch policy says, runs it through the engine and resolves
 each future. It is ours rather than a library's because batching, admission
-and the handler contract are the product. Imports no Flask.
+and the handler contract are the product. The queue, and the hung-up clients'
+items in it, is ``waitqueue``. Imports no Flask.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
@@ -24,11 +24,8 @@ from serving_core.engine.modelthread import Clock, ModelThread, RunBatch
 from serving_core.engine.observer import NoObserver, Observer
 from serving_core.engine.pending import Pending, resolve
 from serving_core.engine.policy import Policy
+from serving_core.engine.waitqueue import WaitQueue
 from serving_core.errors import NotReady, Overloaded
-
-# At most how often a refusal asks every queued client's socket whether it hung
-# up (``_peek``): ~1.5 µs a socket, so at 10x overload a few percent of a core.
-PEEK_EVERY_S = 0.005
 
 
 class Batcher:
@@ -48,7 +45,7 @@ class Batcher:
         self.max_queue = max_queue
         self._observer: Observer = observer or NoObserver()
         self._clock = clock
-        self._queue: deque[Pending] = deque()
+        self._queue = WaitQueue()
         self._cond = threading.Condition()
         self._stopping = False
         self._busy_until = 0.0  # predicted end of the batch in flight (0: idle)
@@ -72,12 +69,6 @@ class Batcher:
         # waiting for more, was woken only to wait again.
         self.defer_wake: Callable[[Callable[[], None]], object] | None = None
         self._wake_pending = False
-        # Queued items whose clients hung up (``hung_up``), not yet dropped. A
-        # refusal sweeps them out first only when this is non-zero: a queue of
-        # live clients costs a refusal one integer check, and a peek at most every
-        # PEEK_EVERY_S.
-        self._gone = 0
-        self._peeked_at = float("-inf")
 
     # -- request threads ---------------------------------------------------
 
@@ -122,7 +113,8 @@ class Batcher:
         if self._stopping or not self._thread.is_alive():
             raise NotReady("this worker is shutting down; retry on another instance")
         refusal = self._refusal(deadline, now)
-        if refusal is not None and (self._gone or self._peek(now)) and self._sweep():
+        queue = self._queue
+        if refusal is not None and (queue.gone or queue.peek(now)) and self._sweep():
             refusal = self._refusal(deadline, now)  # decided again without the gone
         if refusal is not None:
             self._observer.rejected(refusal.reason)
@@ -146,31 +138,11 @@ class Batcher:
             )
         return None
 
-    def _peek(self, now: float) -> int:
-        """Ask each queued client's connection whether it hung up (holding the lock); the
-        gone now marked. The watch reports a hang-up a turn of the hub late, and not
-        before an item has waited WATCH_AFTER_S: a storm's last closed clients still
-        filled the queue when the next newcomer came."""
-        if now - self._peeked_at < PEEK_EVERY_S:
-            return 0
-        self._peeked_at = now
-        for pending in self._queue:
-            if not pending.gone and pending.client_gone():
-                pending.gone = True
-                self._gone += 1
-        return self._gone
-
     def _sweep(self) -> int:
         """Drop the queued items whose clients hung up (holding the lock); how many."""
-        live = deque(p for p in self._queue if not p.gone)
-        dropped = len(self._queue) - len(live)
+        dropped = self._queue.sweep()
         if dropped:
-            for pending in self._queue:
-                if pending.gone:
-                    pending.future.cancel()  # its request greenlet ends, answering no one
-            self._queue = live
-            self._observer.depth(len(live))
-        self._gone = 0
+            self._observer.depth(len(self._queue))
         return dropped
 
     def hung_up(self, pending: Pending) -> None:
@@ -179,9 +151,7 @@ class Batcher:
         thread reaches it. The client watch calls it on the hub as soon as it sees
         the hang-up, so it only marks (a storm hangs up a whole queue at once)."""
         with self._cond:
-            if not pending.gone and pending in self._queue:
-                pending.gone = True
-                self._gone += 1
+            if self._queue.mark_gone(pending):
                 self._observer.depth(self.depth)
 
     def withdraw(self, pending: Pending) -> None:
@@ -191,8 +161,6 @@ class Batcher:
             if pending.future.cancel():
                 with contextlib.suppress(ValueError):  # already taken for a batch
                     self._queue.remove(pending)
-                    if pending.gone:
-                        self._gone -= 1
                 self._observer.depth(self.depth)
 
     # -- lifecycle ----------------------------------------------------------
@@ -240,9 +208,7 @@ class Batcher:
         with self._cond:
             self.fault = reason
             self._stopping = True
-            dropped = [*self._queue, *self._running]
-            self._queue.clear()
-            self._gone = 0
+            dropped = [*self._queue.clear(), *self._running]
             self._observer.depth(0)
             self._cond.notify_all()
         for pending in dropped:
@@ -277,7 +243,7 @@ class Batcher:
     @property
     def depth(self) -> int:
         """The queued items whose clients still wait."""
-        return len(self._queue) - self._gone
+        return self._queue.live
 
     def _busy_left(self, now: float) -> float:
         return max(0.0, self._busy_until - now)
@@ -297,17 +263,17 @@ class Batcher:
                         return []
                     self._cond.wait(flush_in)
                     continue
-                if self._gone and self._sweep() and not self._queue:
+                if self._queue.gone and self._sweep() and not self._queue:
                     continue  # nothing left but the gone: nothing to run for anyone
                 now = self._clock()
                 if len(self._queue) >= self.max_batch_size or self._stopping:
                     break
-                at = self.policy.dispatch_at(self._queue, now)
+                at = self.policy.dispatch_at(self._queue.items, now)
                 if at <= now:
                     break
                 self._cond.wait(at - now)
             size = min(len(self._queue), self.max_batch_size)
-            batch = [self._queue.popleft() for _ in range(size)]
+            batch = self._queue.take(size)
             self._busy_until = now + self.policy.batch_cost_s(size)
             self._running = batch
             self._running_since = now

@@ -23,7 +23,7 @@ class Pending:
     batch_size: int = 0  # the size of the batch that ran it, once it ran (for the log)
     gone: bool = False  # its client hung up: dropped unrun at the next sweep or take
     # Asks the client's connection, now, whether it has hung up (the gevent
-    # worker's peek; ``Batcher._peek`` calls it before refusing anyone).
+    # worker's peek; ``WaitQueue.peek`` calls it before refusing anyone).
     client_gone: Callable[[], bool] = field(default=lambda: False, repr=False)
 
     @property

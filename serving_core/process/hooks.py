@@ -27,7 +27,7 @@ from serving_core.modelprocess.supervisor import ModelProcess
 from serving_core.online.service import Service
 from serving_core.process import recycle
 from serving_core.settings import Settings
-from serving_core.threads import set_worker_threads
+from serving_core.threads import most_threads, set_worker_threads
 
 if TYPE_CHECKING:
     from serving_core.grpc.server import GrpcFront
@@ -88,8 +88,7 @@ class Hooks:
         self.failures.succeeded()
         if settings.grpc_port:
             self._start_grpc(worker)
-        torch = "no torch" if threads is None else f"{threads} torch thread(s)"
-        log.info("worker %s ready: %s", worker.pid, torch)
+        log.info("worker %s ready: %s", worker.pid, _torch_threads(threads))
 
     def _start_grpc(self, worker: Any) -> None:
         # Imported here, after fork: grpcio's threads must not exist in the master.
@@ -125,3 +124,13 @@ class Hooks:
         for model in self.models:
             model.stop()
         remove_metrics_dir()
+
+
+def _torch_threads(share: int | None) -> str:
+    """The start-up log's account of torch: the worker's share, and what it borrows
+    (``threads.CoreLending``) for a batch while its siblings idle."""
+    if share is None:
+        return "no torch"
+    most = most_threads()
+    lent = f", up to {most} while its siblings idle" if most is not None and most > share else ""
+    return f"{share} torch thread(s){lent}"

@@ -16,7 +16,7 @@ WATCH_AFTER_S = 0.05  # how long a request waits before its client's socket is w
 def watch_client(sock: Any, on_gone: Callable[[], None]) -> ClientWatch:
     """Call ``on_gone`` if the client closes its connection while its request waits for the
     model; returns what stops watching, and a peek for admission to ask before it
-    refuses anyone (``Batcher._peek``: the watch below is late by design). An io
+    refuses anyone (``WaitQueue.peek``: the watch below is late by design). An io
     watcher on the hub, so a wait costs nothing until the socket turns readable:
     then a peek, in the watcher's callback, and an end of stream (or a reset) means
     the client has gone. Data means a pipelined request, which says nothing: the
