@@ -201,38 +201,73 @@ class RedisSource:
 
 
 class RedisSink:
-    """XADD of every result in one pipeline; its reply is the confirmation."""
+    """XADD of every result in one write; the replies are the confirmation.
+
+    ``send`` writes the batch's XADDs on a connection of the sink's own and
+    ``confirm`` reads their replies: with ``appendfsync always`` Redis answers
+    only after its fsync, and the consumer runs its next batch meanwhile. redis-py's
+    pipeline writes and reads in one call, so this uses its connection directly.
+    """
 
     def __init__(self, url: str) -> None:
         self.redis = _Redis(url, "SERVING_STREAM_SINK")
         self.stream = self.redis.stream
         maxlen = self.redis.query.get("maxlen")
         self.maxlen = int(maxlen) if maxlen else None
+        # redis-py's Connection; Any: its send and pack methods are untyped.
+        self._connection: Any = None
+        self._unread = 0  # XADDs sent whose replies are not read yet
 
     def send(self, messages: Sequence[Outgoing]) -> None:
-        """Waits for the XADDs' reply: a pipeline's send and its reply are one call in
-        redis-py, and the round trip is short beside a batch's run."""
         if not messages:
             return
+        trim = ["MAXLEN", "~", self.maxlen] if self.maxlen else []
+        commands = []
+        for message in messages:
+            fields: list[Any] = []
+            for key, value in {**message.headers, "id": message.id, "body": message.body}.items():
+                fields += [key, value]
+            commands.append(["XADD", self.stream, *trim, "*", *fields])
 
-        def add() -> None:
-            pipe = self.redis.client.pipeline(transaction=False)
-            for message in messages:
-                fields: dict[Any, Any] = {**message.headers}
-                fields["id"] = message.id
-                fields["body"] = message.body
-                pipe.xadd(self.stream, fields, maxlen=self.maxlen, approximate=True)
-            pipe.execute()
+        def write() -> None:
+            if self._connection is None:
+                self._connection = self.redis.client.connection_pool.get_connection()
+            self._connection.send_packed_command(self._connection.pack_commands(commands))
+            self._unread += len(commands)
 
-        self.redis.call(add)
+        self._calling(write)
 
     def confirm(self) -> None:
-        """Nothing to wait for: ``send`` had the reply."""
+        def read() -> None:
+            while self._unread:
+                # An error reply raises (a ResponseError): a BrokerError, as a pipeline's.
+                self._connection.read_response()
+                self._unread -= 1
+
+        self._calling(read)
+
+    def _calling(self, command: Callable[[], None]) -> None:
+        """``command``; on any failure the connection and its unread replies are dropped
+        (the caller reconnects, and its unacked inputs are delivered again)."""
+        try:
+            self.redis.call(command)
+        except BrokerError:
+            self._drop()
+            raise
+
+    def _drop(self) -> None:
+        if self._connection is not None:
+            with contextlib.suppress(Exception):
+                self._connection.disconnect()
+            self._connection = None
+        self._unread = 0
 
     def publish(self, messages: Sequence[Outgoing]) -> None:
         self.send(messages)
+        self.confirm()
 
     def close(self) -> None:
+        self._drop()
         self.redis.close()
 
 

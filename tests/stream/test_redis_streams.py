@@ -78,6 +78,30 @@ def test_a_sink_adds_id_body_and_headers_and_trims_to_maxlen(url: str) -> None:
     client.close()
 
 
+def test_sent_results_are_stored_once_confirmed_and_a_refusal_is_a_broker_error(
+    url: str,
+) -> None:
+    sink = RedisSink(f"{url}?stream=out")
+    client = redis.Redis.from_url(url)
+    try:
+        sink.send([Outgoing("a", b"{}"), Outgoing("b", b"{}")])
+        sink.send([Outgoing("c", b"{}")])  # a second batch before the first is confirmed
+        sink.confirm()
+        assert [e[1][b"id"] for e in client.xrange("out")] == [b"a", b"b", b"c"]
+        sink.confirm()  # nothing left to wait for
+        # A key of another type: Redis refuses the XADD, and the confirm says so.
+        client.set("out", "not a stream")
+        sink.send([Outgoing("d", b"{}")])
+        with pytest.raises(BrokerError, match="WRONGTYPE"):
+            sink.confirm()
+        client.delete("out")
+        sink.publish([Outgoing("e", b"{}")])  # a new connection, no stale replies on it
+        assert [e[1][b"id"] for e in client.xrange("out")] == [b"e"]
+    finally:
+        sink.close()
+        client.close()
+
+
 def test_a_lost_redis_is_a_broker_error() -> None:
     with redis_server() as gone:
         pass
