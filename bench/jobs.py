@@ -5,20 +5,20 @@ started on 127.0.0.1 by ``tests/redis_server.py``):
 
 - throughput, in rounds: first, once, the bare model's best cell is picked
   (``Bare.select``: one process on every core and one process per core, each
-  at batch 8, 16 and 32); then in each round that cell alone is measured
-  afresh right before and right after the round (``Bare.measure_cell``), and
-  the ratio is against the mean of those two (this VM slows by up to ~13% over
-  a minute of full load, as ``batch.py`` saw, so a limit from before alone
-  flatters it). The selection's figures are printed, never the limit: the best
-  of six noisy cells is biased upward, and dividing by it would understate the
-  ratio (before 2026-12-02 this bench did, before and after each round). In
-  each round N sentences of ``workload.py`` are submitted
-  straight into the queue (``open_queue(...).submit``, no HTTP), then
-  ``serving-core worker`` started with the defaults (one consumer per core,
-  max batch 16). The rate is the jobs finished from the moment its /healthz
-  answers 200 to the last one's ``finished_at``, over those seconds (the
-  consumers fork just before /healthz answers, so a few jobs may finish
-  earlier; they are left out of both sides). Goal: >= 0.9 x the limit.
+  at batch 8, 16 and 32); the selection's figures are printed, never the
+  limit: the best of six noisy cells is biased upward. In each round N
+  sentences of ``workload.py`` are submitted straight into the queue
+  (``open_queue(...).submit``, no HTTP), then ``serving-core worker`` started
+  with the defaults (one consumer per core, max batch 16). The chosen cell is
+  measured again interleaved with the run (``Bare.measure_cell``): once the
+  worker is healthy, and after every ``--slice-s`` of its run, the worker's
+  process group is stopped (SIGSTOP) while the cell runs alone, then
+  continued; and once more at the end. This VM's speed drifts by 10-20% within
+  a minute, so a limit measured only before and after a round (as this bench
+  did until 2026-12-02) missed what the round itself saw. The rate is the jobs
+  finished over the worker's running time, the limit the mean of the round's
+  measurements, and the summary the median of the rounds' ratios. Goal: >= 0.9
+  x the limit.
   Each round also prints the cores' worth of CPU that neither the worker nor
   this script used over it (from /proc): other load on a shared machine.
   Before each round and each latency run it waits until no pytest runs
@@ -30,7 +30,7 @@ started on 127.0.0.1 by ``tests/redis_server.py``):
   has). Goal: p50 under 50 ms plus the model time.
 
     .venv/bin/python bench/jobs.py [--backends sqlite redis] [--jobs 2000] [--rounds 2]
-        [--latency-jobs 50] [--seconds 3] [--env SERVING_X=Y ...] [--json]
+        [--latency-jobs 50] [--seconds 3] [--slice-s 3] [--env SERVING_X=Y ...] [--json]
 """
 
 from __future__ import annotations
@@ -39,11 +39,12 @@ import argparse
 import contextlib
 import json
 import os
+import signal
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -107,7 +108,14 @@ def open_jobs(settings: Mapping[str, str]) -> JobQueue:
     return open_queue(Settings.from_env(dict(settings)), QUEUE)
 
 
-def throughput(settings: dict[str, str], jobs: int, folder: Path) -> dict[str, Any]:
+def throughput(
+    settings: dict[str, str], jobs: int, folder: Path, measure: Callable[[], float], slice_s: float
+) -> dict[str, Any]:
+    """The worker's jobs/s over its run, and the limit measured interleaved with it:
+    every ``slice_s`` of the worker's run, its process group is stopped (SIGSTOP)
+    while ``measure`` runs the bare cell, then continued. The rate counts only the
+    worker's running time, and the limit is the mean of every measurement, so a
+    drift of this VM's speed over the round weighs on both sides alike."""
     queue = open_jobs(settings)
     try:
         submit_started = time.monotonic()
@@ -115,13 +123,28 @@ def throughput(settings: dict[str, str], jobs: int, folder: Path) -> dict[str, A
         submit_s = time.monotonic() - submit_started
         overrides = {"SERVING_HANDLER": HANDLER, **settings}
         with job_worker(overrides, folder) as (process, _, _):
-            healthy_at = time.time()
+            limits = [measure_stopped(process.pid, measure)]
+            healthy_at = started = time.time()
+            ran_s, cpu = 0.0, [0.0, 0.0, 0.0]
+
+            def account(cpu_at: tuple[float, float, float]) -> None:
+                now = (busy_s(), session_cpu_s(process.pid), own_cpu_s())
+                for i, (end, at) in enumerate(zip(now, cpu_at, strict=True)):
+                    cpu[i] += end - at
+
             cpu_at = (busy_s(), session_cpu_s(process.pid), own_cpu_s())
             while queue.depth() > 0:
                 time.sleep(0.05)
-            cpu_end = (busy_s(), session_cpu_s(process.pid), own_cpu_s())
-            window_s = time.time() - healthy_at
+                if time.time() - started >= slice_s and queue.depth() > 0:
+                    account(cpu_at)
+                    ran_s += time.time() - started
+                    limits.append(measure_stopped(process.pid, measure))
+                    started = time.time()
+                    cpu_at = (busy_s(), session_cpu_s(process.pid), own_cpu_s())
+            account(cpu_at)
+            window_end = time.time()
             finished = [queue.get(job_id) for job_id in ids]
+            limits.append(measure_stopped(process.pid, measure))
     finally:
         queue.close()
     not_done = [j for j in finished if j is None or j.status != "done"]
@@ -129,18 +152,31 @@ def throughput(settings: dict[str, str], jobs: int, folder: Path) -> dict[str, A
         raise RuntimeError(f"{len(not_done)} of {jobs} jobs did not end done: {not_done[:3]}")
     ends = [j.finished_at for j in finished if j is not None and j.finished_at is not None]
     last = max(ends)
+    ran_s += last - started
     counted = sum(1 for end in ends if end >= healthy_at)
-    busy, worker, own = (end - at for end, at in zip(cpu_end, cpu_at, strict=True))
+    busy, worker, own = cpu
+    cpu_s = ran_s - last + window_end  # the CPU was read until window_end, not last
     return {
         "jobs": jobs,
         # Cores' worth of CPU that neither the worker nor this script used: other load.
-        "other_cores": (busy - worker - own) / window_s,
-        "worker_cores": worker / window_s,
+        "other_cores": (busy - worker - own) / cpu_s,
+        "worker_cores": worker / cpu_s,
         "submit_per_s": jobs / submit_s,
         "before_healthy": jobs - counted,
-        "seconds": last - healthy_at,
-        "per_s": counted / (last - healthy_at),
+        "seconds": ran_s,
+        "per_s": counted / ran_s,
+        "limits": limits,
     }
+
+
+def measure_stopped(group: int, measure: Callable[[], float]) -> float:
+    """``measure`` while the worker's process group is stopped (it started a session of
+    its own, so its pid is the group's); its consumers hold their place meanwhile."""
+    os.killpg(group, signal.SIGSTOP)
+    try:
+        return measure()
+    finally:
+        os.killpg(group, signal.SIGCONT)
 
 
 def latency(settings: dict[str, str], jobs: int, folder: Path) -> dict[str, Any]:
@@ -177,6 +213,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--latency-jobs", type=int, default=50)
     parser.add_argument("--seconds", type=float, default=3.0, help="per bare-model cell")
+    parser.add_argument(
+        "--slice-s", type=float, default=3.0, help="the worker's run between two measurements"
+    )
     parser.add_argument("--env", nargs="*", default=[], help="extra SERVING_X=Y settings")
     parser.add_argument("--json", action="store_true", help="print one JSON object only")
     args = parser.parse_args()
@@ -193,24 +232,23 @@ def main() -> None:
             rounds = []
             for _ in range(args.rounds):
                 waited_s = wait_quiet()
-                before = bare.measure_cell(selection.cell, args.seconds)
                 with backend(name, folder) as settings:
-                    run = throughput({**settings, **extra}, args.jobs, folder)
-                after = bare.measure_cell(selection.cell, args.seconds)
-                limit = (before + after) / 2
-                run.update(
-                    limit_per_s=limit,
-                    limit_before_per_s=before,
-                    limit_after_per_s=after,
-                    ratio=run["per_s"] / limit,
-                    waited_s=waited_s,
-                )
+                    run = throughput(
+                        {**settings, **extra},
+                        args.jobs,
+                        folder,
+                        lambda: bare.measure_cell(selection.cell, args.seconds),
+                        args.slice_s,
+                    )
+                limit = statistics.mean(run["limits"])
+                run.update(limit_per_s=limit, ratio=run["per_s"] / limit, waited_s=waited_s)
                 rounds.append(run)
                 if not args.json:
                     print(
                         f"{name:>6} round: {run['per_s']:7.1f} jobs/s over {run['seconds']:.1f} s "
                         f"({run['before_healthy']} done before /healthz), limit {limit:.1f}/s "
-                        f"(the chosen cell afresh: {before:.1f} before, {after:.1f} after), "
+                        f"(the chosen cell, interleaved: "
+                        f"{' / '.join(f'{x:.0f}' for x in run['limits'])}), "
                         f"ratio {run['ratio']:.3f}; worker {run['worker_cores']:.2f} cores, "
                         f"other load {run['other_cores']:.2f} cores; "
                         f"submitted at {run['submit_per_s']:.0f}/s",

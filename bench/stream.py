@@ -6,20 +6,23 @@ them), one ``serving-core stream`` (the default workers and batch size) reads
 sentences from the broker and publishes their embeddings back to it:
 
 - **throughput**, in rounds: ``--messages`` sentences produced at once;
-  messages/s is that count over the time from the first produce to the last
-  result published. The limit: the bare model's best cell is picked once at the
-  start (``Bare.select``: both layouts at batch 8, 16, 32), and each round
-  measures that cell alone afresh right before and right after it
-  (``Bare.measure_cell``: this VM drifts) and divides by their mean. The
-  selection's figures are printed, never the limit: the best of six noisy cells
-  is biased upward (before 2026-12-02 each round divided by it). The summary is
-  the median of the rounds' ratios to their own limit.
+  messages/s is that count over the worker's running time, from the first
+  produce to the last result published. The limit: the bare model's best cell
+  is picked once at the start (``Bare.select``: both layouts at batch 8, 16,
+  32); its figures are printed, never the limit (the best of six noisy cells is
+  biased upward). Each round measures that cell again interleaved with the run
+  (``Bare.measure_cell``): before it, after every ``--slice-s`` of it, with the
+  worker's process group stopped (SIGSTOP, the broker holding its messages),
+  and after it; the limit is their mean. This VM's speed drifts by 10-20%
+  within a minute, which a limit from before and after alone (this bench until
+  2026-12-02) missed. The summary is the median of the rounds' ratios to their
+  own limit.
 - **latency**: an open loop at ``--paced`` times the measured rate for ``--seconds``,
   each message stamped with its send time; the bench polls the results every
   few ms and takes seen - sent, so the p50 includes up to one poll interval.
 
     .venv/bin/python bench/stream.py [--backends redis amqp] [--messages 3000]
-        [--rounds 3] [--paced 0.5] [--seconds 10]
+        [--rounds 3] [--paced 0.5] [--seconds 10] [--slice-s 3]
 """
 
 from __future__ import annotations
@@ -27,11 +30,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -43,7 +48,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import redis  # noqa: E402
 
 from bench.bare_model import Bare, Cell, Selection  # noqa: E402
-from bench.jobs import busy_s, own_cpu_s, session_cpu_s  # noqa: E402
+from bench.jobs import busy_s, measure_stopped, own_cpu_s, session_cpu_s  # noqa: E402
 from bench.workload import SENTENCES  # noqa: E402
 from tests.servers import free_port, spawn, stop, wait_for  # noqa: E402
 from tests.stream.amqp_broker import AmqpBroker  # noqa: E402
@@ -123,105 +128,130 @@ def cores_used(
     return {name: round(share, 2) for name, share in shares.items()}
 
 
-def judged(
-    backend: str, round_: int, run: Callable[[], float], bare: Bare, cell: Cell
-) -> dict[str, Any]:
-    """One throughput round: ``run``'s messages/s against ``cell`` measured afresh right
-    before and right after it, the ratio against their mean."""
-    before = bare.measure_cell(cell, CELL_S)
-    rate = run()
-    after = bare.measure_cell(cell, CELL_S)
-    limit = (before + after) / 2
-    print(
-        f"{backend:>6} round {round_}: {rate:7.1f} msg/s, limit {limit:7.1f}/s "
-        f"(the chosen cell afresh: {before:.1f} before, {after:.1f} after), "
-        f"ratio {rate / limit:.2f}",
-        flush=True,
-    )
-    return {
-        "round": round_,
-        "limit": limit,
-        "limit_before": before,
-        "limit_after": after,
-        "rate": rate,
-        "ratio": rate / limit,
-    }
+@dataclass
+class Worker:
+    """A running ``serving-core stream`` over one broker, and how far it got."""
+
+    process: subprocess.Popen[bytes]
+    log: Path
+    broker: Any
+    results: Results
+    bare: Bare
+    cell: Cell
+
+    def reached(self, n: int) -> bool:
+        if self.process.poll() is not None:
+            raise RuntimeError(f"the stream worker exited:\n{self.log.read_text()[-3000:]}")
+        return self.results.count() >= n
+
+    def measure(self) -> float:
+        """The chosen cell, with the worker's process group stopped (``measure_stopped``)."""
+        return measure_stopped(self.process.pid, partial(self.bare.measure_cell, self.cell, CELL_S))
+
+    def throughput(self, round_: int, count: int, slice_s: float) -> dict[str, Any]:
+        """Messages/s over the worker's running time, against the mean of the cell's
+        measurements before the round, after every ``slice_s`` of it, and after it."""
+        limits = [self.measure()]
+        ran_s, used = 0.0, (0.0, 0.0, 0.0)
+
+        def account(started: float, cpu_at: tuple[float, float, float]) -> float:
+            nonlocal used
+            now = cpu_seconds(self.process.pid)
+            used = (
+                used[0] + now[0] - cpu_at[0],
+                used[1] + now[1] - cpu_at[1],
+                used[2] + now[2] - cpu_at[2],
+            )
+            return time.perf_counter() - started
+
+        target = 64 + round_ * count
+        started, cpu_at = time.perf_counter(), cpu_seconds(self.process.pid)
+        self.broker.produce(messages(f"r{round_}", count))
+        while not self.reached(target):
+            time.sleep(0.05)
+            if time.perf_counter() - started >= slice_s and not self.reached(target):
+                ran_s += account(started, cpu_at)
+                limits.append(self.measure())
+                started, cpu_at = time.perf_counter(), cpu_seconds(self.process.pid)
+        ran_s += account(started, cpu_at)
+        limits.append(self.measure())
+        rate, limit = count / ran_s, statistics.mean(limits)
+        cores = cores_used((0.0, 0.0, 0.0), used, ran_s)
+        print(
+            f"  round {round_}: {rate:7.1f} msg/s, limit {limit:7.1f}/s (the chosen cell, "
+            f"interleaved: {' / '.join(f'{x:.0f}' for x in limits)}), ratio {rate / limit:.2f}; "
+            f"cores used: {cores}",
+            flush=True,
+        )
+        return {
+            "round": round_,
+            "limit": limit,
+            "limits": limits,
+            "rate": rate,
+            "ratio": rate / limit,
+            "cores": cores,
+        }
+
+    def latency(self, paced: float, seconds: float) -> list[float]:
+        """Each paced message's milliseconds from its produce to its result seen."""
+        self.results.new_ids()  # skip what the throughput rounds published
+        sent: dict[str, float] = {}
+        seen: dict[str, float] = {}
+        interval, index = 1.0 / paced, 0
+        start = time.perf_counter()
+        next_at = start
+        while time.perf_counter() - start < seconds or len(seen) < len(sent):
+            now = time.perf_counter()
+            if now >= next_at and now - start < seconds:
+                message_id = f"p-{index}"
+                sent[message_id] = time.perf_counter()
+                text = json.dumps({"text": SENTENCES[index % len(SENTENCES)]}).encode()
+                self.broker.produce([(message_id, text, {})])
+                index += 1
+                next_at += interval
+            for message_id in self.results.new_ids():
+                if message_id in sent:  # not a throughput round's late (or repeated) result
+                    seen.setdefault(message_id, time.perf_counter())
+            if now - start > seconds + 60:
+                raise RuntimeError(f"{len(sent) - len(seen)} paced messages never came back")
+            time.sleep(POLL_S)
+        return sorted((seen[k] - sent[k]) * 1000 for k in sent)
 
 
 def run_backend(
     backend: str, bare: Bare, selection: Selection, args: argparse.Namespace
 ) -> dict[str, Any]:
     with BROKERS[backend]() as broker, tempfile.TemporaryDirectory() as tmp:
-        port = free_port()
         env = {
             "SERVING_HANDLER": "handlers/minilm/handler.py",
-            "SERVING_BIND": f"127.0.0.1:{port}",
+            "SERVING_BIND": f"127.0.0.1:{free_port()}",
             "SERVING_METRICS_DIR": str(Path(tmp) / "metrics"),
-            "SERVING_STREAM_SOURCE": broker.source_url,
+            # The production default claim_idle_ms (a minute), not the tests' 2 s: a
+            # consumer stopped for a cell's measurement would have its entries claimed.
+            "SERVING_STREAM_SOURCE": re.sub(r"&claim_idle_ms=\d+", "", broker.source_url),
             "SERVING_STREAM_SINK": broker.sink_url,
             "SERVING_STREAM_DEAD_LETTER": broker.dead_url,
         }
         log = Path(tmp) / "stream.log"
         results = Results(backend, broker)
         process = spawn("stream", env, log)
+        worker = Worker(process, log, broker, results, bare, selection.cell)
         try:
-
-            def reached(n: int) -> bool:
-                if process.poll() is not None:
-                    raise RuntimeError(f"the stream worker exited:\n{log.read_text()[-3000:]}")
-                return results.count() >= n
-
             broker.produce(messages("warm", 64))
-            wait_for(lambda: reached(64), lambda: log.read_text()[-3000:], 300)
-
-            def one_round(round_: int) -> float:
-                start = time.perf_counter()
-                cpu_at = cpu_seconds(process.pid)
-                broker.produce(messages(f"r{round_}", args.messages))
-                while not reached(64 + round_ * args.messages):
-                    time.sleep(0.05)
-                elapsed = time.perf_counter() - start
-                cpu[round_] = cores_used(cpu_at, cpu_seconds(process.pid), elapsed)
-                print(f"{backend:>6} round {round_}: cores used: {cpu[round_]}", flush=True)
-                return float(args.messages / elapsed)
-
-            cpu: dict[int, dict[str, float]] = {}
-
+            wait_for(lambda: worker.reached(64), lambda: log.read_text()[-3000:], 300)
+            print(f"{backend}:", flush=True)
             rounds = [
-                judged(backend, round_, partial(one_round, round_), bare, selection.cell)
+                worker.throughput(round_, args.messages, args.slice_s)
                 for round_ in range(1, args.rounds + 1)
             ]
-            for row in rounds:
-                row["cores"] = cpu[row["round"]]
-            results.new_ids()  # skip what the throughput rounds published
             paced = args.paced * statistics.median(r["rate"] for r in rounds)
-            sent: dict[str, float] = {}
-            seen: dict[str, float] = {}
-            interval, index = 1.0 / paced, 0
-            start = time.perf_counter()
-            next_at = start
-            while time.perf_counter() - start < args.seconds or len(seen) < len(sent):
-                now = time.perf_counter()
-                if now >= next_at and now - start < args.seconds:
-                    message_id = f"p-{index}"
-                    sent[message_id] = time.perf_counter()
-                    text = json.dumps({"text": SENTENCES[index % len(SENTENCES)]}).encode()
-                    broker.produce([(message_id, text, {})])
-                    index += 1
-                    next_at += interval
-                for message_id in results.new_ids():
-                    seen.setdefault(message_id, time.perf_counter())
-                if now - start > args.seconds + 60:
-                    raise RuntimeError(f"{len(sent) - len(seen)} paced messages never came back")
-                time.sleep(POLL_S)
-            latencies = sorted((seen[k] - sent[k]) * 1000 for k in sent)
-            p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
+            latencies = worker.latency(paced, args.seconds)
             return {
                 "backend": backend,
                 "rounds": rounds,
                 "paced_per_s": paced,
                 "p50_ms": statistics.median(latencies),
-                "p99_ms": p99,
+                "p99_ms": latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))],
                 "paced_messages": len(latencies),
             }
         finally:
@@ -236,6 +266,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--paced", type=float, default=0.5, help="of the measured rate")
     parser.add_argument("--seconds", type=float, default=10.0, help="of the paced phase")
+    parser.add_argument(
+        "--slice-s", type=float, default=3.0, help="the worker's run between two measurements"
+    )
     args = parser.parse_args()
     summaries = []
     with Bare() as bare:
