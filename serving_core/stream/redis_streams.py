@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from serving_core.stream.base import BrokerError, Message, Outgoing
+from serving_core.stream.redis_replies import Deferred
 
 if TYPE_CHECKING:
     import redis
@@ -95,6 +96,7 @@ class RedisSource:
         self._history = True  # read our own pending entries before new ones
         self._claim_at = 0.0  # monotonic: the next XAUTOCLAIM
         self._claim_from = "0-0"  # XAUTOCLAIM's cursor
+        self._acks = Deferred(self.redis.client, self.redis.call)
 
     def take(self, max_n: int, wait_s: float) -> list[Message]:
         return self.redis.call(lambda: self._take(max_n, wait_s))
@@ -179,14 +181,20 @@ class RedisSource:
         return {_text(p["message_id"]): int(p["times_delivered"]) for p in pending}
 
     def ack(self, messages: Sequence[Message]) -> None:
+        """Writes the XACK and reads the previous one's reply: its fsync has long been
+        done, and this one's overlaps the next batch (``redis_replies``). An XACK that
+        a lost connection never delivered leaves its entries pending, to be read
+        again (at-least-once)."""
+        self._acks.read()
         if messages:
             ids = [str(message.tag) for message in messages]
-            self.redis.call(lambda: self.redis.client.xack(self.stream, self.group, *ids))
+            self._acks.write([["XACK", self.stream, self.group, *ids]])
 
     def lag(self) -> int | None:
         """The group's pending entries plus those not yet delivered (XINFO GROUPS)."""
         if not self._ready:  # the stream may not exist yet: the first take creates it
             return None
+        self._acks.read()  # the last XACK done first: it is not counted as pending
         groups = self.redis.call(lambda: self.redis.client.xinfo_groups(self.stream))
         for group in groups:
             if _text(group["name"]) == self.group:
@@ -196,31 +204,23 @@ class RedisSource:
         return None
 
     def close(self) -> None:
+        self._acks.close()
         self.redis.close()
         self._ready, self._history = False, True
 
 
 class RedisSink:
-    """XADD of every result in one write; the replies are the confirmation.
-
-    ``send`` writes the batch's XADDs on a connection of the sink's own and
-    ``confirm`` reads their replies: with ``appendfsync always`` Redis answers
-    only after its fsync, and the consumer runs its next batch meanwhile. redis-py's
-    pipeline writes and reads in one call, so this uses its connection directly.
-    """
+    """XADD of every result in one write (``send``); the replies, read after the
+    consumer's next batch (``confirm``), are the confirmation (``redis_replies``)."""
 
     def __init__(self, url: str) -> None:
         self.redis = _Redis(url, "SERVING_STREAM_SINK")
         self.stream = self.redis.stream
         maxlen = self.redis.query.get("maxlen")
         self.maxlen = int(maxlen) if maxlen else None
-        # redis-py's Connection; Any: its send and pack methods are untyped.
-        self._connection: Any = None
-        self._unread = 0  # XADDs sent whose replies are not read yet
+        self._replies = Deferred(self.redis.client, self.redis.call)
 
     def send(self, messages: Sequence[Outgoing]) -> None:
-        if not messages:
-            return
         trim = ["MAXLEN", "~", self.maxlen] if self.maxlen else []
         commands = []
         for message in messages:
@@ -228,46 +228,18 @@ class RedisSink:
             for key, value in {**message.headers, "id": message.id, "body": message.body}.items():
                 fields += [key, value]
             commands.append(["XADD", self.stream, *trim, "*", *fields])
-
-        def write() -> None:
-            if self._connection is None:
-                self._connection = self.redis.client.connection_pool.get_connection()
-            self._connection.send_packed_command(self._connection.pack_commands(commands))
-            self._unread += len(commands)
-
-        self._calling(write)
+        if commands:
+            self._replies.write(commands)
 
     def confirm(self) -> None:
-        def read() -> None:
-            while self._unread:
-                # An error reply raises (a ResponseError): a BrokerError, as a pipeline's.
-                self._connection.read_response()
-                self._unread -= 1
-
-        self._calling(read)
-
-    def _calling(self, command: Callable[[], None]) -> None:
-        """``command``; on any failure the connection and its unread replies are dropped
-        (the caller reconnects, and its unacked inputs are delivered again)."""
-        try:
-            self.redis.call(command)
-        except BrokerError:
-            self._drop()
-            raise
-
-    def _drop(self) -> None:
-        if self._connection is not None:
-            with contextlib.suppress(Exception):
-                self._connection.disconnect()
-            self._connection = None
-        self._unread = 0
+        self._replies.read()
 
     def publish(self, messages: Sequence[Outgoing]) -> None:
         self.send(messages)
         self.confirm()
 
     def close(self) -> None:
-        self._drop()
+        self._replies.drop()
         self.redis.close()
 
 
