@@ -4,12 +4,13 @@ Starts ``serving-core serve`` and drives it with ``wrk`` (closed loop,
 keep-alive connections) at each concurrency, in rounds. The bare model's best
 cell is picked once at the start (``Bare.select``: both layouts at batch 8,
 16, 32; processes that loaded the model once and wait, idle, while the server
-is measured); each round measures that cell alone afresh first
-(``Bare.measure_cell``), because this VM's speed drifts by ±10% over minutes,
-and that fresh figure is the round's limit. The selection's figures are
+is measured); each run at a concurrency is bracketed by measurements of that cell alone
+(``Bare.measure_cell``) right before and right after it, because this VM's
+speed drifts by 10-20% within a minute, and their mean is that run's limit
+(until 2026-12-02, only a measurement before each round). The selection's figures are
 printed, never the limit: the best of six noisy cells is biased upward
 (before 2026-12-02 each round's limit was that best of six). Each served
-figure is divided by its own round's limit, and the summary gives the median
+figure is divided by its own run's limit, and the summary gives the median
 of those ratios. Each round also measures a lone request's model time (bare
 batch 1, on one torch thread and on every core): a lone served request may use
 every core (idle workers lend theirs), so c=1's p50 is compared with the better
@@ -136,12 +137,18 @@ def main() -> None:
                     )
                     for connections in args.concurrency:
                         row = wrk(server.url, connections, args.seconds)
+                        # And again right after it: the limit is the mean of the
+                        # measurements on either side of the run (the VM drifts within one).
+                        after = bare.measure_cell(selection.cell, 3.0)
+                        mean = (limit + after) / 2
                         row.update(policy=policy, round=round_, concurrency=connections)
-                        row.update(limit=limit, ratio=row["ok_per_s"] / limit)
+                        row.update(limit=mean, limit_before=limit, limit_after=after)
+                        row.update(ratio=row["ok_per_s"] / mean)
+                        limit = after  # the next run's measurement before it
                         row.update(bare_batch1_ms=alone, over_best_ms=row["p50_ms"] - best_ms)
                         rows.append(row)
                         print(
-                            f"{policy:>8} {round_:>5} {connections:>5} {limit:>8.1f} "
+                            f"{policy:>8} {round_:>5} {connections:>5} {mean:>8.1f} "
                             f"{row['ok_per_s']:>8.1f} {row['ratio']:>6.2f} {row['p50_ms']:>8.2f} "
                             f"{row['p99_ms']:>8.2f} {row['rejected']:>6} {row['timed_out']:>5} "
                             f"{row['socket_errors']:>6}",
