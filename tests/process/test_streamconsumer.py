@@ -5,6 +5,7 @@ tests/stream)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from serving_core import Handler
@@ -173,28 +174,22 @@ class Recorder(Handler):
         return [{"n": item["n"]} for item in items]
 
 
-def run_until_drained(log: Log) -> StreamConsumer:
-    """A consumer over ``log``'s batches that stops once they are taken and it has
-    waited for more once (a stop request while idle)."""
-
-    def stopping() -> bool:
-        return not log.waiting and len(log.waits) > 0 and log.waits[-1] > 0
-
-    stream = StreamConsumer(
+def run(log: Log, stopping: Callable[[], bool]) -> None:
+    """A consumer over ``log``'s batches, until ``stopping``."""
+    StreamConsumer(
         Engine(Recorder(log), max_batch_size=8),
         lambda: Ends(ListSource(log), ListSink(log, "out"), ListSink(log, "dead")),
         max_batch_size=8,
         max_attempts=3,
         stopping=stopping,
         metrics=StreamMetrics(),
-    )
-    stream.run()
-    return stream
+    ).run()
 
 
 def test_a_batchs_confirms_are_awaited_after_the_next_batch_ran_and_before_its_ack() -> None:
     log = Log([[message("a", {"n": 1})], [message("b", {"n": 2})]])
-    run_until_drained(log)
+    # Until every batch was taken and a take then waited for more (idle).
+    run(log, lambda: not log.waiting and len(log.waits) > 0 and log.waits[-1] > 0)
     assert log.events == [
         "run 1",
         "send out a",
@@ -215,17 +210,5 @@ def test_a_batchs_confirms_are_awaited_after_the_next_batch_ran_and_before_its_a
 
 def test_a_stop_confirms_and_acks_the_batch_in_hand_before_the_consumer_returns() -> None:
     log = Log([[message("a", {"n": 1})]])
-    stopped: list[bool] = []
-
-    def stop_after_the_run() -> bool:
-        return bool(stopped) or any(e.startswith("run") for e in log.events)
-
-    StreamConsumer(
-        Engine(Recorder(log), max_batch_size=8),
-        lambda: Ends(ListSource(log), ListSink(log, "out"), ListSink(log, "dead")),
-        max_batch_size=8,
-        max_attempts=3,
-        stopping=stop_after_the_run,
-        metrics=StreamMetrics(),
-    ).run()
+    run(log, lambda: any(e.startswith("run") for e in log.events))
     assert log.events[-3:] == ["confirm out", "confirm dead", "ack a"]
