@@ -205,6 +205,12 @@ class Engine:
         )
 
 
+# The keywords whose jsonschema message leaves out the limit it broke.
+UNSTATED_LIMITS = frozenset(
+    {"maxLength", "minLength", "maxItems", "minItems", "maxProperties", "minProperties"}
+)
+
+
 def _field(error: jsonschema.ValidationError) -> str:
     return "/".join(str(p) for p in error.path) or "(root)"
 
@@ -216,4 +222,8 @@ def _message(error: jsonschema.ValidationError) -> str:
     if len(whole) > QUOTE_CHARS:
         message = message.replace(whole, quote(error.instance))
     # Other parts may quote the client too (an unexpected property's name).
-    return shorten(message, MAX_MESSAGE_CHARS)
+    message = shorten(message, MAX_MESSAGE_CHARS)
+    if error.validator in UNSTATED_LIMITS:
+        # jsonschema says "is too long" without the limit; the client needs it to fix the call.
+        message += f" ({error.validator} {error.validator_value})"
+    return message

@@ -134,3 +134,26 @@ def test_an_unbatched_handler_runs_one_item_per_call(size):
     assert e.max_batch_size == 1
     assert e.predict_many([{"n": 1}, {"n": 2}]) == [{"got": 1}, {"got": 2}]
     assert One.calls == 2
+
+
+class Short(Handler):
+    name = "short"
+    input_schema = {  # noqa: RUF012 (as a user writes it)
+        "type": "object",
+        "properties": {"text": {"type": "string", "maxLength": 5}, "tags": {"minItems": 1}},
+    }
+
+    def predict_batch(self, items):
+        return items
+
+
+def test_a_broken_length_limit_is_named_in_the_error_with_its_value():
+    [long, empty] = Engine(Short(), max_batch_size=4).predict_many(
+        [{"text": "x" * 500}, {"tags": []}]
+    )
+    assert isinstance(long, InvalidParams)
+    assert long.details[0]["field"] == "text"
+    assert long.details[0]["message"].endswith("is too long (maxLength 5)")
+    assert "x" * 100 not in long.message  # the client's value is still cut short
+    assert isinstance(empty, InvalidParams)
+    assert empty.details[0]["message"].endswith("(minItems 1)")
