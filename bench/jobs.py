@@ -39,7 +39,6 @@ import argparse
 import contextlib
 import json
 import os
-import signal
 import statistics
 import sys
 import tempfile
@@ -53,6 +52,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from bench.bare_model import Bare  # noqa: E402
+from bench.interleave import run_interleaved  # noqa: E402
 from bench.quiet import wait_quiet  # noqa: E402
 from bench.workload import SENTENCES  # noqa: E402
 from serving_core.jobs.backend import open_queue  # noqa: E402
@@ -64,32 +64,6 @@ from tests.servers import job_worker  # noqa: E402
 HANDLER = str(ROOT / "handlers/minilm/handler.py")
 QUEUE = "all-minilm-l6-v2"  # the MiniLM handler's name: the queue its worker consumes
 POLL_S = 0.001
-TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
-
-
-def busy_s() -> float:
-    """CPU seconds the whole machine spent busy (every core), from /proc/stat."""
-    with open("/proc/stat") as stat:
-        user, nice, system, _idle, _iowait, irq, softirq, steal = map(
-            int, stat.readline().split()[1:9]
-        )
-    return (user + nice + system + irq + softirq + steal) * TICK_S
-
-
-def session_cpu_s(session: int) -> float:
-    """CPU seconds of the live processes of one session (the worker's master and consumers)."""
-    total = 0
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError):
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            if int(fields[3]) == session:
-                total += int(fields[11]) + int(fields[12])
-    return total * TICK_S
-
-
-def own_cpu_s() -> float:
-    times = os.times()
-    return times.user + times.system
 
 
 @contextlib.contextmanager
@@ -123,60 +97,31 @@ def throughput(
         submit_s = time.monotonic() - submit_started
         overrides = {"SERVING_HANDLER": HANDLER, **settings}
         with job_worker(overrides, folder) as (process, _, _):
-            limits = [measure_stopped(process.pid, measure)]
-            healthy_at = started = time.time()
-            ran_s, cpu = 0.0, [0.0, 0.0, 0.0]
-
-            def account(cpu_at: tuple[float, float, float]) -> None:
-                now = (busy_s(), session_cpu_s(process.pid), own_cpu_s())
-                for i, (end, at) in enumerate(zip(now, cpu_at, strict=True)):
-                    cpu[i] += end - at
-
-            cpu_at = (busy_s(), session_cpu_s(process.pid), own_cpu_s())
-            while queue.depth() > 0:
-                time.sleep(0.05)
-                if time.time() - started >= slice_s and queue.depth() > 0:
-                    account(cpu_at)
-                    ran_s += time.time() - started
-                    limits.append(measure_stopped(process.pid, measure))
-                    started = time.time()
-                    cpu_at = (busy_s(), session_cpu_s(process.pid), own_cpu_s())
-            account(cpu_at)
-            window_end = time.time()
+            seen = run_interleaved(process.pid, measure, lambda: queue.depth() == 0, slice_s)
             finished = [queue.get(job_id) for job_id in ids]
-            limits.append(measure_stopped(process.pid, measure))
     finally:
         queue.close()
     not_done = [j for j in finished if j is None or j.status != "done"]
     if not_done:
         raise RuntimeError(f"{len(not_done)} of {jobs} jobs did not end done: {not_done[:3]}")
     ends = [j.finished_at for j in finished if j is not None and j.finished_at is not None]
+    healthy_at, (_, queue_empty_at) = seen.windows[0][0], seen.windows[-1]
+    # The queue empties when its last jobs are taken; the run ends when they are done.
     last = max(ends)
-    ran_s += last - started
+    ran_s = seen.ran_s - queue_empty_at + last
     counted = sum(1 for end in ends if end >= healthy_at)
-    busy, worker, own = cpu
-    cpu_s = ran_s - last + window_end  # the CPU was read until window_end, not last
+    busy, worker, own = seen.cpu
     return {
         "jobs": jobs,
         # Cores' worth of CPU that neither the worker nor this script used: other load.
-        "other_cores": (busy - worker - own) / cpu_s,
-        "worker_cores": worker / cpu_s,
+        "other_cores": (busy - worker - own) / seen.ran_s,
+        "worker_cores": worker / seen.ran_s,
         "submit_per_s": jobs / submit_s,
         "before_healthy": jobs - counted,
         "seconds": ran_s,
         "per_s": counted / ran_s,
-        "limits": limits,
+        "limits": seen.limits,
     }
-
-
-def measure_stopped(group: int, measure: Callable[[], float]) -> float:
-    """``measure`` while the worker's process group is stopped (it started a session of
-    its own, so its pid is the group's); its consumers hold their place meanwhile."""
-    os.killpg(group, signal.SIGSTOP)
-    try:
-        return measure()
-    finally:
-        os.killpg(group, signal.SIGCONT)
 
 
 def latency(settings: dict[str, str], jobs: int, folder: Path) -> dict[str, Any]:

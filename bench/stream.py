@@ -37,7 +37,6 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +47,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import redis  # noqa: E402
 
 from bench.bare_model import Bare, Cell, Selection  # noqa: E402
-from bench.jobs import busy_s, measure_stopped, own_cpu_s, session_cpu_s  # noqa: E402
+from bench.interleave import run_interleaved  # noqa: E402
 from bench.workload import SENTENCES  # noqa: E402
 from tests.servers import free_port, spawn, stop, wait_for  # noqa: E402
 from tests.stream.amqp_broker import AmqpBroker  # noqa: E402
@@ -111,19 +110,12 @@ def messages(prefix: str, count: int, **headers: str) -> list[tuple[str, bytes, 
     ]
 
 
-def cpu_seconds(worker: int) -> tuple[float, float, float]:
-    """The whole machine's busy CPU seconds, the stream worker's (its session), this
-    script's."""
-    return busy_s(), session_cpu_s(worker), own_cpu_s()
-
-
-def cores_used(
-    before: tuple[float, float, float], after: tuple[float, float, float], elapsed: float
-) -> dict[str, float]:
-    """Where the cores went over a round: the stream worker, this script (producing,
-    counting), and the rest, which on a quiet machine is the broker, here on the
-    same two cores as the worker (in production, on a machine of its own)."""
-    busy, worker, own = ((now - then) / elapsed for now, then in zip(after, before, strict=True))
+def cores_used(cpu: list[float], elapsed: float) -> dict[str, float]:
+    """Where the cores went over a round (``cpu``: the machine's, the stream worker's
+    and this script's CPU seconds): the worker, this script (producing, counting),
+    and the rest, which on a quiet machine is the broker, here on the same two cores
+    as the worker (in production, on a machine of its own)."""
+    busy, worker, own = (seconds / elapsed for seconds in cpu)
     shares = {"worker": worker, "bench": own, "broker": busy - worker - own}
     return {name: round(share, 2) for name, share in shares.items()}
 
@@ -145,38 +137,23 @@ class Worker:
         return self.results.count() >= n
 
     def measure(self) -> float:
-        """The chosen cell, with the worker's process group stopped (``measure_stopped``)."""
-        return measure_stopped(self.process.pid, partial(self.bare.measure_cell, self.cell, CELL_S))
+        return self.bare.measure_cell(self.cell, CELL_S)
 
     def throughput(self, round_: int, count: int, slice_s: float) -> dict[str, Any]:
         """Messages/s over the worker's running time, against the mean of the cell's
-        measurements before the round, after every ``slice_s`` of it, and after it."""
-        limits = [self.measure()]
-        ran_s, used = 0.0, (0.0, 0.0, 0.0)
-
-        def account(started: float, cpu_at: tuple[float, float, float]) -> float:
-            nonlocal used
-            now = cpu_seconds(self.process.pid)
-            used = (
-                used[0] + now[0] - cpu_at[0],
-                used[1] + now[1] - cpu_at[1],
-                used[2] + now[2] - cpu_at[2],
-            )
-            return time.perf_counter() - started
-
+        measurements before the round, after every ``slice_s`` of it, and after it
+        (``interleave.run_interleaved``)."""
         target = 64 + round_ * count
-        started, cpu_at = time.perf_counter(), cpu_seconds(self.process.pid)
-        self.broker.produce(messages(f"r{round_}", count))
-        while not self.reached(target):
-            time.sleep(0.05)
-            if time.perf_counter() - started >= slice_s and not self.reached(target):
-                ran_s += account(started, cpu_at)
-                limits.append(self.measure())
-                started, cpu_at = time.perf_counter(), cpu_seconds(self.process.pid)
-        ran_s += account(started, cpu_at)
-        limits.append(self.measure())
-        rate, limit = count / ran_s, statistics.mean(limits)
-        cores = cores_used((0.0, 0.0, 0.0), used, ran_s)
+        seen = run_interleaved(
+            self.process.pid,
+            self.measure,
+            lambda: self.reached(target),
+            slice_s,
+            start=lambda: self.broker.produce(messages(f"r{round_}", count)),
+        )
+        limits = seen.limits
+        rate, limit = count / seen.ran_s, statistics.mean(limits)
+        cores = cores_used(seen.cpu, seen.ran_s)
         print(
             f"  round {round_}: {rate:7.1f} msg/s, limit {limit:7.1f}/s (the chosen cell, "
             f"interleaved: {' / '.join(f'{x:.0f}' for x in limits)}), ratio {rate / limit:.2f}; "
