@@ -45,6 +45,7 @@ sys.path.insert(0, str(ROOT))
 
 from flask import Flask, request  # noqa: E402
 
+from bench.interleave import busy_s  # noqa: E402
 from serving_core.process.options import WORKER_CLASSES  # noqa: E402
 from tests.servers import base_env, free_port, gunicorn_server, stop  # noqa: E402
 
@@ -88,15 +89,6 @@ def system_s(pid: int) -> float:
     """Kernel CPU seconds (stime) of every thread of ``pid`` so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return int(fields[12]) * TICK_S
-
-
-def busy_s() -> float:
-    """CPU seconds the whole machine spent busy (every core), from /proc/stat."""
-    with open("/proc/stat") as stat:
-        user, nice, system, _idle, _iowait, irq, softirq, steal = map(
-            int, stat.readline().split()[1:9]
-        )
-    return (user + nice + system + irq + softirq + steal) * TICK_S
 
 
 def only_worker(master: int, timeout_s: float = 30.0) -> int:
