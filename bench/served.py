@@ -16,6 +16,14 @@ batch 1, on one torch thread and on every core): a lone served request may use
 every core (idle workers lend theirs), so c=1's p50 is compared with the better
 of the two, measured in the same round.
 
+Each run also splits its ratio in two, from the server's own batch metrics
+(``serving_batch_duration_seconds``, ``serving_batch_size``) read before and
+after it: ``busy``, the share of the run a worker's model thread spent in
+batches (the rest went to its hub between batches, and to gaps), and
+``model``, the bare cell's time an item per core over the served model's. The
+ratio is about ``busy x model`` when there is a worker per core (issue 27
+item 4: where the rest of c=32 goes).
+
     .venv/bin/python bench/served.py [--policy adaptive fixed] [--concurrency 1 8 32]
         [--seconds 10] [--rounds 3] [--env SERVING_X=Y ...]
     .venv/bin/python bench/served.py --plot-only bench/figures/served.json
@@ -41,15 +49,53 @@ import time
 from pathlib import Path
 from typing import Any
 
+import requests
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench import plots  # noqa: E402
 from bench.bare_model import Bare  # noqa: E402
 from bench.workload import SENTENCES  # noqa: E402
+from serving_core.cores import usable_cores  # noqa: E402
 from tests.servers import gunicorn_server  # noqa: E402
 
 LUA = ROOT / "bench" / "post.lua"
+BATCH_METRICS = ("serving_batch_duration_seconds_sum", "serving_batch_size_sum")
+
+
+def batch_totals(url: str) -> tuple[float, float]:
+    """Seconds spent in batches and items batched, over every worker, from /metrics."""
+    text = requests.get(f"{url}/metrics", timeout=10).text
+    sums = []
+    for name in BATCH_METRICS:
+        values = re.findall(rf"^{name}(?:{{[^}}]*}})? (\S+)$", text, re.MULTILINE)
+        sums.append(sum(float(v) for v in values))
+    return sums[0], sums[1]
+
+
+def split_ratio(
+    before: tuple[float, float],
+    after: tuple[float, float],
+    seconds: float,
+    *,
+    workers: int,
+    limit: float,
+    cores: int,
+) -> dict[str, float]:
+    """``busy``: a worker's share of ``seconds`` in batches; ``model``: the bare limit's
+    time an item on a core over the served model's time an item (both wall clock)."""
+    batch_s, items = after[0] - before[0], after[1] - before[1]
+    if items <= 0:
+        return {"busy": 0.0, "model": 0.0, "served_item_ms": 0.0, "bare_item_ms": 0.0}
+    served_item_ms = batch_s / items * 1e3
+    bare_item_ms = cores / limit * 1e3
+    return {
+        "busy": batch_s / workers / seconds,
+        "model": bare_item_ms / served_item_ms,
+        "served_item_ms": served_item_ms,
+        "bare_item_ms": bare_item_ms,
+    }
 
 
 def wrk(
@@ -117,10 +163,13 @@ def main() -> None:
         print(selection.describe())
         print(
             f"{'policy':>8} {'round':>5} {'conc':>5} {'limit/s':>8} {'ok/s':>8} {'ratio':>6} "
-            f"{'p50 ms':>8} {'p99 ms':>8} {'503':>6} {'504':>5} {'errors':>6}"
+            f"{'p50 ms':>8} {'p99 ms':>8} {'503':>6} {'504':>5} {'errors':>6} "
+            f"{'busy':>5} {'model':>6} {'ms/item served/bare':>20}"
         )
         for policy in args.policy:
             env = {"SERVING_BATCH_POLICY": policy, **extra}
+            cores = usable_cores()
+            workers = int(env.get("SERVING_WORKERS") or cores)
             with gunicorn_server(env) as server:
                 wrk(server.url, 8, 3)  # warm-up: the cost model and the allocator settle
                 for round_ in range(1, args.rounds + 1):
@@ -136,7 +185,9 @@ def main() -> None:
                         flush=True,
                     )
                     for connections in args.concurrency:
+                        totals = batch_totals(server.url)
                         row = wrk(server.url, connections, args.seconds)
+                        totals_after = batch_totals(server.url)
                         # And again right after it: the limit is the mean of the
                         # measurements on either side of the run (the VM drifts within one).
                         after = bare.measure_cell(selection.cell, 3.0)
@@ -144,6 +195,16 @@ def main() -> None:
                         row.update(policy=policy, round=round_, concurrency=connections)
                         row.update(limit=mean, limit_before=limit, limit_after=after)
                         row.update(ratio=row["ok_per_s"] / mean)
+                        row.update(
+                            split_ratio(
+                                totals,
+                                totals_after,
+                                row["duration_s"],
+                                workers=workers,
+                                limit=mean,
+                                cores=cores,
+                            )
+                        )
                         limit = after  # the next run's measurement before it
                         row.update(bare_batch1_ms=alone, over_best_ms=row["p50_ms"] - best_ms)
                         rows.append(row)
@@ -151,14 +212,16 @@ def main() -> None:
                             f"{policy:>8} {round_:>5} {connections:>5} {mean:>8.1f} "
                             f"{row['ok_per_s']:>8.1f} {row['ratio']:>6.2f} {row['p50_ms']:>8.2f} "
                             f"{row['p99_ms']:>8.2f} {row['rejected']:>6} {row['timed_out']:>5} "
-                            f"{row['socket_errors']:>6}",
+                            f"{row['socket_errors']:>6} {row['busy']:>5.2f} {row['model']:>6.2f} "
+                            f"{row['served_item_ms']:>11.2f}/{row['bare_item_ms']:<8.2f}",
                             flush=True,
                         )
                         time.sleep(1)
     print(f"\nmedians over {args.rounds} rounds (ratio: of each round's served/limit pair)")
     print(
         f"{'policy':>8} {'conc':>5} {'ok/s':>8} {'ratio':>6} {'range':>11} "
-        f"{'p50 ms':>8} {'p99 ms':>8} {'p50 - best bare batch-1, same round':>36}"
+        f"{'p50 ms':>8} {'p99 ms':>8} {'p50 - best bare batch-1, same round':>36} "
+        f"{'busy':>5} {'model':>6}"
     )
     for policy in args.policy:
         for connections in args.concurrency:
@@ -170,7 +233,9 @@ def main() -> None:
                 f"{policy:>8} {connections:>5} {ok:>8.1f} "
                 f"{statistics.median(ratios):>6.2f} {min(ratios):>5.2f}-{max(ratios):<5.2f} "
                 f"{p50:>8.2f} {statistics.median(r['p99_ms'] for r in mine):>8.2f} "
-                f"{statistics.median(r['over_best_ms'] for r in mine):>+36.2f}"
+                f"{statistics.median(r['over_best_ms'] for r in mine):>+36.2f} "
+                f"{statistics.median(r['busy'] for r in mine):>5.2f} "
+                f"{statistics.median(r['model'] for r in mine):>6.2f}"
             )
     saved = plots.save_rows("served", rows)
     print("\n".join(f"wrote {p}" for p in [saved, *plots.plot_file(saved)]))
