@@ -20,9 +20,12 @@ Each run also splits its ratio in two, from the server's own batch metrics
 (``serving_batch_duration_seconds``, ``serving_batch_size``) read before and
 after it: ``busy``, the share of the run a worker's model thread spent in
 batches (the rest went to its hub between batches, and to gaps), and
-``model``, the bare cell's time an item per core over the served model's. The
-ratio is about ``busy x model`` when there is a worker per core (issue 27
-item 4: where the rest of c=32 goes).
+``model``, the bare time an item over the served model's: the chosen cell's
+time an item on a core when the served batches were full-ish, the best bare
+batch-1 latency when they held one item (c=1). At full load with a worker
+per core the ratio is about ``busy x model`` (issue 27 item 4: where the
+rest of c=32 goes); ``model`` below 1 is the model itself running slower in
+the server than in the bare processes.
 
     .venv/bin/python bench/served.py [--policy adaptive fixed] [--concurrency 1 8 32]
         [--seconds 10] [--rounds 3] [--env SERVING_X=Y ...]
@@ -61,40 +64,49 @@ from serving_core.cores import usable_cores  # noqa: E402
 from tests.servers import gunicorn_server  # noqa: E402
 
 LUA = ROOT / "bench" / "post.lua"
-BATCH_METRICS = ("serving_batch_duration_seconds_sum", "serving_batch_size_sum")
+BATCH_METRICS = (
+    "serving_batch_duration_seconds_sum",
+    "serving_batch_duration_seconds_count",
+    "serving_batch_size_sum",
+)
 
 
-def batch_totals(url: str) -> tuple[float, float]:
-    """Seconds spent in batches and items batched, over every worker, from /metrics."""
+def batch_totals(url: str) -> tuple[float, ...]:
+    """Seconds spent in batches, batches and items batched, over every worker (/metrics)."""
     text = requests.get(f"{url}/metrics", timeout=10).text
     sums = []
     for name in BATCH_METRICS:
         values = re.findall(rf"^{name}(?:{{[^}}]*}})? (\S+)$", text, re.MULTILINE)
         sums.append(sum(float(v) for v in values))
-    return sums[0], sums[1]
+    return tuple(sums)
 
 
 def split_ratio(
-    before: tuple[float, float],
-    after: tuple[float, float],
+    before: tuple[float, ...],
+    after: tuple[float, ...],
     seconds: float,
     *,
     workers: int,
     limit: float,
     cores: int,
+    batch1_ms: float,
 ) -> dict[str, float]:
-    """``busy``: a worker's share of ``seconds`` in batches; ``model``: the bare limit's
-    time an item on a core over the served model's time an item (both wall clock)."""
-    batch_s, items = after[0] - before[0], after[1] - before[1]
+    """``busy``: a worker's share of ``seconds`` in batches; ``model``: the bare time an
+    item over the served model's time an item (wall clock, batch metrics). The bare
+    time is the limit's cell on a core (``cores / limit``) when the served batches were
+    full-ish, and the best bare batch-1 latency when they held one item on average
+    (c=1): the two batch sizes the bare side measures."""
+    batch_s, batches, items = (a - b for a, b in zip(after, before, strict=True))
     if items <= 0:
         return {"busy": 0.0, "model": 0.0, "served_item_ms": 0.0, "bare_item_ms": 0.0}
     served_item_ms = batch_s / items * 1e3
-    bare_item_ms = cores / limit * 1e3
+    bare_item_ms = batch1_ms if items / batches < 2 else cores / limit * 1e3
     return {
         "busy": batch_s / workers / seconds,
         "model": bare_item_ms / served_item_ms,
         "served_item_ms": served_item_ms,
         "bare_item_ms": bare_item_ms,
+        "mean_batch": items / batches,
     }
 
 
@@ -203,6 +215,7 @@ def main() -> None:
                                 workers=workers,
                                 limit=mean,
                                 cores=cores,
+                                batch1_ms=best_ms,
                             )
                         )
                         limit = after  # the next run's measurement before it
