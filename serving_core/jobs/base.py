@@ -78,8 +78,8 @@ FINISHED: frozenset[JobStatus] = frozenset({"done", "failed", "cancelled"})  # n
 # a whole lease, which is how long one may be quiet before it counts as gone.
 HEARTBEAT_S = 5.0
 
-# Told to a client refused by a full queue. The queue does not know how fast
-# its workers drain it, so this is a polite "soon", not a prediction.
+# The least Retry-After a refused submit is told, and all it is told when there is
+# nothing to estimate from (jobs.drain): no job finished lately, or a per-key quota.
 QUEUE_FULL_RETRY_AFTER_S = 1.0
 MAX_STORED = "SERVING_JOBS_MAX_STORED"
 
@@ -184,7 +184,8 @@ class Heartbeat:
 
 class QueueFull(Exception):
     """The queue holds ``jobs_max_queue`` unfinished jobs, or ``jobs_max_stored`` jobs in
-    all (``setting`` says which); the client should retry after ``retry_after_s``."""
+    all (``setting`` says which); the client should retry after ``retry_after_s``, the
+    store's estimate of when a place frees (``jobs.drain``)."""
 
     def __init__(
         self,
@@ -199,7 +200,11 @@ class QueueFull(Exception):
 
 
 class QuotaExceeded(Exception):
-    """The owner holds ``jobs_max_per_caller`` unfinished jobs; it should wait for them."""
+    """The owner holds ``jobs_max_per_caller`` unfinished jobs; it should wait for them.
+
+    Its ``retry_after_s`` stays the fixed 1 s: a place frees when one of the owner's
+    own jobs finishes, which the queue's drain rate does not tell (its oldest may be
+    running now or thousands deep), and the owner holds those jobs' ids to watch."""
 
     def __init__(self, message: str, *, retry_after_s: float = QUEUE_FULL_RETRY_AFTER_S) -> None:
         super().__init__(message)
@@ -219,13 +224,6 @@ def quota_message(held: int, limit: int) -> str:
         f"this API key holds {held} unfinished jobs (SERVING_JOBS_MAX_PER_CALLER={limit}); "
         "wait for one to finish, or cancel one, then retry"
     )
-
-
-def store_full_retry_after(oldest_expiry: float | None, now: float) -> float:
-    """How long until the next finished job expires and frees a place (at least 1 s)."""
-    if oldest_expiry is None:
-        return QUEUE_FULL_RETRY_AFTER_S  # all unfinished: a place frees as workers finish
-    return max(QUEUE_FULL_RETRY_AFTER_S, oldest_expiry - now)
 
 
 class QueueUnavailable(Exception):

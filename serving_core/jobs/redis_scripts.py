@@ -12,8 +12,10 @@ from __future__ import annotations
 
 # KEYS: stream, job hash, idempotency key, finished, owners. ARGV: job id, params,
 # now, ttl_ms, max_queue, has_key ('1'/'0'), prefix, digest, owner, max_stored,
-# max_per_caller. Returns {'new', entry}, {'existing', job fields}, {'full', depth},
-# {'stored', jobs held, the oldest finished job's expiry or ''} or {'quota', held}.
+# max_per_caller, the expiry past which a finished job counts as drained lately
+# (jobs.drain). Returns {'new', entry}, {'existing', job fields}, {'full', depth,
+# jobs drained lately}, {'stored', jobs held, the oldest finished job's expiry or ''}
+# or {'quota', held}. ZCOUNT is O(log n), and runs only on a refusal.
 SUBMIT = """
 if ARGV[6] == '1' then
   local existing = redis.call('GET', KEYS[3])
@@ -23,7 +25,9 @@ if ARGV[6] == '1' then
   end
 end
 local depth = redis.call('XLEN', KEYS[1])
-if depth >= tonumber(ARGV[5]) then return {'full', depth} end
+if depth >= tonumber(ARGV[5]) then
+  return {'full', depth, redis.call('ZCOUNT', KEYS[4], '(' .. ARGV[12], '+inf')}
+end
 redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', ARGV[3])
 local stored = depth + redis.call('ZCARD', KEYS[4])
 if stored >= tonumber(ARGV[10]) then

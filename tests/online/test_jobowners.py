@@ -101,6 +101,27 @@ def test_a_key_past_its_quota_is_a_429_with_retry_after(started, backend) -> Non
     assert client.post("/jobs", json={"text": "c"}, headers=as_(BOB)).status_code == 202
     assert consume(service) == 2
     assert client.post("/jobs", json={"text": "d"}, headers=as_(ALICE)).status_code == 202
+    # Jobs finished lately, yet a key's quota keeps the fixed 1 s: what frees its place
+    # is one of its own jobs finishing, which the queue's drain rate does not tell.
+    again = client.post("/jobs", json={"text": "e"}, headers=as_(ALICE))
+    assert_error(again, 429, "too_many_requests")
+    assert again.headers["Retry-After"] == "1"
+
+
+def test_a_full_queue_is_a_503_whose_retry_after_follows_the_drain_rate(started, backend) -> None:
+    client, service = started(jobs_max_queue=2, **backend)
+
+    def post() -> Any:
+        return client.post("/jobs", json={"text": "a"}, headers=as_(ALICE))
+
+    assert [post().status_code, post().status_code] == [202, 202]
+    full = post()
+    assert_error(full, 503, "overloaded")
+    assert full.headers["Retry-After"] == "1"  # nothing finished yet: nothing to go by
+    assert consume(service) == 2
+    assert [post().status_code, post().status_code] == [202, 202]
+    # Two jobs finished within the last minute: a place frees in about 30 s.
+    assert post().headers["Retry-After"] == "30"
 
 
 def test_a_full_sqlite_store_is_a_503_with_retry_after_and_takes_jobs_after_the_ttl(
