@@ -67,7 +67,7 @@ CHART = ROOT / "helm" / "serving-core"
 TAG = "serving-core-bench:app-minilm"
 NGINX_TAG = "serving-core-bench:nginx"
 # The app image's build arguments, as image.yml passes them, for handlers/minilm.
-MINILM = {**app_build_args({}), "HANDLER_DIR": "handlers/minilm", "SHARED_DIRS": ""}
+MINILM = {**app_build_args(), "HANDLER_DIR": "handlers/minilm", "SHARED_DIRS": ""}
 FIGURES = ROOT / "bench" / "figures"
 CHART_TAG = "sha-" + "0" * 40  # the in-repo chart needs a tag; the bench runs its own image
 
@@ -307,9 +307,8 @@ def build_image(
 ) -> str:
     """``tag`` built from ``context`` on ``base`` (or its stand-in), layers cached."""
     resolved = bases.resolve(engine, base)
-    build_args = {**resolved.build_args(), **args}
     started = time.monotonic()
-    engine.build(context, tag, build_args=build_args)
+    engine.build(context, tag, build_args=args, build_contexts=resolved.build_contexts())
     print(f"image {tag} built (or cached) in {time.monotonic() - started:.0f} s", flush=True)
     return tag
 
