@@ -36,217 +36,41 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import http.client
 import json
 import multiprocessing
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.overload import percentile  # noqa: E402
+from bench.pod import app_bind, build_image, cgroup_cpu_stat, rendered_pod, run_flags  # noqa: E402
+from bench.prober import Probe, started_up  # noqa: E402
 from bench.workload import SENTENCES  # noqa: E402
 from tests.container import bases  # noqa: E402
-from tests.container.engine import Engine, Hardening  # noqa: E402
+from tests.container.engine import Engine  # noqa: E402
 from tests.container.images import app_build_args  # noqa: E402
 
-CHART = ROOT / "helm" / "serving-core"
 TAG = "serving-core-bench:app-minilm"
 NGINX_TAG = "serving-core-bench:nginx"
 # The app image's build arguments, as image.yml passes them, for handlers/minilm.
-MINILM = {**app_build_args({}), "HANDLER_DIR": "handlers/minilm", "SHARED_DIRS": ""}
+MINILM = {**app_build_args(), "HANDLER_DIR": "handlers/minilm", "SHARED_DIRS": ""}
 FIGURES = ROOT / "bench" / "figures"
-CHART_TAG = "sha-" + "0" * 40  # the in-repo chart needs a tag; the bench runs its own image
-
-
-def rendered_pod(cpus: str) -> dict[str, Any]:
-    """The chart's Deployment pod spec for its defaults with the CPU limit ``cpus``."""
-    import helm_python as helm
-
-    cpu = {"limits": {"cpu": cpus}, "requests": {"cpu": cpus}}
-    with helm.Chart.load(CHART) as chart:
-        manifests = chart.render({"image": {"tag": CHART_TAG}, "resources": cpu}, name="bench")
-    for path, text in manifests.items():
-        for doc in yaml.safe_load_all(text) if path.endswith(".yaml") else ():
-            if doc and doc.get("kind") == "Deployment":
-                spec: dict[str, Any] = doc["spec"]["template"]["spec"]
-                return spec
-    raise SystemExit("the chart rendered no Deployment")
-
-
-def run_flags(pod: dict[str, Any], spec: dict[str, Any], socket_dir: Path) -> list[str]:
-    """`run` flags that give a container what the pod spec gives ``spec`` (a container)."""
-    limits, context = spec["resources"].get("limits", {}), spec["securityContext"]
-    mounts = {m["name"]: m["mountPath"] for m in spec["volumeMounts"]}
-    hardening = Hardening(
-        read_only=context["readOnlyRootFilesystem"],
-        tmpfs=tuple(path for name, path in mounts.items() if name != "socket"),  # emptyDirs
-        cap_drop=tuple(context["capabilities"]["drop"]),
-        security_opt=() if context["allowPrivilegeEscalation"] else ("no-new-privileges:true",),
-    )
-    user = pod["securityContext"]
-    flags = [
-        f"--user={user['runAsUser']}:{user['runAsGroup']}",
-        f"--volume={socket_dir}:{mounts['socket']}",  # the socket's emptyDir, shared
-        *hardening.flags(),
-    ]
-    if "cpu" in limits:
-        cpu = limits["cpu"]
-        flags.append(f"--cpus={int(cpu[:-1]) / 1000 if cpu.endswith('m') else float(cpu):g}")
-    if "memory" in limits:
-        flags.append(f"--memory={limits['memory'].removesuffix('i').lower()}")
-    ports = [p["containerPort"] for p in spec.get("ports", [])]
-    # Published on 127.0.0.1 only, where this script plays the kubelet; none: the
-    # container talks through its socket only, as in the pod.
-    flags += [f"--publish=127.0.0.1::{port}" for port in ports] or ["--network=none"]
-    return flags + [f"--env={e['name']}={e['value']}" for e in spec["env"] if "value" in e]
-
-
-def cgroup_cpu_stat(pid: int) -> dict[str, float]:
-    """The container's cpu.stat (throttling) and CPU used, in seconds, cgroup v1 or v2."""
-    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
-        _, controllers, path = line.split(":", 2)
-        names = controllers.split(",")
-        if controllers == "" or "cpu" in names:
-            found = [Path("/sys/fs/cgroup") / d / path.lstrip("/") for d in ("", *names)]
-            found = [p for p in found if (p / "cpu.stat").is_file()]
-            if found:
-                folder = found[0]
-                break
-    else:
-        raise SystemExit(f"no cpu.stat for pid {pid}")
-    stat = dict(line.split() for line in (folder / "cpu.stat").read_text().splitlines())
-    if "usage_usec" in stat:  # v2
-        used_s, throttled_s = int(stat["usage_usec"]) / 1e6, int(stat["throttled_usec"]) / 1e6
-    else:
-        acct = Path(str(folder).replace("/cpu/", "/cpuacct/")) / "cpuacct.usage"
-        used_s = int(acct.read_text()) / 1e9 if acct.is_file() else float("nan")
-        throttled_s = int(stat["throttled_time"]) / 1e9
-    return {
-        "nr_periods": int(stat["nr_periods"]),
-        "nr_throttled": int(stat["nr_throttled"]),
-        "throttled_s": throttled_s,
-        "cpu_used_s": used_s,
-    }
 
 
 def busy_s() -> float:
     """CPU seconds every core of the machine has been busy (/proc/stat)."""
     fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
     return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
-
-
-@dataclass
-class Probe:
-    """One of the rendered probes, run as the kubelet's prober does."""
-
-    name: str
-    spec: dict[str, Any]
-    ports: dict[int, int] = field(default_factory=dict)  # an httpGet's: container -> host
-    timed_inside: bool = False
-    offset_s: float = 0.0  # the first run's delay
-    runs: list[tuple[float, float, bool, str]] = field(default_factory=list)  # at, took, ok, why
-    inside_ms: list[float] = field(default_factory=list)
-
-    def argv(self) -> list[str]:
-        command: list[str] = self.spec["exec"]["command"]
-        if not self.timed_inside:
-            return command
-        # The same command, timed by the container's own clock: what the engine's
-        # exec adds (runc exec, the CLI) is the rest of the latency.
-        script = (
-            'a=$(date +%s%N); "$@"; s=$?; b=$(date +%s%N); echo "inside_ns=$((b - a))"; exit $s'
-        )
-        return ["sh", "-c", script, "sh", *command]
-
-    def once(self, engine: Engine, container: str) -> tuple[float, bool, str]:
-        timeout_s = float(self.spec.get("timeoutSeconds", 1))
-        started = time.monotonic()
-        if "httpGet" in self.spec:
-            return self.get(timeout_s, started)
-        try:
-            done = engine.exec(container, self.argv(), timeout_s=timeout_s)
-        except subprocess.TimeoutExpired:
-            return time.monotonic() - started, False, f"no answer within {timeout_s:g} s"
-        took = time.monotonic() - started
-        inside = re.search(r"inside_ns=(\d+)", done.stdout)
-        if inside:
-            self.inside_ms.append(int(inside.group(1)) / 1e6)
-        return took, done.returncode == 0, (done.stderr or done.stdout).strip()[-300:]
-
-    def get(self, timeout_s: float, started: float) -> tuple[float, bool, str]:
-        """The kubelet's httpGet: a new connection, a 2xx or 3xx within the timeout."""
-        action = self.spec["httpGet"]
-        conn = http.client.HTTPConnection("127.0.0.1", self.ports[action["port"]], timeout_s)
-        try:
-            conn.request("GET", action["path"])
-            response = conn.getresponse()
-            response.read()
-        except OSError as exc:
-            return time.monotonic() - started, False, str(exc)
-        finally:
-            conn.close()
-        took = time.monotonic() - started
-        return took, 200 <= response.status < 400, f"{action['path']}: {response.status}"
-
-    def loop(self, engine: Engine, container: str, start: float, stop: threading.Event) -> None:
-        period = float(self.spec.get("periodSeconds", 10))
-        tick = time.monotonic() + self.offset_s
-        stop.wait(self.offset_s)
-        while not stop.is_set():
-            took, ok, why = self.once(engine, container)
-            self.runs.append((tick - start, took, ok, why))
-            tick += period
-            while tick < time.monotonic():  # a run longer than the period skips ticks
-                tick += period
-            stop.wait(tick - time.monotonic())
-
-    def summary(self) -> dict[str, Any]:
-        streak = longest = 0
-        for _, _, ok, _ in self.runs:
-            streak = 0 if ok else streak + 1
-            longest = max(longest, streak)
-        threshold = int(self.spec.get("failureThreshold", 3))
-        took_ms = sorted(took * 1000 for _, took, _, _ in self.runs)
-        spread = _spread(took_ms)
-        failures = [(round(at, 1), why) for at, _, ok, why in self.runs if not ok]
-        return {
-            "probe": self.name,
-            "runs": len(self.runs),
-            "failed": len(failures),
-            "longest_failure_streak": longest,
-            "failure_threshold": threshold,
-            "held": longest < threshold,
-            "timeout_ms": float(self.spec.get("timeoutSeconds", 1)) * 1000,
-            **spread,
-            "failures": failures[:20],
-            **(
-                {f"inside_{k}": v for k, v in _spread(sorted(self.inside_ms)).items()}
-                if self.timed_inside
-                else {}
-            ),
-        }
-
-
-def _spread(ms: list[float]) -> dict[str, float]:
-    return {
-        "p50_ms": percentile(ms, 50),
-        "p99_ms": percentile(ms, 99),
-        "max_ms": ms[-1] if ms else float("nan"),
-    }
 
 
 async def _client(
@@ -300,31 +124,6 @@ def load(path: str, connections: int, seconds: float, out: Any) -> None:
     p = {f"p{q}_ms": percentile(ms, q) for q in (50, 99)}
     answered = sum(n for status, n in seen.items() if status.isdigit())
     out.put({"statuses": dict(seen), "answered": answered, "ok_per_s": len(took) / seconds, **p})
-
-
-def build_image(
-    engine: Engine, context: Path, tag: str, base: bases.Base, args: dict[str, str]
-) -> str:
-    """``tag`` built from ``context`` on ``base`` (or its stand-in), layers cached."""
-    resolved = bases.resolve(engine, base)
-    build_args = {**resolved.build_args(), **args}
-    started = time.monotonic()
-    engine.build(context, tag, build_args=build_args)
-    print(f"image {tag} built (or cached) in {time.monotonic() - started:.0f} s", flush=True)
-    return tag
-
-
-def started_up(engine: Engine, container: str, spec: dict[str, Any]) -> tuple[int, float]:
-    """The startup probe run every periodSeconds until it passes: (runs, seconds)."""
-    probe, started = Probe("startup", spec), time.monotonic()
-    for run in range(1, int(spec.get("failureThreshold", 3)) + 1):
-        took, ok, why = probe.once(engine, container)
-        if ok:
-            return run, time.monotonic() - started
-        if not engine.running(container):
-            raise SystemExit(f"the app exited:\n{engine.logs(container)[-4000:]}")
-        time.sleep(max(0.0, float(spec.get("periodSeconds", 10)) - took))
-    raise SystemExit(f"the startup probe never passed ({why}):\n{engine.logs(container)[-4000:]}")
 
 
 def measure(
@@ -492,11 +291,6 @@ def main() -> None:
     args.json = args.json or FIGURES / f"probes-{kind}-{args.cpus}.json"
     args.json.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {args.json}")
-
-
-def app_bind(app: dict[str, Any]) -> str:
-    (bind,) = [e["value"] for e in app["env"] if e["name"] == "SERVING_BIND"]
-    return str(bind).removeprefix("unix:")
 
 
 if __name__ == "__main__":

@@ -67,3 +67,50 @@ def scaled_object_validator(crd: dict[str, Any] | None = None) -> jsonschema.Dra
     }
     jsonschema.Draft4Validator.check_schema(schema)
     return jsonschema.Draft4Validator(schema)
+
+
+# KEDA's ScaledObject CRD (tests/deploy/keda/, the schema the API server applies),
+# closed as strict field validation closes it (above). Trigger metadata is
+# map[string]string there, so a number in it is refused.
+SCALED_OBJECT = scaled_object_validator()
+# The redis-streams scaler's documented metadata keys (keda.sh/docs/*/scalers/redis-streams).
+REDIS_STREAMS_METADATA = {
+    "address",
+    "host",
+    "port",
+    "addressFromEnv",
+    "hostFromEnv",
+    "portFromEnv",
+    "usernameFromEnv",
+    "passwordFromEnv",
+    "stream",
+    "consumerGroup",
+    "pendingEntriesCount",
+    "streamLength",
+    "lagCount",
+    "activationLagCount",
+    "enableTLS",
+    "unsafeSsl",
+    "databaseIndex",
+}
+# The rabbitmq scaler's documented metadata keys (keda.sh/docs/2.17/scalers/rabbitmq-queue).
+RABBITMQ_METADATA = {
+    "host",
+    "hostFromEnv",
+    "usernameFromEnv",
+    "passwordFromEnv",
+    "protocol",
+    "mode",
+    "value",
+    "activationValue",
+    "queueName",
+    "vhostName",
+    "queueLength",
+    "useRegex",
+    "pageSize",
+    "operation",
+    "timeout",
+    "excludeUnacknowledged",
+    "unsafeSsl",
+}
+TRIGGER_METADATA = {"redis-streams": REDIS_STREAMS_METADATA, "rabbitmq": RABBITMQ_METADATA}

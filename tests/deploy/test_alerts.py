@@ -10,7 +10,6 @@ import copy
 import re
 import shutil
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,7 @@ import helm_python as helm
 import pytest
 import yaml
 
-from tests.deploy.test_chart import CHART, render, tagged
+from tests.deploy.chart import render, tagged
 from tests.deploy.test_dashboard import RULES
 from tests.servers import ROOT
 
@@ -54,12 +53,6 @@ RELEASES: dict[str, dict[str, Any]] = {
 JOBS = {release: f"{release}-serving-core-metrics" for release in RELEASES}
 # The exporter's targets, relabelled by the ServiceMonitor to a job of their own.
 NGINX_JOBS = {release: f"{release}-serving-core-nginx" for release in RELEASES}
-
-
-@pytest.fixture(scope="module")
-def chart() -> Iterator[helm.Chart]:
-    with helm.Chart.load(CHART) as loaded:
-        yield loaded
 
 
 @pytest.fixture(scope="module")

@@ -24,6 +24,7 @@ import requests
 import yaml
 
 from tests.conftest import PROBE
+from tests.deploy.chart import CHART, containers, env_of, find, render, tagged
 from tests.deploy.test_alerts import (
     ALERTS,
     JOBS,
@@ -34,7 +35,6 @@ from tests.deploy.test_alerts import (
     prometheus_rule,
     rules_of,
 )
-from tests.deploy.test_chart import CHART, containers, env_of, find, render, tagged
 from tests.deploy.test_dashboard import metric_names
 from tests.nginx_server import nginx_server
 from tests.servers import free_port, gunicorn_server, stop, wait_for

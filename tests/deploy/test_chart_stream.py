@@ -1,15 +1,15 @@
 """The chart's stream worker: `serving-core stream` as a Deployment, scaled by KEDA.
 
-Rendered by Helm's own Go SDK as the rest of the chart (tests/deploy/test_chart.py,
-whose helpers this module shares), validated against Kubernetes' schemas and, for
-the ScaledObjects, against KEDA's own CRD (tests/deploy/keda/).
+Rendered by Helm's own Go SDK as the rest of the chart (tests/deploy/test_chart_*.py,
+whose helpers in tests/deploy/chart.py this module shares), validated against
+Kubernetes' schemas and, for the ScaledObjects, against KEDA's own CRD
+(tests/deploy/keda/).
 """
 
 from __future__ import annotations
 
 import copy
 import re
-from collections.abc import Iterator
 from typing import Any
 
 import helm_python as helm
@@ -18,12 +18,11 @@ import pytest
 import yaml
 
 from serving_core.settings import PREFIX, Settings
-from tests.deploy.test_chart import (
+from tests.deploy.chart import (
     CHART,
     KUBE_VERSIONS,
     MONITORING,
     POD_KNOBS,
-    SCALED_OBJECT,
     STREAM_PENDING,
     STREAM_SETTINGS,
     VALUE_SETS,
@@ -38,6 +37,7 @@ from tests.deploy.test_chart import (
     tagged,
     validate,
 )
+from tests.deploy.keda_crd import SCALED_OBJECT
 from tests.servers import ROOT
 
 PASSWORD = "s3cret-pw"
@@ -52,12 +52,6 @@ SECRETS = {
     "sinkSecret": {"name": "stream-urls", "key": "sink"},
     "deadLetterSecret": {"name": "stream-urls", "key": "dead-letter"},
 }
-
-
-@pytest.fixture(scope="module")
-def chart() -> Iterator[helm.Chart]:
-    with helm.Chart.load(CHART) as loaded:
-        yield loaded
 
 
 def with_stream(values: dict[str, Any] | None = None, **stream: Any) -> dict[str, Any]:

@@ -702,7 +702,7 @@ INCLUDE = re.compile(r"^\s*include\s+(\S+);", re.MULTILINE)
 # anywhere else in the repository (a chart ConfigMap, say) holds one.
 NGINX_CONFIG_LINE = re.compile(r"^\s*(proxy_pass\s+\S+;|upstream\s+\w+\s*\{)", re.MULTILINE)
 # The env the chart gives its nginx sidecar (helm/serving-core, "serving-core.nginxEnv"),
-# with the chart's defaults; tests/deploy/test_chart.py renders the chart's own.
+# with the chart's defaults; tests/deploy/test_chart_nginx.py renders the chart's own.
 CHART_SIDECAR = {
     "NGINX_UPSTREAM": "unix:/run/serving/gunicorn.sock",
     "NGINX_PORT": "8080",

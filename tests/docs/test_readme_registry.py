@@ -12,10 +12,10 @@ import helm_python as helm
 import pytest
 import yaml
 
-from tests.deploy.test_chart import CHART, EXAMPLES, TAG, VALUE_SETS, chart, find, render
+from tests.deploy.chart import CHART, EXAMPLES, TAG, VALUE_SETS, chart, find, render
 from tests.servers import ROOT
 
-__all__ = ["chart"]  # the fixture, shared with tests/deploy/test_chart.py
+__all__ = ["chart"]  # the fixture, shared with tests/deploy (tests/deploy/chart.py)
 
 WORKFLOW = ROOT / ".github" / "workflows" / "image.yml"
 KUBERNETES = ROOT / "docs" / "deployment" / "kubernetes.md"

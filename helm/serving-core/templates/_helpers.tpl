@@ -196,7 +196,7 @@ argument, is what runs). An optional entry with a "secret" key reads its value
 from that Secret ({name, key} under `serving`) when the plain value is empty:
 a Redis URL carries its password. With SERVING_BIND and SERVING_METRICS_DIR
 below, these are every field of serving_core.settings.Settings
-(tests/deploy/test_chart.py checks).
+(tests/deploy/test_chart_settings.py checks).
 */}}
 {{- define "serving-core.settings" -}}
 handler: {env: SERVING_HANDLER, kind: optional}
