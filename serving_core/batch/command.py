@@ -3,7 +3,8 @@
 Order of events (like ``serve``, without HTTP):
 
 1. parent: check the flags, import the handler, open the output and read the
-   ids it already holds (cutting off a row a kill tore), open the input;
+   ids it already holds (cutting off a row a kill tore; with ``--retry-failed``,
+   removing this shard's error rows, whose ids are then not written), open the input;
    ``preload`` it as ``serve`` does (``serving_core.preload``: torch capped at
    one thread, ``setup()``, capped again, ``gc.collect()``, ``gc.freeze()``).
 2. fork W workers (``pool``): each takes its share of the cores, runs
@@ -34,6 +35,7 @@ from serving_core.batch.pool import OnResult
 from serving_core.batch.records import (
     RecordsError,
     Shard,
+    Sink,
     input_location,
     output_location,
     refuse_overlap,
@@ -72,6 +74,8 @@ def main(args: argparse.Namespace, settings: Settings, environ: Mapping[str, str
             sink = open_sink(sink_at, args.id_field, shard)
             closing.callback(sink.close)
             done = sink.written()
+            if args.retry_failed:
+                done = retry_failed(sink, done, shard)
             source = open_source(source_at, args.id_field)
             closing.callback(source.close)
         except (RecordsError, HandlerError) as exc:
@@ -104,6 +108,18 @@ def main(args: argparse.Namespace, settings: Settings, environ: Mapping[str, str
         )
         return job.run(source, sink, done)
     raise AssertionError("unreachable")  # ExitStack may swallow exceptions, as far as mypy knows
+
+
+def retry_failed(sink: Sink, done: dict[str, bool], shard: Shard) -> dict[str, bool]:
+    """``--retry-failed``: drop this shard's error rows from the output, and return the
+    ids still written. Dropped before the run rather than replaced as it writes: an
+    id not written is what every format already resumes, so a kill part-way leaves
+    an output a plain rerun completes, with each id once."""
+    failed = {key for key, ok in done.items() if not ok and shard.owns(key)}
+    if failed:
+        log.info("--retry-failed: %d failed ids are predicted again", len(failed))
+        sink.drop_failed(failed)
+    return {key: ok for key, ok in done.items() if key not in failed}
 
 
 def resolve_shard(text: str | None, count: int | None, environ: Mapping[str, str]) -> Shard:

@@ -22,7 +22,9 @@ path. Each output row is the id and either "output" or "error" (JSON text
 in CSV, Parquet and SQL columns). Parquet output is a directory of part files.
 
 Resume: a rerun with the same --output skips every id already written,
-failed ones included. Records without an id field get their 0-based position
+failed ones included; --retry-failed removes this shard's failed rows from
+the output first, so their ids are predicted again (and written once). Records
+without an id field get their 0-based position
 in the input as their id, so give them an id (or an ORDER BY) when the input
 may change between runs.
 
@@ -62,6 +64,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shard", metavar="I/N", help="run shard I of N (0-based)")
     parser.add_argument(
         "--shards", type=int, metavar="N", help="N shards, this one from JOB_COMPLETION_INDEX"
+    )
+    parser.add_argument(
+        "--retry-failed",
+        action="store_true",
+        help="predict again the ids the output holds as failed (their error rows are replaced)",
     )
     parser.add_argument(
         "--warm-cache",

@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from serving_core.batch.durable import fsync_directory
 from serving_core.batch.records import Record, RecordsError, Row, Shard, make_record
 
 READ_BATCH_ROWS = 1024
@@ -68,20 +69,26 @@ class ParquetSink:
             )
         if not self._root.is_dir():
             self._root.mkdir(parents=True, exist_ok=True)  # shards may race here
-            _fsync_directory(self._root.parent)
+            fsync_directory(self._root.parent)
         self._id_field = id_field
+        self._shard = shard
         self._prefix = f"part-{shard.index}of{shard.count}-"
         self._next = 0
+        self._failed: dict[Path, set[str]] = {}  # the parts that hold error rows, their keys
         self._schema = pa.schema(
             [(id_field, pa.string()), ("output", pa.string()), ("error", pa.string())]
         )
 
     def written(self) -> dict[str, bool]:
         keys: dict[str, bool] = {}
+        self._failed = {}
         mine = re.compile(re.escape(self._prefix) + r"(\d+)\.parquet")
         for part in sorted(self._root.glob("part-*.parquet")):
             ids, errors = self._read(part)
             keys.update((str(key), error is None) for key, error in zip(ids, errors, strict=True))
+            failed = {str(key) for key, error in zip(ids, errors, strict=True) if error is not None}
+            if failed:
+                self._failed[part] = failed
             match = mine.fullmatch(part.name)
             if match is not None:
                 self._next = max(self._next, int(match[1]) + 1)
@@ -108,6 +115,36 @@ class ParquetSink:
             ) from exc
         return table.column(self._id_field).to_pylist(), table.column("error").to_pylist()
 
+    def drop_failed(self, keys: Collection[str]) -> None:
+        """Each part that holds one of ``keys`` is rewritten without those rows (or
+        removed, if nothing is left). Shards share the directory, so a shard rewrites
+        only its own parts: another shard may be rewriting the others."""
+        parts = {part: failed & set(keys) for part, failed in self._failed.items()}
+        parts = {part: dropped for part, dropped in parts.items() if dropped}
+        foreign = [p.name for p in parts if not p.name.startswith(self._prefix)]
+        if foreign and self._shard.count > 1:
+            raise RecordsError(
+                f"--retry-failed: {self.where} holds this shard's failed ids in parts another "
+                f"shard count wrote ({', '.join(sorted(foreign)[:3])}): rerun --retry-failed "
+                f"with the --shards those parts were written with, or as one run without "
+                "--shard/--shards; nothing was changed"
+            )
+        for part, dropped in sorted(parts.items()):
+            table = pq.read_table(part)
+            ids = table.column(self._id_field).to_pylist()
+            errors = table.column("error").to_pylist()
+            kept = [
+                i
+                for i, (key, error) in enumerate(zip(ids, errors, strict=True))
+                if error is None or str(key) not in dropped
+            ]
+            if kept:
+                self._replace(part, table.take(kept))
+            else:
+                part.unlink()
+                fsync_directory(self._root)
+            self._failed[part] -= dropped
+
     def write(self, rows: Sequence[Row]) -> None:
         table = pa.table(
             [
@@ -117,8 +154,11 @@ class ParquetSink:
             ],
             schema=self._schema,
         )
-        name = f"{self._prefix}{self._next:06d}.parquet"
-        temporary = self._root / f".{name}.tmp"
+        self._replace(self._root / f"{self._prefix}{self._next:06d}.parquet", table)
+        self._next += 1
+
+    def _replace(self, part: Path, table: pa.Table) -> None:
+        temporary = self._root / f".{part.name}.tmp"
         # The part's bytes reach the disk before its name does, and the name
         # before the next part is written: a power cut leaves a hidden
         # temporary (removed on resume), never a named part that is torn.
@@ -126,17 +166,8 @@ class ParquetSink:
             pq.write_table(table, file)
             file.flush()
             os.fsync(file.fileno())
-        os.replace(temporary, self._root / name)
-        _fsync_directory(self._root)
-        self._next += 1
+        os.replace(temporary, part)
+        fsync_directory(self._root)
 
     def close(self) -> None:
         pass
-
-
-def _fsync_directory(path: Path) -> None:
-    descriptor = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)

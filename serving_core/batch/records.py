@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -135,6 +135,11 @@ class Sink(Protocol):
 
     def write(self, rows: Sequence[Row]) -> None:
         """Write one chunk: all of it durably, or (after a kill) none of it."""
+
+    def drop_failed(self, keys: Collection[str]) -> None:
+        """``--retry-failed``: remove the error rows of these keys (after ``written()``),
+        so the run predicts them again as ids never written. Each file or transaction
+        changes whole: a kill part-way leaves some dropped, which any rerun predicts."""
 
     def close(self) -> None: ...
 

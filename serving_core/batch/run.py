@@ -152,9 +152,11 @@ class BatchRun:
         )
         if tally.skipped_failed and not tally.failed:
             log.warning(
-                "exit status 1: %d records failed in an earlier run; their errors are in %s "
-                "(a rerun skips every id written, failed ones too)",
+                "exit status 1: %d records failed in an earlier run (this one wrote %s); "
+                "their errors are in %s. A rerun skips every id written, failed ones too: "
+                "add --retry-failed to predict them again",
                 tally.skipped_failed,
+                f"{tally.written} new records" if tally.written else "nothing",
                 sink.where,
             )
 

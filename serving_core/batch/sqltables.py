@@ -11,7 +11,7 @@ output is written (in SQLite's default mode a long read blocks every commit).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -19,6 +19,7 @@ import sqlalchemy as sa
 from serving_core.batch.records import Record, RecordsError, Row, make_record, shown_url
 
 READ_BATCH_ROWS = 1000
+DELETE_BATCH_KEYS = 500  # bound parameters per DELETE (SQLite allows 32,766, older ones 999)
 SQLITE_BUSY_TIMEOUT_S = 60  # shards committing to one SQLite file take turns
 ID_LENGTH = 255  # a primary key must be bounded on MySQL; ids are short
 
@@ -115,6 +116,16 @@ class SqlSink:
         with self._engine.connect() as connection:
             rows = connection.execute(sa.select(key, self._table.c.error.is_(None)))
             return {str(k): bool(ok) for k, ok in rows}
+
+    def drop_failed(self, keys: Collection[str]) -> None:
+        key = self._table.c[self._id_field]
+        ordered = sorted(keys)
+        with self._engine.begin() as connection:  # all of them, or (after a kill) none
+            for at in range(0, len(ordered), DELETE_BATCH_KEYS):
+                chosen = ordered[at : at + DELETE_BATCH_KEYS]
+                connection.execute(
+                    sa.delete(self._table).where(key.in_(chosen), self._table.c.error.is_not(None))
+                )
 
     def write(self, rows: Sequence[Row]) -> None:
         values = [

@@ -11,7 +11,8 @@ Only the last row can be torn: a kill stops the one writer mid-append, and
 nothing follows it. So ``written()`` cuts off a bad last row, and refuses
 anything else it cannot read (a bad row earlier, rows of another
 ``--id-field``, a file that is no batch output) with a ``RecordsError`` naming
-``file:line``, before it changes a byte: a rerun never deletes rows.
+``file:line``, before it changes a byte: a rerun never deletes rows, except the
+error rows ``--retry-failed`` removes (``drop_failed``: the file rewritten whole).
 
 Output rows: JSONL ``{ID_FIELD: id, "output": {...}}`` or
 ``{ID_FIELD: id, "error": {"type", "message"}}``; CSV the columns
@@ -25,11 +26,12 @@ import csv
 import io
 import logging
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
 from serving_core import encoding
+from serving_core.batch.durable import rewrite_without
 from serving_core.batch.records import Record, RecordsError, Row, bad_record, make_record
 
 log = logging.getLogger("serving_core.batch.textfiles")
@@ -122,9 +124,11 @@ class _AppendSink:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         self._file = open(path, "ab")  # noqa: SIM115 - closed by close()
         self._ready = False
+        self._failed: list[tuple[str, int, int]] = []  # an error row's key, start, end
 
     def written(self) -> dict[str, bool]:
         keys: dict[str, bool] = {}
+        self._failed = []
         with open(self.where, "rb") as file:
             end = self._scan(file, keys)
         size = os.path.getsize(self.where)
@@ -140,8 +144,25 @@ class _AppendSink:
         return keys
 
     def _scan(self, file: IO[bytes], keys: dict[str, bool]) -> int:
-        """Read the rows into ``keys``; return the offset after the last whole one."""
+        """Read the rows into ``keys`` (through ``_row``); return the offset after the
+        last whole one."""
         raise NotImplementedError
+
+    def _row(self, keys: dict[str, bool], key: str, ok: bool, start: int, end: int) -> None:
+        keys[key] = ok
+        if not ok:
+            self._failed.append((key, start, end))
+
+    def drop_failed(self, keys: Collection[str]) -> None:
+        if not self._ready:
+            raise RuntimeError("call written() before drop_failed(): it finds the rows")
+        spans = [(start, end) for key, start, end in self._failed if key in keys]
+        if not spans:
+            return
+        self._file.close()
+        rewrite_without(Path(self.where), spans)
+        self._file = open(self.where, "ab")  # noqa: SIM115 - the new file; closed by close()
+        self._failed = [failed for failed in self._failed if failed[0] not in keys]
 
     def _append(self, data: bytes) -> None:
         if not self._ready:
@@ -173,7 +194,8 @@ class JsonlSink(_AppendSink):
                     raise self._refused(number, "is not a whole JSON row")
                 break  # the torn last row of a killed run
             key = self._key(row, number)
-            keys[key if isinstance(key, str) else encoding.dumps(key).decode()] = "error" not in row
+            text = key if isinstance(key, str) else encoding.dumps(key).decode()
+            self._row(keys, text, "error" not in row, end, end + len(line))
             end += len(line)
         return end
 
@@ -238,7 +260,7 @@ class CsvSink(_AppendSink):
             for row in reader:
                 if len(row) != len(self._header) or not lines.whole:
                     break
-                keys[row[0]] = row[2] == ""
+                self._row(keys, row[0], row[2] == "", end, lines.offset)
                 end = lines.offset
         except csv.Error:
             pass  # a quoted field cut by a kill: everything from the last whole row goes

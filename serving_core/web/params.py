@@ -6,7 +6,8 @@
 - Query-string parameters are merged in; on a clash the body wins.
 - A name given several times (``?tag=a&tag=b``) becomes a list of its values.
 
-Malformed JSON, a JSON body that is not an object, and invalid UTF-8 are 400s;
+Malformed JSON, a JSON body that is not an object, invalid UTF-8, and JSON sent
+as a urlencoded form (``curl -d`` without a Content-Type) are 400s;
 any other body type is a 415. The size limit (413) is enforced by Flask's
 ``MAX_CONTENT_LENGTH`` before the body is read; a JSON body nested deeper than
 ``JsonLimits.max_depth`` or with a string longer than ``max_string_chars`` is a
@@ -122,6 +123,15 @@ def _json_object(data: bytes, limits: JsonLimits) -> dict[str, Any]:
 
 
 def _urlencoded(data: bytes) -> dict[str, Any]:
+    # curl -d sends this type unless told otherwise. A form's own braces are
+    # percent-encoded, so a body that opens with one is JSON sent under the wrong
+    # type; parsed as a form it would become one field named after the whole body.
+    if data.lstrip()[:1] in (b"{", b"["):
+        raise BadRequest(
+            "the body looks like JSON but its Content-Type is "
+            "application/x-www-form-urlencoded (curl -d's default), not application/json; "
+            "send it with the header 'Content-Type: application/json'"
+        )
     # Parsed here rather than by werkzeug, which silently drops or keeps
     # percent-escapes for bytes that are not UTF-8 instead of refusing them.
     try:

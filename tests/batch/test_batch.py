@@ -28,7 +28,8 @@ ECHO = str(ROOT / "handlers" / "echo")
 MINILM = str(ROOT / "handlers" / "minilm")
 
 # Doubles n. A record with "gate" waits until that file exists (so a run can be
-# killed with chunks in flight); "die" kills its worker; n < 0 is InvalidInput.
+# killed with chunks in flight); "die" kills its worker; n < 0 is InvalidInput, and
+# so is a record with "flaky" until that file exists (a failure a retry can mend).
 DOUBLER = """
 import os
 import time
@@ -53,6 +54,8 @@ class Doubler(Handler):
                 os._exit(3)
             if item["n"] < 0:
                 outputs.append(InvalidInput("n must not be negative"))
+            elif item.get("flaky") and not Path(item["flaky"]).exists():
+                outputs.append(InvalidInput("flaky: its marker file is missing"))
             else:
                 outputs.append({"double": item["n"] * 2})
         return outputs
@@ -267,7 +270,10 @@ def test_bad_records_carry_their_error_and_the_run_goes_on(tmp_path, doubler):
         doubler, "--input", str(tmp_path / "in.jsonl"), "--output", str(tmp_path / "out.jsonl")
     )
     assert again.returncode == 1
-    assert "exit status 1: 3 records failed in an earlier run" in again.stderr
+    assert "exit status 1: 3 records failed in an earlier run (this one wrote nothing)" in (
+        again.stderr
+    )
+    assert "add --retry-failed to predict them again" in again.stderr
     assert len(read_jsonl(tmp_path / "out.jsonl")) == 5
 
 
@@ -321,6 +327,51 @@ def test_every_format_in_and_out_gives_the_same_results(tmp_path, kind):
     assert result.returncode == 0, result.stderr
     assert read_results(kind, out) == {
         str(i): {"echo": {"text": f"sentence {i}"}} for i in range(300)
+    }
+
+
+def count_rows(kind, path, table="results"):
+    if kind == "jsonl":
+        return len(read_jsonl(path))
+    if kind == "csv":
+        with path.open(newline="") as file:
+            return len(list(csv.DictReader(file)))
+    if kind == "parquet":
+        return pq.read_table(path).num_rows
+    with sqlite3.connect(path) as db:
+        (count,) = db.execute(f"SELECT count(*) FROM {table}").fetchone()
+    db.close()
+    return count
+
+
+@pytest.mark.parametrize("kind", SUFFIX)
+def test_retry_failed_predicts_the_failed_ids_again_and_writes_each_id_once(
+    tmp_path, doubler, kind
+):
+    marker = tmp_path / "mended"
+    rows = [{"id": i, "n": i} for i in range(10)]
+    for row in rows[3], rows[7]:
+        row["flaky"] = str(marker)
+    write_jsonl(tmp_path / "in.jsonl", [*rows, {"id": 10, "n": -1}])
+    out = tmp_path / f"out.{SUFFIX[kind]}"
+    args = ("--input", str(tmp_path / "in.jsonl"), "--output", str(out), "--chunk-size", "4")
+    first = batch(doubler, *args)
+    assert first.returncode == 1, first.stderr
+    failed = {k for k, v in read_results(kind, out).items() if "type" in v}
+    assert failed == {"3", "7", "10"}
+
+    marker.touch()  # what failed now succeeds, but a plain rerun skips it
+    assert batch(doubler, *args).returncode == 1
+    assert {k for k, v in read_results(kind, out).items() if "type" in v} == failed
+
+    retried = batch(doubler, *args, "--retry-failed")
+    assert retried.returncode == 1, retried.stderr  # id 10 fails again, as it must
+    assert "--retry-failed: 3 failed ids are predicted again" in retried.stderr
+    results = read_results(kind, out)
+    assert count_rows(kind, out) == len(results) == 11
+    assert results == {
+        **{str(i): {"double": 2 * i} for i in range(10)},
+        "10": {"type": "invalid_input", "message": "n must not be negative"},
     }
 
 

@@ -79,6 +79,37 @@ def error_row(key):
 
 
 @pytest.mark.parametrize("kind", SUFFIXES)
+def test_drop_failed_removes_only_the_chosen_error_rows_and_the_sink_writes_on(tmp_path, kind):
+    path = tmp_path / f"out.{SUFFIXES[kind]}"
+    sink = sink_for(kind, path)
+    sink.written()
+    sink.write([ok_row(0), error_row(1), error_row(2)])
+    sink.write([error_row(3), ok_row(4)])
+    sink.close()
+    again = sink_for(kind, path)
+    assert again.written() == {"0": True, "1": False, "2": False, "3": False, "4": True}
+    again.drop_failed({"1", "3", "4"})  # 4 succeeded: it stays
+    again.write([ok_row(1), ok_row(3)])
+    again.close()
+    assert written_in(kind, path) == {"0": True, "1": True, "2": False, "3": True, "4": True}
+
+
+def test_a_sharded_parquet_retry_refuses_parts_of_another_shard_count(tmp_path):
+    path = tmp_path / "out.parquet"
+    sink = sink_for("parquet", path)  # written unsharded: part-0of1-*
+    sink.written()
+    sink.write([error_row(i) for i in range(8)])
+    before = sorted(p.name for p in path.iterdir())
+    shard = Shard(0, 2)
+    sharded = sink_for("parquet", path, shard)
+    done = sharded.written()
+    with pytest.raises(RecordsError, match="another shard count wrote"):
+        sharded.drop_failed({key for key in done if shard.owns(key)})
+    assert sorted(p.name for p in path.iterdir()) == before
+    assert written_in("parquet", path) == {str(i): False for i in range(8)}
+
+
+@pytest.mark.parametrize("kind", SUFFIXES)
 def test_a_source_reads_every_record_with_its_id_and_params_without_it(tmp_path, kind):
     path = tmp_path / f"in.{SUFFIXES[kind]}"
     write_input(kind, path, [{"id": i, "text": f"t{i}"} for i in range(5)])

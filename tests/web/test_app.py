@@ -99,6 +99,14 @@ def test_client_errors_are_json_4xx(client, kwargs, status, type_):
     assert_error(client.post("/predict", **kwargs), status, type_)
 
 
+def test_json_sent_as_curl_ds_default_form_type_is_told_to_say_application_json(client):
+    # curl -d '{"text": "hi"}' with no -H: not "'text' is a required property".
+    sent = {"data": b'{"text": "hi"}', "content_type": "application/x-www-form-urlencoded"}
+    error = assert_error(client.post("/predict", **sent), 400, "bad_request")
+    assert "not application/json" in error["message"]
+    assert "Content-Type: application/json" in error["message"]
+
+
 def test_a_body_over_the_limit_is_413():
     app = make_app(max_body_bytes=64)
     response = app.test_client().post("/predict", json={"text": "x" * 100})

@@ -64,6 +64,9 @@ def test_no_body_and_no_content_type_is_just_the_query():
         (b'{"x": NaN}', "application/json", "malformed JSON at line 1 column 7"),
         (b'{"text": "\xff\xfe"}', "application/json", "not valid UTF-8"),
         (b"text=%FF%FE", "application/x-www-form-urlencoded", "not valid UTF-8"),
+        # curl -d '{...}' without -H 'Content-Type: application/json'
+        (b'{"text": "hi"}', "application/x-www-form-urlencoded", "not application/json"),
+        (b' [{"text": "hi"}]', "application/x-www-form-urlencoded", "not application/json"),
         (b"text=\xff\xfe", "application/x-www-form-urlencoded", "not valid UTF-8"),
         (
             b'--B\r\nContent-Disposition: form-data; name="text"\r\n\r\n\xff\xfe\r\n--B--\r\n',
