@@ -122,6 +122,8 @@ def queue_depth(url: str) -> int:
 @each_worker_class
 def test_a_slow_handler_gives_504_and_the_expired_item_never_reaches_it(tmp_path, worker_class):
     seen_file = tmp_path / "seen.txt"
+    gate = tmp_path / "gate"
+    gate.mkdir()
     env = {
         "PROBE_SEEN_FILE": str(seen_file),
         "SERVING_WORKER_CLASS": worker_class,
@@ -130,25 +132,46 @@ def test_a_slow_handler_gives_504_and_the_expired_item_never_reaches_it(tmp_path
         "SERVING_MAX_BATCH_SIZE": "1",
         "SERVING_REQUEST_TIMEOUT_S": "0.5",
         "SERVING_BATCH_POLICY": "fixed",
+        # The gate holds the batch past its deadline for as long as the test takes:
+        # the watchdog must not take that for a hung model and replace the worker.
+        "SERVING_HANG_MARGIN_S": "300",
     }
     with gunicorn_server(env) as server, ThreadPoolExecutor(2) as pool:
-        slow = pool.submit(post, server.url, {"id": "slow", "sleep_s": 1.0})
-        time.sleep(0.2)
-        started = time.monotonic()
-        expired = post(server.url, {"id": "expired"})
-        waited = time.monotonic() - started
+        observed = batches_observed(server.url)
+        try:
+            slow = pool.submit(post, server.url, {"id": "slow", "gate": str(gate)})
+            wait_for((gate / "started").exists, "the slow request in the model", 60)
+            sent = time.monotonic()
+            expired = post(server.url, {"id": "expired"})
+            waited = time.monotonic() - sent
+            # Both answered while the gate holds the model: at their deadline, not
+            # after the batch ahead (which ends only when the gate opens, below).
+            assert slow.result().status_code == 504  # it outlived its own deadline too
+        finally:
+            (gate / "open").touch()
         assert expired.status_code == 504
         assert expired.json()["error"]["type"] == "deadline_exceeded"
-        assert 0.4 < waited < 1.0
-        assert slow.result().status_code == 504  # the slow one outlived its own deadline too
-        time.sleep(1.0)  # the model thread reaches the expired item, and must drop it
-        # The cost model has seen a batch take 1 s: a new request cannot meet 0.5 s.
+        # Not before the deadline: the server's clock starts after `sent` (one
+        # CLOCK_MONOTONIC for both processes), so a load can only make this longer.
+        assert waited >= 0.5
+        # The held batch has taught the cost model that a batch takes over 0.5 s
+        # (the gate stayed shut past both deadlines): a new request cannot meet it.
+        wait_for(lambda: batches_observed(server.url) > observed, "the held batch observed", 60)
         refused = post(server.url, {"id": "refused"})
         assert refused.status_code == 503
         assert refused.json()["error"]["type"] == "overloaded"
+        # A graceful stop runs whatever is still queued: had the expired item stayed
+        # there, the model thread would reach it before the server exits.
+        server.process.terminate()
+        assert server.process.wait(30) == 0
     seen = seen_file.read_text().split()
     assert "slow" in seen
     assert "expired" not in seen
+
+
+def batches_observed(url: str) -> int:
+    metadata = requests.get(url + "/metadata", timeout=30).json()
+    return int(metadata["batching"]["cost_model"]["batches_observed"])
 
 
 def test_one_bad_item_in_a_batch_fails_alone():
@@ -216,13 +239,19 @@ def test_computing_with_torch_in_setup_does_not_hang_the_forked_workers():
 
 
 @each_worker_class
-def test_sigterm_drains_in_flight_requests(worker_class):
+def test_sigterm_drains_in_flight_requests(tmp_path, worker_class):
     env = {"SERVING_HANDLER": PROBE, "SERVING_WORKER_CLASS": worker_class, "SERVING_WORKERS": "1"}
     with gunicorn_server(env) as server:
         with ThreadPoolExecutor(1) as pool:
-            in_flight = pool.submit(post, server.url, {"text": "drained", "sleep_s": 1.0})
-            time.sleep(0.3)
-            server.process.terminate()
+            try:
+                payload = {"text": "drained", "gate": str(tmp_path)}
+                in_flight = pool.submit(post, server.url, payload)
+                wait_for((tmp_path / "started").exists, "the request in the model", 60)
+                server.process.terminate()
+                # The stop has begun while the model still holds the request.
+                wait_for(lambda: "Handling signal: term" in server.output(), "the SIGTERM", 60)
+            finally:
+                (tmp_path / "open").touch()
             response = in_flight.result()
         assert server.process.wait(20) == 0
     assert response.status_code == 200
@@ -230,19 +259,21 @@ def test_sigterm_drains_in_flight_requests(worker_class):
 
 
 @each_worker_class
-def test_a_request_waiting_for_the_model_does_not_hold_up_the_others(worker_class):
+def test_a_request_waiting_for_the_model_does_not_hold_up_the_others(tmp_path, worker_class):
     env = {"SERVING_HANDLER": PROBE, "SERVING_WORKER_CLASS": worker_class, "SERVING_WORKERS": "1"}
     with gunicorn_server(env) as server, ThreadPoolExecutor(1) as pool:
-        slow = pool.submit(post, server.url, {"text": "slow", "sleep_s": 1.5})
-        time.sleep(0.3)
-        started = time.monotonic()
-        health = requests.get(server.url + "/healthz", timeout=5)
-        metadata = requests.get(server.url + "/metadata", timeout=5)
-        elapsed = time.monotonic() - started
+        try:
+            slow = pool.submit(post, server.url, {"text": "slow", "gate": str(tmp_path)})
+            wait_for((tmp_path / "started").exists, "the slow request in the model", 60)
+            # Answered while the gate still holds the slow request in the model.
+            health = requests.get(server.url + "/healthz", timeout=30)
+            metadata = requests.get(server.url + "/metadata", timeout=30)
+            assert not slow.done()
+        finally:
+            (tmp_path / "open").touch()
         assert slow.result().status_code == 200
     assert health.status_code == 200
     assert metadata.json()["worker_class"] == worker_class
-    assert elapsed < 0.5
 
 
 def run_serve(env, timeout_s=60):
