@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 import requests
+from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -73,12 +74,13 @@ BATCH_METRICS = (
 
 def batch_totals(url: str) -> tuple[float, ...]:
     """Seconds spent in batches, batches and items batched, over every worker (/metrics)."""
+    sums = dict.fromkeys(BATCH_METRICS, 0.0)
     text = requests.get(f"{url}/metrics", timeout=10).text
-    sums = []
-    for name in BATCH_METRICS:
-        values = re.findall(rf"^{name}(?:{{[^}}]*}})? (\S+)$", text, re.MULTILINE)
-        sums.append(sum(float(v) for v in values))
-    return tuple(sums)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in sums:
+                sums[sample.name] += sample.value
+    return tuple(sums.values())
 
 
 def split_ratio(
@@ -98,7 +100,8 @@ def split_ratio(
     (c=1): the two batch sizes the bare side measures."""
     batch_s, batches, items = (a - b for a, b in zip(after, before, strict=True))
     if items <= 0:
-        return {"busy": 0.0, "model": 0.0, "served_item_ms": 0.0, "bare_item_ms": 0.0}
+        zero = ("busy", "model", "served_item_ms", "bare_item_ms", "mean_batch")
+        return dict.fromkeys(zero, 0.0)
     served_item_ms = batch_s / items * 1e3
     bare_item_ms = batch1_ms if items / batches < 2 else cores / limit * 1e3
     return {
@@ -178,10 +181,10 @@ def main() -> None:
             f"{'p50 ms':>8} {'p99 ms':>8} {'503':>6} {'504':>5} {'errors':>6} "
             f"{'busy':>5} {'model':>6} {'ms/item served/bare':>20}"
         )
+        cores = usable_cores()
+        workers = int(extra.get("SERVING_WORKERS") or cores)
         for policy in args.policy:
             env = {"SERVING_BATCH_POLICY": policy, **extra}
-            cores = usable_cores()
-            workers = int(env.get("SERVING_WORKERS") or cores)
             with gunicorn_server(env) as server:
                 wrk(server.url, 8, 3)  # warm-up: the cost model and the allocator settle
                 for round_ in range(1, args.rounds + 1):
