@@ -119,7 +119,8 @@ class ParquetSink:
         """Each part that holds one of ``keys`` is rewritten without those rows (or
         removed, if nothing is left). Shards share the directory, so a shard rewrites
         only its own parts: another shard may be rewriting the others."""
-        parts = {part: failed & set(keys) for part, failed in self._failed.items()}
+        wanted = set(keys)
+        parts = {part: failed & wanted for part, failed in self._failed.items()}
         parts = {part: dropped for part, dropped in parts.items() if dropped}
         foreign = [p.name for p in parts if not p.name.startswith(self._prefix)]
         if foreign and self._shard.count > 1:
