@@ -6,6 +6,7 @@ No monkey-patching here: the test process's main thread runs a gevent hub, and
 
 from __future__ import annotations
 
+import itertools
 import os
 import socket
 import threading
@@ -187,13 +188,26 @@ def test_greenlets_submit_to_a_batcher_and_get_their_own_answers():
     assert max(batches) > 1
 
 
-def test_a_worker_is_over_its_share_when_it_leads_by_three():
+def test_a_worker_is_full_when_one_more_would_put_it_above_an_equal_share():
     shares = ConnectionShares(2)
-    shares.counts[0], shares.counts[1] = 3, 1
-    assert not shares.over_share(0)  # 3 of 4: at its share plus one
-    shares.counts[0], shares.counts[1] = 4, 1
-    assert shares.over_share(0)  # 4 of 5
-    assert not shares.over_share(1)
+    shares.counts[0], shares.counts[1] = 1, 0
+    assert shares.full(0)  # 2 of 2 would be above 1 of 2
+    assert not shares.full(1)
+    shares.counts[0], shares.counts[1] = 16, 16
+    assert not shares.full(0)  # 17 of 33 is its share, rounded up
+    shares.counts[0], shares.counts[1] = 16, 15
+    assert shares.full(0)  # 17 of 32: wrk's 32 connections split 16/16, never 17/15
+    assert not shares.full(1)
+
+
+@pytest.mark.parametrize("slots", [2, 3, 4])
+def test_some_worker_is_never_full_so_a_connection_always_has_a_taker(slots):
+    shares = ConnectionShares(slots)
+    for counts in itertools.product(range(6), repeat=slots):
+        shares.counts[:] = counts
+        assert not all(shares.full(slot) for slot in range(slots)), counts
+        least = counts.index(min(counts))
+        assert not shares.full(least), counts
 
 
 def test_a_count_written_after_fork_is_seen_by_the_master_and_siblings():
@@ -271,22 +285,28 @@ def fair_server(monkeypatch):
     server.stop()
 
 
-def test_a_server_over_its_share_leaves_a_burst_to_its_sibling(fair_server, monkeypatch):
+def test_a_full_server_leaves_a_burst_to_its_sibling(fair_server, monkeypatch):
     # The pause cannot run out during the test, however slowly it is scheduled.
     monkeypatch.setattr(fairaccept, "ACCEPT_PAUSE_MAX_S", 3600.0)
     shares, accepted, connect, server = fair_server
     connect(3)  # one burst, all in the backlog before the hub looks
-    green_wait_until(lambda: len(accepted) == 1)
-    assert server.paused
+    green_wait_until(lambda: server.paused)
     # Let the hub run its accept loop and the pause's timer a few times: nothing is
-    # taken while 6 > 6/2 + 1 (gevent's loop would take the whole burst at once).
+    # taken while 5 + 1 > an equal share of 6 (gevent's loop would take the whole
+    # burst at once; with "an equal share plus one" it took one first).
     for _ in range(3):
         gevent.sleep(fairaccept.ACCEPT_PAUSE_S)
-    assert len(accepted) == 1, "accepted while over its share"
-    assert (shares.counts[0], shares.counts[1]) == (6, 0)
-    shares.counts[1] = 5  # the sibling took its share: 6 of 11 is within it
-    green_wait_until(lambda: len(accepted) == 3)  # resumed; paused again at 8 of 13
-    assert server.paused
+    assert accepted == [], "accepted while full"
+    assert (shares.counts[0], shares.counts[1]) == (5, 0)
+    shares.counts[1] = 6  # the sibling took its share, and one more
+    # Resumed: takes one to 6 of 12, another to 7 of 13, and stops before 8 of 14.
+    green_wait_until(lambda: len(accepted) == 2 and server.paused)
+    for _ in range(3):
+        gevent.sleep(fairaccept.ACCEPT_PAUSE_S)
+    assert len(accepted) == 2, "took one past an equal share"
+    assert (shares.counts[0], shares.counts[1]) == (7, 6)
+    shares.counts[1] = 7  # its sibling caught up: the last of the burst is taken
+    green_wait_until(lambda: len(accepted) == 3)
 
 
 def test_a_server_within_its_share_takes_a_whole_burst(fair_server):
@@ -298,15 +318,23 @@ def test_a_server_within_its_share_takes_a_whole_burst(fair_server):
     assert shares.counts[0] == 8
 
 
-def test_a_server_resumes_accepting_when_its_sibling_never_does(fair_server):
-    shares, accepted, connect, _ = fair_server
+def test_a_server_resumes_accepting_when_its_sibling_never_does(fair_server, monkeypatch):
+    shares, accepted, connect, server = fair_server
     connect()
+    # Full (the sibling holds none), yet it takes the connection once
+    # ACCEPT_PAUSE_MAX_S has passed.
     green_wait_until(lambda: len(accepted) == 1)
+    assert shares.full(0)
+    # Once a pause runs out with nothing pending, accepting goes on as usual; the
+    # next connection is offered to the sibling first again (now for as long as
+    # it takes), not let through because a pause once ran out.
+    green_wait_until(lambda: not server.paused)
+    monkeypatch.setattr(fairaccept, "ACCEPT_PAUSE_MAX_S", 3600.0)
     connect()
-    # Still over its share (the sibling holds none), yet it takes the connection
-    # once ACCEPT_PAUSE_MAX_S has passed.
-    green_wait_until(lambda: len(accepted) == 2)
-    assert shares.over_share(0)
+    green_wait_until(lambda: server.paused)
+    for _ in range(3):
+        gevent.sleep(fairaccept.ACCEPT_PAUSE_S)
+    assert len(accepted) == 1, "a pause that ran out let a later connection straight in"
 
 
 def test_the_server_counts_its_open_connections_for_the_batcher():

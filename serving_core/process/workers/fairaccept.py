@@ -4,10 +4,18 @@ A busy hub loops back to its listener faster than an idle worker wakes up, so
 a burst of new connections could all land on one worker (8 of 8 in one of 12
 bursts measured), and with keep-alive they stay there, halving the service.
 Workers count their open connections in memory shared with the master; one
-that would hold more than an equal share plus one stops accepting, letting the
-others take what is pending, until it is back within its share or
-``ACCEPT_PAUSE_MAX_S`` has passed (a stuck or restarting sibling never stalls
-it longer).
+that is full (one more connection would put it above an equal share of them
+all, rounded up) stops accepting, letting the others take what is pending,
+until it is no longer full or ``ACCEPT_PAUSE_MAX_S`` has passed (a stuck or
+restarting sibling never stalls it longer).
+
+Exactly an equal share, not "an equal share plus one": wrk's 32 connections
+on 2 workers split 15/17 in 13 of 20 starts with that slack, and the worker
+with 17 runs batches of 16 and 1 (SERVING_MAX_BATCH_SIZE=16) while its
+sibling's model waits for 15; with the exact bound every start split 16/16,
+and c=32 rounds that would have split 15/17 served ~4% more (bench/README.md,
+"Fair accepting"). The full worker pauses before it takes one too many, not
+after, so a burst's last connection cannot overshoot.
 
 The master calls ``share_connections`` before the first fork and
 ``worker_exited`` for each dead worker; a worker takes its slot with
@@ -18,6 +26,7 @@ The master calls ``share_connections`` before the first fork and
 from __future__ import annotations
 
 import ctypes
+import math
 import mmap
 import time
 from typing import Any
@@ -58,10 +67,12 @@ class ConnectionShares:
                 self.owners[slot] = None
                 self.counts[slot] = 0
 
-    def over_share(self, slot: int) -> bool:
-        """Whether ``slot`` holds more than an equal share plus one."""
+    def full(self, slot: int) -> bool:
+        """Whether one more connection would put ``slot`` above an equal share of all
+        the connections then open, rounded up. Never true of every slot at once: the
+        one with the fewest holds at most ``total // slots``."""
         counts = self.counts
-        return bool(counts[slot] > sum(counts) / len(counts) + 1)
+        return bool(counts[slot] + 1 > math.ceil((sum(counts) + 1) / len(counts)))
 
 
 _shares: ConnectionShares | None = None
@@ -85,20 +96,27 @@ def worker_exited(worker: object) -> None:
 
 
 class FairServer(StreamServer):  # type: ignore[misc]
-    """gevent's stream server, pausing accepts while its worker holds more than its share."""
+    """gevent's stream server: no accepting while its worker is full (``ConnectionShares.full``)."""
 
     slot: int | None = None
     # This worker's open client connections, over all its listeners; also the
     # adaptive batcher's bound on who may still send.
     open_connections = 0
     connections: Connections | None = None  # set in the worker, after fork
-    paused = False  # over its share: the rest of the backlog is left to the siblings
+    paused = False  # full: the rest of the backlog is left to the siblings
 
     def do_read(self) -> Any:
         # gevent's accept loop takes up to ``max_accept`` (100) connections per
         # wake-up, and goes on after ``stop_accepting``: a burst that reached the
         # backlog before this hub woke would all land here. None ends that loop.
+        # Asked before each accept, not after: a count can also fall elsewhere (a
+        # sibling's connection closed) between two of this worker's accepts.
         if self.paused:
+            return None
+        if self._full():
+            self.paused = True
+            self.stop_accepting()
+            self._pause(time.monotonic() + ACCEPT_PAUSE_MAX_S)
             return None
         return super().do_read()
 
@@ -109,10 +127,6 @@ class FairServer(StreamServer):  # type: ignore[misc]
         if FairServer.connections is not None:
             FairServer.connections.make_room(FairServer.open_connections)
         super().do_handle(*args)
-        if self._over_share():
-            self.paused = True
-            self.stop_accepting()
-            self._pause(time.monotonic() + ACCEPT_PAUSE_MAX_S)
 
     def do_close(self, *args: Any) -> None:
         try:
@@ -125,9 +139,9 @@ class FairServer(StreamServer):  # type: ignore[misc]
         if _shares is not None and self.slot is not None:
             _shares.counts[self.slot] += change
 
-    def _over_share(self) -> bool:
+    def _full(self) -> bool:
         shares, slot = _shares, self.slot
-        return shares is not None and slot is not None and shares.over_share(slot)
+        return shares is not None and slot is not None and shares.full(slot)
 
     def _pause(self, until: float) -> None:
         timer = self.loop.timer(ACCEPT_PAUSE_S)
@@ -135,11 +149,28 @@ class FairServer(StreamServer):  # type: ignore[misc]
 
     def _resume(self, timer: Any, until: float) -> None:
         timer.close()
+        self.paused = False
         if not self.started:
-            self.paused = False
             return
-        if self._over_share() and time.monotonic() < until:
-            self._pause(until)  # still ahead: leave what is pending to the others a while longer
+        full = self._full()
+        if full and time.monotonic() < until:
+            self.paused = True
+            self._pause(until)  # still full: leave what is pending to the others a while longer
+        elif full and self._take_one():
+            # The pause ran out, still full: a sibling that takes nothing must not
+            # stall new clients. One pending connection is taken here, the rest wait
+            # another pause; none pending, and accepting goes on as usual.
+            self.paused = True
+            self._pause(time.monotonic() + ACCEPT_PAUSE_MAX_S)
         else:
-            self.paused = False
             self.start_accepting()
+
+    def _take_one(self) -> bool:
+        """Accept one pending connection, outside gevent's accept loop; whether one was."""
+        try:
+            taken = super().do_read()
+        except OSError:
+            return False  # gevent's accept loop, started next, meets it again and backs off
+        if taken:
+            self.do_handle(*taken)
+        return bool(taken)
