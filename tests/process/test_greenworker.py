@@ -15,6 +15,7 @@ from concurrent.futures import CancelledError
 from concurrent.futures import TimeoutError as FutureTimeout
 
 import gevent
+import gevent.pool
 import pytest
 from gevent.event import Event
 
@@ -335,6 +336,41 @@ def test_a_server_resumes_accepting_when_its_sibling_never_does(fair_server, mon
     for _ in range(3):
         gevent.sleep(fairaccept.ACCEPT_PAUSE_S)
     assert len(accepted) == 1, "a pause that ran out let a later connection straight in"
+
+
+def test_a_pause_that_runs_out_waits_for_a_free_greenlet_when_the_pool_is_full(monkeypatch):
+    # gunicorn's gevent worker spawns through a Pool of worker_connections: a
+    # connection taken when a pause runs out must wait for a free greenlet as
+    # gevent's accept loop does, not block the hub in the pause's timer (which
+    # left the listener stopped for good).
+    shares = ConnectionShares(2)
+    shares.counts[0] = 5  # full: its sibling holds none and never takes any
+    monkeypatch.setattr(fairaccept, "_shares", shares)
+    release = Event()
+    accepted = []
+
+    def handle(sock, addr):
+        accepted.append(1)
+        release.wait(10)
+
+    server = FairServer(("127.0.0.1", 0), handle=handle, spawn=gevent.pool.Pool(1))
+    server.slot = 0
+    server.start()
+    before = FairServer.open_connections
+    clients = [socket.create_connection(server.address) for _ in range(2)]
+    try:
+        green_wait_until(lambda: len(accepted) == 1)  # the pause ran out: one taken
+        for _ in range(3):  # pauses run out again while the pool's one greenlet is busy
+            gevent.sleep(fairaccept.ACCEPT_PAUSE_MAX_S)
+        assert len(accepted) == 1
+        release.set()  # the greenlet is free: the second connection is taken
+        green_wait_until(lambda: len(accepted) == 2)
+    finally:
+        release.set()
+        for client in clients:
+            client.close()
+        green_wait_until(lambda: FairServer.open_connections == before)
+        server.stop()
 
 
 def test_the_server_counts_its_open_connections_for_the_batcher():

@@ -10,7 +10,7 @@ until it is no longer full or ``ACCEPT_PAUSE_MAX_S`` has passed (a stuck or
 restarting sibling never stalls it longer).
 
 Exactly an equal share, not "an equal share plus one": wrk's 32 connections
-on 2 workers split 15/17 in 13 of 20 starts with that slack, and the worker
+on 2 workers split 15/17 in 15 of 20 starts with that slack, and the worker
 with 17 runs batches of 16 and 1 (SERVING_MAX_BATCH_SIZE=16) while its
 sibling's model waits for 15; with the exact bound every start split 16/16,
 and c=32 rounds that would have split 15/17 served ~4% more (bench/README.md,
@@ -167,6 +167,10 @@ class FairServer(StreamServer):  # type: ignore[misc]
 
     def _take_one(self) -> bool:
         """Accept one pending connection, outside gevent's accept loop; whether one was."""
+        if self.full():
+            # gevent's own check (its pool of connection greenlets is full), which its
+            # accept loop, started next, waits out; spawning now would block the hub.
+            return False
         try:
             taken = super().do_read()
         except OSError:
