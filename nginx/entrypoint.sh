@@ -48,6 +48,11 @@
 # | NGINX_CONN_LIMIT_PER_CLIENT | 128      | requests in progress per client address (a slow     |
 # |                           |            | body upload counts), then JSON 429; 0 = off         |
 # | NGINX_CLIENT_BODY_BUFFER_SIZE | 128k   | bodies up to this stay in memory                    |
+# | NGINX_BODY_SPOOL_BYTES    | 128m       | request bodies spooled to the temp directory at     |
+# |                           |            | once, all clients together (bytes, or 128k, 128m,   |
+# |                           |            | 1g): this / SERVING_MAX_BODY_BYTES uploads over the |
+# |                           |            | body buffer at a time (at least 1), then JSON 429;  |
+# |                           |            | keep it under the size of /tmp; 0 = off             |
 # | NGINX_WORKER_PROCESSES    | auto       | nginx workers                                       |
 # | NGINX_WORKER_CONNECTIONS  | 1024       | connections per nginx worker (each may buffer a     |
 # |                           |            | body of NGINX_CLIENT_BODY_BUFFER_SIZE in memory, or |
@@ -92,6 +97,13 @@ check() {
     "$3" "$2" || die "$1 must be $4, got '$2'"
 }
 ms() { awk -v s="$1" 'BEGIN { printf "%d", s * 1000 + 0.5 }'; }
+# nginx's size syntax (bytes, or a k, m or g suffix), checked before, in bytes.
+bytes_of() {
+    awk -v s="$1" 'BEGIN {
+        n = s + 0; unit = tolower(substr(s, length(s)))
+        if (unit == "k") n *= 1024; else if (unit == "m") n *= 1048576; else if (unit == "g") n *= 1073741824
+        printf "%.0f", n }'
+}
 
 NGINX_UPSTREAM=${NGINX_UPSTREAM:-app:8000}
 NGINX_PORT=${NGINX_PORT:-8080}
@@ -110,6 +122,7 @@ NGINX_CLIENT_TIMEOUT_S=${NGINX_CLIENT_TIMEOUT_S:-10}
 NGINX_KEEPALIVE_TIMEOUT_S=${NGINX_KEEPALIVE_TIMEOUT_S:-15}
 NGINX_CONN_LIMIT_PER_CLIENT=${NGINX_CONN_LIMIT_PER_CLIENT:-128}
 NGINX_CLIENT_BODY_BUFFER_SIZE=${NGINX_CLIENT_BODY_BUFFER_SIZE:-128k}
+NGINX_BODY_SPOOL_BYTES=${NGINX_BODY_SPOOL_BYTES:-128m}
 NGINX_WORKER_PROCESSES=${NGINX_WORKER_PROCESSES:-auto}
 NGINX_WORKER_CONNECTIONS=${NGINX_WORKER_CONNECTIONS:-1024}
 NGINX_RATE_LIMIT_RPS=${NGINX_RATE_LIMIT_RPS:-0}
@@ -175,6 +188,9 @@ check NGINX_CONN_LIMIT_PER_CLIENT "$NGINX_CONN_LIMIT_PER_CLIENT" is_uint "a whol
 case $NGINX_CLIENT_BODY_BUFFER_SIZE in
     '' | *[!0-9kKmM]* | [kKmM]* | *[kKmM]?*) die "NGINX_CLIENT_BODY_BUFFER_SIZE must be bytes or a size like 128k or 1m, got '$NGINX_CLIENT_BODY_BUFFER_SIZE'" ;;
 esac
+case $NGINX_BODY_SPOOL_BYTES in
+    '' | *[!0-9kKmMgG]* | [kKmMgG]* | *[kKmMgG]?*) die "NGINX_BODY_SPOOL_BYTES must be bytes or a size like 128m or 1g (0 turns the cap off; keep it under the size of /tmp), got '$NGINX_BODY_SPOOL_BYTES'" ;;
+esac
 [ "$NGINX_WORKER_PROCESSES" = auto ] || check NGINX_WORKER_PROCESSES "$NGINX_WORKER_PROCESSES" is_uint "auto or a whole number"
 check NGINX_WORKER_CONNECTIONS "$NGINX_WORKER_CONNECTIONS" is_uint "a whole number"
 [ "$NGINX_WORKER_CONNECTIONS" -ge 16 ] || die "NGINX_WORKER_CONNECTIONS must be 16 or more, got '$NGINX_WORKER_CONNECTIONS'"
@@ -219,6 +235,16 @@ NGINX_UPSTREAM_KEEPALIVE_TIMEOUT=$(awk -v k="$SERVING_KEEPALIVE_S" 'BEGIN {
     ms = k * 1000 - 1000; if (ms < k * 500) ms = k * 500; if (ms < 1) ms = 1; printf "%dms", ms }')
 NGINX_UPSTREAM_MAX_CONNS_PARAM= # nginx reads max_conns=0 as no limit too; leave it out
 [ "$NGINX_UPSTREAM_MAX_CONNS" -eq 0 ] || NGINX_UPSTREAM_MAX_CONNS_PARAM=" max_conns=$NGINX_UPSTREAM_MAX_CONNS"
+# Bodies spooled to disk at once: as many uploads of the largest body as fit
+# in NGINX_BODY_SPOOL_BYTES, at least one (nginx takes at most 65535). Which
+# requests count is known from their headers, before nginx reads a byte of the
+# body: a Content-Length with at least as many digits as the body buffer's
+# size in bytes (every length over the buffer has that many), or a chunked body.
+spool_bytes=$(bytes_of "$NGINX_BODY_SPOOL_BYTES")
+buffer_bytes=$(bytes_of "$NGINX_CLIENT_BODY_BUFFER_SIZE")
+NGINX_BODY_SPOOL_LENGTH_DIGITS=${#buffer_bytes}
+NGINX_BODY_SPOOL_UPLOADS=$(awk -v s="$spool_bytes" -v m="$SERVING_MAX_BODY_BYTES" 'BEGIN {
+    n = int(s / m); if (n < 1) n = 1; if (n > 65535) n = 65535; printf "%d", n }')
 NGINX_LIMIT_REQ_BURST= # nginx refuses burst=0; no burst is the same thing
 [ "$NGINX_RATE_LIMIT_BURST" -eq 0 ] || NGINX_LIMIT_REQ_BURST=" burst=$NGINX_RATE_LIMIT_BURST nodelay"
 case $NGINX_LISTEN_ADDRESS in
@@ -246,6 +272,8 @@ rate_limit=off
 [ "$NGINX_RATE_LIMIT_RPS" -eq 0 ] || rate_limit=on
 conn_limit=off
 [ "$NGINX_CONN_LIMIT_PER_CLIENT" -eq 0 ] || conn_limit=on
+body_spool=off
+[ "$spool_bytes" = 0 ] || body_spool=on
 tls=off
 [ -z "$NGINX_TLS_CERT" ] || tls=on
 real_ip=off
@@ -260,6 +288,8 @@ NGINX_RATE_LIMIT_ZONE_INCLUDE=$(include $rate_limit rate-limit-zone.conf "NGINX_
 NGINX_RATE_LIMIT_INCLUDE=$(include $rate_limit rate-limit.conf "NGINX_RATE_LIMIT_RPS is 0")
 NGINX_CONN_LIMIT_ZONE_INCLUDE=$(include $conn_limit conn-limit-zone.conf "NGINX_CONN_LIMIT_PER_CLIENT is 0")
 NGINX_CONN_LIMIT_INCLUDE=$(include $conn_limit conn-limit.conf "NGINX_CONN_LIMIT_PER_CLIENT is 0")
+NGINX_BODY_SPOOL_ZONE_INCLUDE=$(include $body_spool body-spool-zone.conf "NGINX_BODY_SPOOL_BYTES is 0")
+NGINX_BODY_SPOOL_INCLUDE=$(include $body_spool body-spool.conf "NGINX_BODY_SPOOL_BYTES is 0")
 NGINX_TLS_INCLUDE=$(include $tls tls.conf "NGINX_TLS_CERT and NGINX_TLS_KEY are not set")
 NGINX_STATUS_INCLUDE=$(include $status status.conf "NGINX_STATUS_PORT is 0")
 NGINX_GRPC_INCLUDE=$(include $grpc grpc.conf "NGINX_GRPC_PORT is 0")
@@ -287,7 +317,9 @@ export NGINX_UPSTREAM NGINX_PORT NGINX_METRICS_PORT NGINX_LISTEN_ADDRESS SERVING
     NGINX_ENVSUBST_OUTPUT_DIR NGINX_CONF_DIR NGINX_CLIENT_MAX_BODY_SIZE NGINX_PROXY_TIMEOUT \
     NGINX_UPSTREAM_KEEPALIVE_TIMEOUT NGINX_LIMIT_REQ_BURST NGINX_LISTEN NGINX_TLS_LISTEN \
     NGINX_METRICS_LISTEN NGINX_RATE_LIMIT_ZONE_INCLUDE NGINX_RATE_LIMIT_INCLUDE NGINX_TLS_INCLUDE \
-    NGINX_CONN_LIMIT_ZONE_INCLUDE NGINX_CONN_LIMIT_INCLUDE \
+    NGINX_CONN_LIMIT_ZONE_INCLUDE NGINX_CONN_LIMIT_INCLUDE NGINX_BODY_SPOOL_BYTES \
+    NGINX_BODY_SPOOL_LENGTH_DIGITS NGINX_BODY_SPOOL_UPLOADS NGINX_BODY_SPOOL_ZONE_INCLUDE \
+    NGINX_BODY_SPOOL_INCLUDE \
     NGINX_REAL_IP_INCLUDE NGINX_UPSTREAM_KEEPALIVE_INCLUDE NGINX_SET_REAL_IP_FROM NGINX_ENVSUBST_TEMPLATE_DIR
 
 # Only NGINX_* and SERVING_* names are substituted, so nginx's own $variables

@@ -63,6 +63,7 @@ def test_nginx_values_reach_its_environment(chart: helm.Chart) -> None:
     assert nginx["NGINX_WORKER_PROCESSES"] == "2"
     assert nginx["NGINX_WORKER_CONNECTIONS"] == "4096"
     assert nginx["NGINX_CONN_LIMIT_PER_CLIENT"] == "64"
+    assert nginx["NGINX_BODY_SPOOL_BYTES"] == "512m"
     assert nginx["NGINX_CLIENT_TIMEOUT_S"] == "5"
     assert nginx["NGINX_KEEPALIVE_TIMEOUT_S"] == "30"
     assert nginx["NGINX_UPSTREAM_KEEPALIVE"] == "64"
@@ -133,6 +134,19 @@ def test_nginx_upstream_max_conns_can_be_set_or_turned_off(chart: helm.Chart) ->
         assert nginx["NGINX_UPSTREAM_MAX_CONNS"] == str(set_to)
     with pytest.raises(Exception, match="upstreamMaxConns"):
         render(chart, tagged({"nginx": {"upstreamMaxConns": "lots"}}))
+
+
+@pytest.mark.parametrize(
+    ("set_to", "expected"),
+    # Half the default tmpSizeLimit (256Mi); a number stays whole (YAML gives Helm a float).
+    [(None, "128m"), (134217728, "134217728"), ("1g", "1g"), (0, "0")],
+)
+def test_nginx_body_spool_size_reaches_its_environment(
+    chart: helm.Chart, set_to: int | str | None, expected: str
+) -> None:
+    values = tagged({} if set_to is None else {"nginx": {"bodySpoolSize": set_to}})
+    nginx = env_of(containers(find(render(chart, values), "Deployment"))["nginx"])
+    assert nginx["NGINX_BODY_SPOOL_BYTES"] == expected
 
 
 def nginx_binary() -> str:

@@ -52,6 +52,9 @@ BAD_VALUES = [
     ),
     ({"serving": {"jobsEnabled": "yes"}}, "at '/serving/jobsEnabled'"),
     ({"nginx": {"image": {"tag": 1.25}}}, "at '/nginx/image/tag': got number, want string"),
+    # Kubernetes' quantity, not the nginx size the entrypoint reads.
+    ({"nginx": {"bodySpoolSize": "128Mi"}}, "at '/nginx/bodySpoolSize'"),
+    ({"nginx": {"bodySpoolSize": -1}}, "at '/nginx/bodySpoolSize'"),
     (
         {"tolerations": [{"key": "nvidia.com/gpu", "opertor": "Exists"}]},
         "at '/tolerations/0': additional properties 'opertor' not allowed",

@@ -714,6 +714,7 @@ CHART_SIDECAR = {
     "NGINX_WORKER_PROCESSES": "auto",
     "NGINX_WORKER_CONNECTIONS": "1024",
     "NGINX_CONN_LIMIT_PER_CLIENT": "128",
+    "NGINX_BODY_SPOOL_BYTES": "128m",
     "NGINX_CLIENT_TIMEOUT_S": "10",
     "NGINX_KEEPALIVE_TIMEOUT_S": "15",
     "NGINX_RATE_LIMIT_RPS": "0",
@@ -830,6 +831,11 @@ def test_optional_parts_are_included_only_when_their_settings_ask(
                 "server_tokens off;",
                 "limit_conn_zone $binary_remote_addr zone=serving_conn_per_client:10m;",
                 "limit_conn serving_conn_per_client 128;",
+                # 128m of bodies spooled at once: 128 bodies of 1 MiB; a length
+                # of 6 digits or more may pass the 128k (131072) buffer.
+                "limit_conn_zone $serving_body_spool zone=serving_body_spool:64k;",
+                "limit_conn serving_body_spool 128;",
+                '"~^:[0-9]{6,}$" spooled;',
                 "limit_conn_status 429;",
                 "keepalive_timeout 15s;",
                 "client_header_timeout 10s;",
@@ -847,6 +853,7 @@ def test_optional_parts_are_included_only_when_their_settings_ask(
         (
             {
                 "NGINX_CONN_LIMIT_PER_CLIENT": "0",
+                "NGINX_BODY_SPOOL_BYTES": "0",
                 "NGINX_KEEPALIVE_TIMEOUT_S": "0",
                 "NGINX_CLIENT_TIMEOUT_S": "5",
                 "NGINX_WORKER_CONNECTIONS": "4096",
@@ -857,7 +864,7 @@ def test_optional_parts_are_included_only_when_their_settings_ask(
                 "worker_connections 4096;",
                 "worker_rlimit_nofile 8192;",
             ],
-            ["limit_conn"],
+            ["limit_conn ", "limit_conn_zone"],
         ),
     ],
     ids=["defaults", "limit-off-keepalive-off"],
@@ -883,6 +890,10 @@ def test_slow_clients_and_banners_are_bounded_by_the_settings(
     [
         ({"NGINX_CONN_LIMIT_PER_CLIENT": "lots"}, "NGINX_CONN_LIMIT_PER_CLIENT"),
         ({"NGINX_CONN_LIMIT_PER_CLIENT": "-1"}, "NGINX_CONN_LIMIT_PER_CLIENT"),
+        ({"NGINX_BODY_SPOOL_BYTES": "lots"}, "NGINX_BODY_SPOOL_BYTES"),
+        ({"NGINX_BODY_SPOOL_BYTES": "1.5g"}, "NGINX_BODY_SPOOL_BYTES"),
+        ({"NGINX_BODY_SPOOL_BYTES": "128mb"}, "NGINX_BODY_SPOOL_BYTES"),
+        ({"NGINX_BODY_SPOOL_BYTES": "-1"}, "NGINX_BODY_SPOOL_BYTES"),
         ({"NGINX_KEEPALIVE_TIMEOUT_S": "1.5"}, "NGINX_KEEPALIVE_TIMEOUT_S"),
         ({"NGINX_CLIENT_TIMEOUT_S": "0"}, "NGINX_CLIENT_TIMEOUT_S"),
         ({"NGINX_WORKER_CONNECTIONS": "8"}, "NGINX_WORKER_CONNECTIONS"),
@@ -928,7 +939,12 @@ def test_render_refuses_a_bad_setting_and_names_it(
         {"NGINX_RATE_LIMIT_RPS": "50"},
         {"NGINX_TRUSTED_PROXIES": "10.0.0.0/8,fd00::/8"},
         {"NGINX_RATE_LIMIT_RPS": "50", "NGINX_TRUSTED_PROXIES": "10.0.0.0/8,fd00::/8"},
-        {"NGINX_CONN_LIMIT_PER_CLIENT": "0", "NGINX_KEEPALIVE_TIMEOUT_S": "0"},
+        {
+            "NGINX_CONN_LIMIT_PER_CLIENT": "0",
+            "NGINX_BODY_SPOOL_BYTES": "0",
+            "NGINX_KEEPALIVE_TIMEOUT_S": "0",
+        },
+        {"NGINX_BODY_SPOOL_BYTES": "1", "NGINX_CONN_LIMIT_PER_CLIENT": "0"},
         {"NGINX_STATUS_PORT": "8082"},
         {
             "NGINX_GRPC_PORT": "8081",
@@ -946,7 +962,8 @@ def test_render_refuses_a_bad_setting_and_names_it(
         "rate-limit",
         "trusted-proxies",
         "rate-limit-behind-proxies",
-        "conn-limit-off-keepalive-off",
+        "conn-limits-off-keepalive-off",
+        "body-spool-only",
         "stub-status",
         "grpc",
         "unix-socket",

@@ -132,6 +132,9 @@ def served(behind_nginx: bool, overrides: dict[str, str]) -> Iterator[tuple[str,
         nginx = {
             # The slow clients and the test share 127.0.0.1: no per-address limit.
             "NGINX_CONN_LIMIT_PER_CLIENT": "0",
+            # Every slow body is held, none refused: no cap on the bodies nginx
+            # spools (they dribble in: a few bytes each on the test's /tmp).
+            "NGINX_BODY_SPOOL_BYTES": "0",
             "NGINX_WORKER_CONNECTIONS": "4096",
         }
         with nginx_server(server.bind, nginx) as proxy:

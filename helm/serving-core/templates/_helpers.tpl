@@ -495,6 +495,13 @@ proxy timeouts and upstream keep-alive from them.
   value: {{ int64 $n.workerConnections | quote }}
 - name: NGINX_CONN_LIMIT_PER_CLIENT
   value: {{ int64 $n.connLimitPerClient | quote }}
+- name: NGINX_BODY_SPOOL_BYTES
+  {{- /* A YAML number is a float to Helm: int64 keeps 134217728 from becoming 1.34217728e+08. */}}
+  {{- if kindIs "string" $n.bodySpoolSize }}
+  value: {{ $n.bodySpoolSize | quote }}
+  {{- else }}
+  value: {{ int64 $n.bodySpoolSize | quote }}
+  {{- end }}
 - name: NGINX_CLIENT_TIMEOUT_S
   value: {{ int64 $n.clientTimeoutSeconds | quote }}
 - name: NGINX_KEEPALIVE_TIMEOUT_S
