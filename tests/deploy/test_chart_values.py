@@ -158,6 +158,7 @@ WALK_SAMPLES: dict[str, Any] = {
     "nginx.image.digest": DIGEST,
     "nginx.workerProcesses": "auto",
     "nginx.upstreamMaxConns": 500,
+    "nginx.bodySpoolSize": "64m",
     "nginx.resources": {"limits": {"memory": "256Mi"}},
     "nginx.trustedProxies": ["10.0.0.0/8"],
     "nginx.exporter.image.repository": "ghcr.io/nginx/nginx-prometheus-exporter",
