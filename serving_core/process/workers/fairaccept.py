@@ -114,7 +114,6 @@ class FairServer(StreamServer):  # type: ignore[misc]
         if self.paused:
             return None
         if self._full():
-            self.paused = True
             self.stop_accepting()
             self._pause(time.monotonic() + ACCEPT_PAUSE_MAX_S)
             return None
@@ -144,6 +143,8 @@ class FairServer(StreamServer):  # type: ignore[misc]
         return shares is not None and slot is not None and shares.full(slot)
 
     def _pause(self, until: float) -> None:
+        """Paused until the timer's next look (``_resume``), at most until ``until``."""
+        self.paused = True
         timer = self.loop.timer(ACCEPT_PAUSE_S)
         timer.start(self._resume, timer, until)
 
@@ -154,13 +155,11 @@ class FairServer(StreamServer):  # type: ignore[misc]
             return
         full = self._full()
         if full and time.monotonic() < until:
-            self.paused = True
             self._pause(until)  # still full: leave what is pending to the others a while longer
         elif full and self._take_one():
             # The pause ran out, still full: a sibling that takes nothing must not
             # stall new clients. One pending connection is taken here, the rest wait
             # another pause; none pending, and accepting goes on as usual.
-            self.paused = True
             self._pause(time.monotonic() + ACCEPT_PAUSE_MAX_S)
         else:
             self.start_accepting()
