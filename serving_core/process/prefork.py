@@ -91,7 +91,7 @@ class Prefork:
         # After the first forks, so they start without its thread (a respawned
         # consumer forks beside it, and never touches it).
         server = _health_server(self, self.settings.bind)
-        # Under the command's own logger (jobworker, streamworker), as before the split.
+        # Under the command's own logger (jobmaster, streammaster).
         logging.getLogger(type(self).__module__).info("%s", self.describe())
         while self.children:
             try:
