@@ -27,7 +27,7 @@ def started():
 
 
 def consume(service, max_items=16):
-    """One batch of the worker's loop, over the service's own queue and engine."""
+    """One batch of a job consumer's loop, over the service's own queue and engine."""
     loop = JobLoop(
         service.engine, service.jobs.queue, "test", max_batch_size=max_items, stopping=lambda: True
     )
