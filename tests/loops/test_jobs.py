@@ -1,6 +1,6 @@
 """A job consumer's batch (``JobLoop.run_batch``) over a real ``Engine`` and a real SQLite
-queue: what is stored, what is retried, what runs again alone (the whole `serving-core worker` is in
-tests/process/test_jobmaster.py)."""
+queue: what is stored, what is retried, what runs again alone (the whole ``serving-core
+worker`` is in tests/process/test_jobmaster.py)."""
 
 from __future__ import annotations
 
