@@ -74,6 +74,9 @@ def test_the_package_keeps_every_rule(tree: Path) -> None:
         ("engine/core.py", "import serving_core.web.app", "The layers point down only"),
         ("handler.py", "import serving_core.encoding", "The handler contract imports nothing"),
         ("process/hooks.py", "import grpc", "grpcio and protobuf are imported only in grpc"),
+        # The consumers' loops run in forked processes, but know nothing of forking.
+        ("loops/stream.py", "import serving_core.process.prefork", "The layers point down only"),
+        ("loops/jobs.py", "import gevent", "gunicorn and gevent are imported only in"),
         ("grpc/codec.py", "import serving_core.web.app", "The layers point down only"),
         # A pipeline's gRPC client is handed down (pipeline.transport), never imported.
         ("pipeline/client.py", "import serving_core.grpc.stage", "The layers point down only"),

@@ -136,4 +136,4 @@ def test_every_line_of_a_job_worker_is_json(tmp_path):
             assert time.monotonic() < deadline, log_path.read_text()
             time.sleep(0.05)
     entries = parse_lines(log_path.read_text())
-    assert any(e["logger"] == "serving_core.process.jobworker" for e in entries)
+    assert any(e["logger"] == "serving_core.process.jobmaster" for e in entries)

@@ -6,7 +6,7 @@ import logging
 
 from serving_core.commands import startup
 from serving_core.commands.failure import Failure
-from serving_core.process.streamworker import StreamMaster, check
+from serving_core.process.streammaster import StreamMaster, check
 from serving_core.settings import Settings
 
 

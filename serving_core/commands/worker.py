@@ -6,14 +6,14 @@ import logging
 
 from serving_core.commands import startup
 from serving_core.commands.failure import Failure
-from serving_core.process.jobworker import Master
+from serving_core.process.jobmaster import JobMaster
 from serving_core.settings import Settings
 
 
 def main(settings: Settings) -> int:
     loaded = startup.load(settings, shared_metrics=True, uses_queue=True)
     try:
-        return Master(settings, loaded).run()
+        return JobMaster(settings, loaded).run()
     except Exception as exc:
         logging.getLogger("serving_core").exception("worker failed")
         raise Failure(f"{loaded.source}: {exc!r}") from exc

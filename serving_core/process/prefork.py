@@ -9,7 +9,7 @@ SIGTERM (or SIGINT) asks every consumer to stop: each finishes the batch in
 hand and exits; SERVING_GRACEFUL_TIMEOUT_S later the rest are killed. What a
 killed consumer held comes back from its queue or broker (at-least-once).
 
-Our own small prefork loop rather than gunicorn's arbiter: gunicorn's workers
+Our own small prefork master rather than gunicorn's arbiter: gunicorn's workers
 accept HTTP connections, and these take jobs or messages. Imports no Flask.
 """
 
@@ -91,7 +91,7 @@ class Prefork:
         # After the first forks, so they start without its thread (a respawned
         # consumer forks beside it, and never touches it).
         server = _health_server(self, self.settings.bind)
-        # Under the command's own logger (jobworker, streamworker), as before the split.
+        # Under the command's own logger (jobmaster, streammaster).
         logging.getLogger(type(self).__module__).info("%s", self.describe())
         while self.children:
             try:

@@ -1,11 +1,11 @@
 """POST /jobs, GET and DELETE /jobs/<id> through the Flask test client, over the embedded
-(SQLite) queue; a consumer's batch in between, as `serving-core worker` runs it."""
+(SQLite) queue; a consumer's batch in between, as `serving-core worker`'s loop runs it."""
 
 from __future__ import annotations
 
 import pytest
 
-from serving_core.process.jobworker import Consumer
+from serving_core.loops.jobs import JobLoop
 from tests.conftest import make_app
 from tests.web.test_app import assert_error
 
@@ -27,13 +27,13 @@ def started():
 
 
 def consume(service, max_items=16):
-    """One batch of the worker's loop, over the service's own queue and engine."""
-    consumer = Consumer(
+    """One batch of a job consumer's loop, over the service's own queue and engine."""
+    loop = JobLoop(
         service.engine, service.jobs.queue, "test", max_batch_size=max_items, stopping=lambda: True
     )
     jobs = service.jobs.queue.take("test", max_items, 0.0)
     if jobs:
-        consumer.run_batch(jobs)
+        loop.run_batch(jobs)
     return len(jobs)
 
 

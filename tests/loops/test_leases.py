@@ -1,4 +1,4 @@
-"""A job consumer's lease renewer (``process.leases``) over a real SQLite queue."""
+"""A job consumer's lease renewer (``loops.leases``) over a real SQLite queue."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from serving_core.jobs.backend import open_queue
-from serving_core.process.leases import LeaseRenewer
+from serving_core.loops.leases import LeaseRenewer
 from serving_core.settings import Settings
 from tests.servers import wait_for
 

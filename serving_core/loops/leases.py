@@ -3,9 +3,8 @@
 SERVING_JOBS_LEASE_S: a batch running longer than a third of it has its jobs'
 leases renewed every third of it, so a slow model is not mistaken for a dead
 consumer (its jobs handed out again, and failed once their attempts ran out).
-The thread is the consumer's, not the batch's: starting and joining one per
-batch cost ~1% of a MiniLM consumer's samples, for a renewal that almost no
-batch needs.
+The thread is the consumer's, not the batch's: a thread started and joined per
+batch would cost every batch, for a renewal that almost no batch needs.
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ from collections.abc import Iterator, Sequence
 
 from serving_core.jobs.base import Job, JobQueue
 
-log = logging.getLogger("serving_core.process.leases")
+log = logging.getLogger("serving_core.loops.leases")
 
 
 class LeaseRenewer:

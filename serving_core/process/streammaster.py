@@ -3,7 +3,7 @@
     master    ``prefork.Prefork``: preload, fork SERVING_WORKERS consumers, fork again
               one that dies; /metrics and /healthz on SERVING_BIND
     consumer  setup_worker(), torch threads = cores // workers, open the source, the
-              sink and the dead-letter sink, then ``streamconsumer.StreamConsumer``
+              sink and the dead-letter sink, then ``loops.stream.StreamLoop``
 
 SIGTERM: each consumer publishes and acks the batch in hand, then exits. A
 consumer killed outright loses nothing: the broker hands its unacked messages
@@ -13,14 +13,16 @@ idle for the source's ``claim_idle_ms``).
 
 from __future__ import annotations
 
+from serving_core.loops.stream import Ends, StreamLoop
 from serving_core.metrics.stream import StreamMetrics
 from serving_core.process.prefork import Prefork
-from serving_core.process.streamconsumer import Ends, StreamConsumer
 from serving_core.settings import Settings
 from serving_core.stream.backend import open_sink, open_source
 
 
 class StreamMaster(Prefork):
+    """``serving-core stream``'s master: its consumers run a ``StreamLoop`` each."""
+
     command = "serving-core stream"
 
     def describe(self) -> str:
@@ -38,7 +40,7 @@ class StreamMaster(Prefork):
                 open_sink(settings.stream_dead_letter, "SERVING_STREAM_DEAD_LETTER"),
             )
 
-        StreamConsumer(
+        StreamLoop(
             engine,
             open_ends,
             max_batch_size=settings.max_batch_size,

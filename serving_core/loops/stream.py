@@ -4,8 +4,9 @@
     → each: delivered more than SERVING_STREAM_MAX_ATTEMPTS times → dead letter, unrun
             no id (an AMQP message without message_id), not a JSON object → dead letter
     → one Engine call; a handler's refusal (4xx) → dead letter
-      a model failure (5xx): its items run again alone (a poison message fails
-      without its batch-mates), up to SERVING_STREAM_MAX_ATTEMPTS runs → dead letter
+      a model failure (5xx): its items run again alone (``isolation``: a poison
+      message fails without its batch-mates), up to SERVING_STREAM_MAX_ATTEMPTS
+      runs → dead letter
     → send the results, then the dead letters
     → after the next batch has run (or when none came): await both sinks'
       confirms, then ack the whole batch
@@ -28,13 +29,14 @@ from typing import Any
 
 from serving_core import encoding
 from serving_core.context import Context
-from serving_core.engine.core import Engine, Result
+from serving_core.engine.core import Engine
 from serving_core.errors import ServingError
+from serving_core.loops.isolation import isolate
 from serving_core.metrics.stream import StreamMetrics
 from serving_core.stream.base import BrokerError, Message, Outgoing, Sink, Source
 from serving_core.threads import held
 
-log = logging.getLogger("serving_core.process.streamconsumer")
+log = logging.getLogger("serving_core.loops.stream")
 
 Params = dict[str, Any]
 
@@ -87,7 +89,9 @@ class Sent:
 
 
 @dataclass
-class StreamConsumer:
+class StreamLoop:
+    """A consumer's loop over a broker: take a batch, run it, publish, then ack."""
+
     engine: Engine
     open_ends: Callable[[], Ends]
     max_batch_size: int
@@ -189,7 +193,15 @@ class StreamConsumer:
                 runnable.append((message, params))
         if not runnable:
             return batch
-        results, runs = self._run(runnable)
+        contexts = [Context(message.id) for message, _ in runnable]
+        inputs = [p for _, p in runnable]
+        results, runs = isolate(
+            self.engine,
+            inputs,
+            contexts,
+            self.engine.predict_many(inputs, contexts),
+            max_runs=self.max_attempts,
+        )
         for (message, _), result, ran in zip(runnable, results, runs, strict=True):
             if isinstance(result, ServingError):
                 error = result.body()["error"]
@@ -198,21 +210,6 @@ class StreamConsumer:
             else:
                 batch.results.append(Outgoing(message.id, encoding.dumps(result), message.headers))
         return batch
-
-    def _run(
-        self, runnable: list[tuple[Message, dict[str, Any]]]
-    ) -> tuple[list[Result], list[int]]:
-        """Each item's result and its runs: the batch once, then each model failure
-        alone until it succeeds or has run ``max_attempts`` times."""
-        contexts = [Context(message.id) for message, _ in runnable]
-        params = [p for _, p in runnable]
-        results = self.engine.predict_many(params, contexts)
-        runs = [1] * len(results)
-        for i in range(len(results)):
-            while _model_failure(results[i]) and runs[i] < self.max_attempts:
-                results[i] = self.engine.predict_many([params[i]], [contexts[i]])[0]
-                runs[i] += 1
-        return results, runs
 
     def _observe_lag(self, source: Source) -> None:
         now = time.monotonic()
@@ -239,10 +236,6 @@ def _params(message: Message) -> Params | str:
     if not isinstance(params, dict):
         return "the message body is JSON but not an object; send the handler's params"
     return params
-
-
-def _model_failure(result: Result) -> bool:
-    return isinstance(result, ServingError) and result.status >= 500
 
 
 def _backoff_s(failures: int) -> float:

@@ -1,15 +1,11 @@
-"""``serving-core worker``: the handler over the job queue, in batches, preloaded like ``serve``.
+"""A ``serving-core worker`` consumer's loop: take a batch of jobs, run it, store what came out.
 
-    master    ``prefork.Prefork``: preload, fork SERVING_WORKERS consumers, fork again
-              one that dies; /metrics and /healthz on SERVING_BIND
-    consumer  setup_worker(), torch threads = cores // workers, open the queue,
-              then: take up to SERVING_MAX_BATCH_SIZE jobs → one Engine call
-              → complete or fail each job
+    take up to SERVING_MAX_BATCH_SIZE jobs under a lease
+    → one Engine call; a model failure's jobs run again alone (``isolation``)
+    → complete or fail each job (a 5xx is retried until SERVING_JOBS_MAX_ATTEMPTS)
 
-SIGTERM (or SIGINT) asks every consumer to stop: a consumer finishes the
-batch in hand and exits; jobs it holds but has not started go back to the
-queue at once. A consumer killed outright loses nothing either: its leased
-jobs are handed out again when their lease runs out (at-least-once).
+A stop request is seen between batches: the batch in hand is stored first.
+The leases of a batch that runs long are renewed from one thread (``leases``).
 """
 
 from __future__ import annotations
@@ -21,18 +17,17 @@ from dataclasses import dataclass, field
 from serving_core.context import Context
 from serving_core.engine.core import Engine, Result
 from serving_core.errors import ServingError
-from serving_core.jobs.backend import open_queue
 from serving_core.jobs.base import Job, JobQueue
-from serving_core.process.leases import LeaseRenewer
-from serving_core.process.prefork import Prefork
+from serving_core.loops.isolation import isolate
+from serving_core.loops.leases import LeaseRenewer
 from serving_core.threads import held
 
 TAKE_WAIT_S = 1.0  # how long a take blocks: the longest a stop request waits to be seen
 
 
 @dataclass
-class Consumer:
-    """One process's loop: take a batch, run it, store what came out."""
+class JobLoop:
+    """A consumer's loop over a job queue: take a batch, run it, store what came out."""
 
     engine: Engine
     queue: JobQueue
@@ -67,15 +62,17 @@ class Consumer:
 
     def run_batch(self, jobs: list[Job]) -> None:
         contexts = [Context(job.id) for job in jobs]
+        params = [job.params for job in jobs]
         with self._renewing(jobs):
             try:
-                results = self.engine.predict_many([job.params for job in jobs], contexts)
+                results = self.engine.predict_many(params, contexts)
             except BaseException:
                 # Not the handler's error (those are per job): hand the batch back untouched.
                 self.queue.release(jobs)
                 raise
-            if len(jobs) > 1:
-                results = self._isolate(jobs, contexts, results)
+            # Alone once, no more: the queue retries a job that fails again, counting
+            # its attempts. Under two model failures, no batch failed as a whole.
+            results, _ = isolate(self.engine, params, contexts, results, max_runs=2, min_failures=2)
         finished: list[tuple[Job, Result]] = []
         failed = 0
         for job, result in zip(jobs, results, strict=True):
@@ -84,8 +81,8 @@ class Consumer:
                 failed += 1
             else:
                 finished.append((job, result))
-        # The whole batch's results in one commit (SQLite) or round trip (Redis): a
-        # commit per job cost about 5% of MiniLM's jobs/s.
+        # The whole batch's results in one commit (SQLite) or one round trip (Redis),
+        # not one per job.
         self.queue.complete_many(finished)
         self.observer(len(finished), failed)
 
@@ -97,51 +94,7 @@ class Consumer:
             with self._renewer.renewing(jobs):
                 yield
 
-    def _isolate(
-        self, jobs: list[Job], contexts: list[Context], results: list[Result]
-    ) -> list[Result]:
-        """A model failure fails every job of its batch; run those jobs again one at a
-        time, so that one poison job fails alone and its batch-mates are not retried
-        with it until they become dead letters too."""
-        failed = [
-            i for i, r in enumerate(results) if isinstance(r, ServingError) and r.status >= 500
-        ]
-        if len(failed) < 2:
-            return results
-        results = list(results)
-        for i in failed:
-            results[i] = self.engine.predict_many([jobs[i].params], [contexts[i]])[0]
-        return results
-
 
 def _waited(job: Job) -> float:
     """Seconds from submission to this attempt's start (both stamped by the queue)."""
     return max(0.0, (job.started_at or job.created_at) - job.created_at)
-
-
-class Master(Prefork):
-    """``serving-core worker``: consumers of the handler's job queue."""
-
-    command = "serving-core worker"
-
-    def describe(self) -> str:
-        name = self.loaded.handler.name or type(self.loaded.handler).__name__.lower()
-        return f"{self.command}: {self.settings.workers} consumer(s) of queue {name!r}"
-
-    def consume(self, slot: int, stopping: dict[str, bool]) -> int:
-        engine, metrics = self.consumer_engine()
-        queue = open_queue(self.settings, engine.name, consumer=True)
-        try:
-            Consumer(
-                engine,
-                queue,
-                name=self.consumer_name(),
-                max_batch_size=engine.max_batch_size,
-                stopping=lambda: stopping["asked"],
-                observer=metrics.jobs_finished,
-                on_taken=metrics.jobs_taken,
-                lease_s=self.settings.jobs_lease_s,
-            ).run()
-        finally:
-            queue.close()
-        return 0

@@ -1,5 +1,5 @@
 """A stream consumer's decisions on one batch: what runs, what is retried, what is a dead
-letter (``StreamConsumer.run_batch``, over a real ``Engine``; the brokers are in
+letter (``StreamLoop.run_batch``, over a real ``Engine``; the brokers are in
 tests/stream)."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from typing import Any
 
 from serving_core import Handler
 from serving_core.engine.core import Engine
+from serving_core.loops.stream import Ends, StreamLoop
 from serving_core.metrics.stream import StreamMetrics
-from serving_core.process.streamconsumer import Ends, StreamConsumer
 from serving_core.stream.base import Message
 
 
@@ -35,11 +35,11 @@ class Flaky(Handler):
         return [{"double": 2 * item["n"]} for item in items]
 
 
-def consumer(handler: Handler) -> StreamConsumer:
+def loop(handler: Handler) -> StreamLoop:
     def no_ends() -> Ends:
         raise AssertionError("run_batch opens no broker")
 
-    return StreamConsumer(
+    return StreamLoop(
         Engine(handler, max_batch_size=8),
         no_ends,
         max_batch_size=8,
@@ -56,7 +56,7 @@ def message(message_id: str, params: Any, deliveries: int = 1) -> Message:
 
 def test_a_model_failure_is_run_again_alone_and_succeeds_without_its_batch_mates() -> None:
     handler = Flaky()
-    batch = consumer(handler).run_batch(
+    batch = loop(handler).run_batch(
         [message("a", {"n": 1}), message("b", {"n": 2, "flaky": True}), message("c", {"n": 3})]
     )
     assert [(r.id, json.loads(r.body), r.headers) for r in batch.results] == [
@@ -70,7 +70,7 @@ def test_a_model_failure_is_run_again_alone_and_succeeds_without_its_batch_mates
 
 def test_a_poison_message_runs_max_attempts_times_then_is_a_dead_letter() -> None:
     handler = Flaky()
-    batch = consumer(handler).run_batch(
+    batch = loop(handler).run_batch(
         [message("ok", {"n": 1}), message("poison", {"n": 9, "poison": True})]
     )
     assert [r.id for r in batch.results] == ["ok"]
@@ -85,7 +85,7 @@ def test_a_poison_message_runs_max_attempts_times_then_is_a_dead_letter() -> Non
 
 def test_a_message_delivered_more_than_max_attempts_times_is_dead_lettered_unrun() -> None:
     handler = Flaky()
-    batch = consumer(handler).run_batch([message("crashy", {"n": 5}, deliveries=4)])
+    batch = loop(handler).run_batch([message("crashy", {"n": 5}, deliveries=4)])
     (dead,) = batch.dead
     letter = json.loads(dead.body)
     assert letter["error"]["type"] == "attempts_exhausted"
@@ -96,7 +96,7 @@ def test_a_message_delivered_more_than_max_attempts_times_is_dead_lettered_unrun
 
 def test_bodies_that_are_not_a_json_object_are_dead_letters_and_never_run() -> None:
     handler = Flaky()
-    batch = consumer(handler).run_batch(
+    batch = loop(handler).run_batch(
         [message("text", b"hello"), message("list", [1, 2]), message("ok", {"n": 1})]
     )
     kinds = {d.id: json.loads(d.body)["error"]["type"] for d in batch.dead}
@@ -107,7 +107,7 @@ def test_bodies_that_are_not_a_json_object_are_dead_letters_and_never_run() -> N
 
 def test_a_message_without_an_id_is_dead_lettered_unrun_saying_to_set_message_id() -> None:
     handler = Flaky()
-    batch = consumer(handler).run_batch([message("", {"n": 1}), message("b", {"n": 2})])
+    batch = loop(handler).run_batch([message("", {"n": 1}), message("b", {"n": 2})])
     assert handler.batches == [[2]]
     assert [r.id for r in batch.results] == ["b"]
     (dead,) = batch.dead
@@ -176,7 +176,7 @@ class Recorder(Handler):
 
 def run(log: Log, stopping: Callable[[], bool]) -> None:
     """A consumer over ``log``'s batches, until ``stopping``."""
-    StreamConsumer(
+    StreamLoop(
         Engine(Recorder(log), max_batch_size=8),
         lambda: Ends(ListSource(log), ListSink(log, "out"), ListSink(log, "dead")),
         max_batch_size=8,
