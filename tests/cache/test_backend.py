@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -69,7 +70,7 @@ def test_each_store_module_has_the_backends_functions(module: str) -> None:
         assert list(found.parameters) == list(wanted.parameters)[1:], (module, name)
 
 
-def test_start_up_refuses_a_bad_cache_url_before_the_handler_loads(tmp_path) -> None:
+def test_start_up_refuses_a_bad_cache_url_before_the_handler_loads(tmp_path: Path) -> None:
     handler = tmp_path / "handler.py"
     handler.write_text("raise SystemExit('the handler was imported')\n")
     ran = subprocess.run(
