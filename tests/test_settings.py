@@ -115,9 +115,12 @@ def test_non_serving_variables_are_ignored():
         ("SERVING_BIND", "localhost:99999", "is not HOST:PORT"),
         ("SERVING_BIND", "unix:", "names no socket path"),
         ("SERVING_LOG_LEVEL", "loud", "is not one of"),
-        ("SERVING_CACHE_URL", "http://cache:6379", "is not a Redis URL; "),
-        ("SERVING_CACHE_URL", "redis://cache:99999", "has a port that is not 0..65535"),
-        ("SERVING_CACHE_URL", "unix://", "names no socket path"),
+        # A backend's URL needs a scheme here; its store or broker checks the rest
+        # (tests/cache/test_backend.py, tests/stream/test_backend.py).
+        ("SERVING_CACHE_URL", "cache:6379", "is not a URL; use SCHEME://"),
+        ("SERVING_STREAM_SOURCE", "queue", "is not a URL; use SCHEME://"),
+        ("SERVING_STREAM_SINK", "/results", "is not a URL; use SCHEME://"),
+        ("SERVING_STREAM_DEAD_LETTER", "dead", "is not a URL; use SCHEME://"),
         ("SERVING_JOBS_URL", "http://queue:6379", "is not a Redis URL for the job queue"),
         ("SERVING_JOBS_URL", "redis:/queue", "for the job queue (Redis Streams)"),
         ("SERVING_JOBS_URL", "redis://queue:port/0", "has a port that is not"),
@@ -278,21 +281,39 @@ def test_a_bad_body_limit_or_proxy_names_itself(name, value, expected):
 
 
 def test_the_job_queue_url_says_what_an_empty_one_means():
-    # Not the cache's wording: empty is the SQLite file here, not each worker's memory.
+    # Not the cache's wording (tests/cache/test_backend.py): empty is the SQLite file here.
     with pytest.raises(SettingsError) as info:
         Settings.from_env({"SERVING_JOBS_URL": "sqlite:///jobs.db"}, cores=1)
     assert "leave it empty for the SQLite file at SERVING_JOBS_PATH" in str(info.value)
-    with pytest.raises(SettingsError) as info:
-        Settings.from_env({"SERVING_CACHE_URL": "sqlite:///jobs.db"}, cores=1)
-    assert "leave it empty for each worker's memory" in str(info.value)
 
 
-@pytest.mark.parametrize("name", ["SERVING_CACHE_URL", "SERVING_JOBS_URL"])
-def test_a_bad_redis_url_is_quoted_without_its_password(name):
+def test_a_bad_redis_url_is_quoted_without_its_password():
     with pytest.raises(SettingsError) as info:
-        Settings.from_env({name: "redis://user:s3cret@cache:99999/0"}, cores=1)
+        Settings.from_env({"SERVING_JOBS_URL": "redis://user:s3cret@cache:99999/0"}, cores=1)
     assert "'redis://user:***@cache:99999/0' has a port that is not" in str(info.value)
     assert "s3cret" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "name", ["SERVING_CACHE_URL", "SERVING_STREAM_SOURCE", "SERVING_STREAM_SINK"]
+)
+def test_a_url_without_a_scheme_is_quoted_without_its_password(name):
+    with pytest.raises(SettingsError) as info:
+        Settings.from_env({name: "user:s3cret@cache:6379/0"}, cores=1)
+    assert "'user:***@cache:6379/0' is not a URL" in str(info.value)
+    assert "s3cret" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "url", ["redis://q:6379/1", "kafka://a:9092,b:9092/t?group=g", "toy:///tmp/queue"]
+)
+def test_a_url_of_any_scheme_is_left_to_its_backend(url):
+    # Which schemes a backend takes is its table's business (cache.backend, stream.backend).
+    settings = Settings.from_env(
+        {"SERVING_CACHE_URL": url, "SERVING_STREAM_SOURCE": url, "SERVING_STREAM_SINK": url},
+        cores=1,
+    )
+    assert settings.cache_url == settings.stream_source == settings.stream_sink == url
 
 
 @pytest.mark.parametrize("url", ["redis://q:6379/1", "rediss://[::1]:6380", "unix:///r.sock"])

@@ -160,7 +160,10 @@ def cache_writer(settings: Settings, handler: Handler) -> OnResult:
             "each key has its own: set SERVING_CACHE_PER_KEY=false here and on the "
             "service to share entries between keys, or drop --warm-cache"
         )
-    cache = from_settings(settings, handler)
+    try:
+        cache = from_settings(settings, handler)
+    except ValueError as exc:  # SERVING_CACHE_URL, refused by its store's own check
+        raise RecordsError(str(exc)) from exc
     if cache is None:
         raise RecordsError(
             f"--warm-cache: {handler_name(handler)} sets cacheable = False, or "

@@ -3,8 +3,8 @@
 One ``Cache`` serves one handler build. Its key is the handler's name,
 version and revision (``SERVING_MODEL_REVISION``), the caller when entries
 are per API key, and the canonical parameters (``key``); its entries are
-the outputs as orjson bytes, in each worker's memory or in Redis
-(``store``). A numpy array comes back from the cache as a list of numbers,
+the outputs as orjson bytes, in each worker's memory or in a shared store
+(``backend``). A numpy array comes back from the cache as a list of numbers,
 which encodes to the same JSON body.
 
 Identical concurrent misses share one model call (``single_flight``):
@@ -38,8 +38,10 @@ from concurrent.futures import Future
 from typing import Any, Literal, Protocol
 
 from serving_core import encoding
+from serving_core.cache.backend import open_store
 from serving_core.cache.key import Keyer
-from serving_core.cache.store import MemoryStore, RedisStore, Store, StoreError, StoreUnavailable
+from serving_core.cache.memory import MemoryStore
+from serving_core.cache.store import Store, StoreError, StoreUnavailable
 from serving_core.errors import DeadlineExceeded, NotReady, Overloaded, RequestTimeout
 from serving_core.handler import Handler, Output, handler_name
 from serving_core.settings import Settings
@@ -282,7 +284,7 @@ def from_settings(
         return None
     store: Store
     if settings.cache_url:
-        store = RedisStore(settings.cache_url, settings.cache_ttl_s)
+        store = open_store(settings.cache_url, settings.cache_ttl_s)
     elif settings.cache_size > 0:
         store = MemoryStore(settings.cache_size, settings.cache_ttl_s)
     else:

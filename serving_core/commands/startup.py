@@ -1,11 +1,12 @@
 """How ``serve``, ``worker`` and ``check`` start: logging as the settings say, the job
-queue's store checked, then the handler."""
+queue's store and the cache's URL checked, then the handler."""
 
 from __future__ import annotations
 
 import os
 
 from serving_core import logs
+from serving_core.cache import backend as cache_backend
 from serving_core.commands.failure import Failure
 from serving_core.errors import HandlerError
 from serving_core.jobs.redis_durability import UnsafeRedis, check_redis, count_losses
@@ -36,6 +37,7 @@ def load(
         provide_grpc_stages()
         if shared_metrics:
             enable_multiprocess(settings.metrics_dir)
+        check_cache(settings)
         if uses_queue:
             check_queue(settings)
         return load_handler(
@@ -61,6 +63,14 @@ def _grpc_stages() -> transport.GrpcTransport:
     from serving_core.grpc.stage import GrpcStages
 
     return GrpcStages()
+
+
+def check_cache(settings: Settings) -> None:
+    """SERVING_CACHE_URL, checked by the store its scheme picks (``cache.backend``)."""
+    try:
+        cache_backend.check(settings.cache_url)
+    except ValueError as exc:
+        raise Failure(str(exc)) from exc
 
 
 def check_queue(settings: Settings) -> None:

@@ -17,7 +17,9 @@ from serving_core.loops.stream import Ends, StreamLoop
 from serving_core.metrics.stream import StreamMetrics
 from serving_core.process.prefork import Prefork
 from serving_core.settings import Settings
-from serving_core.stream.backend import open_sink, open_source
+from serving_core.settings.secrets import masked
+from serving_core.stream import backend
+from serving_core.stream.backend import DEAD_LETTER, open_sink, open_source
 
 
 class StreamMaster(Prefork):
@@ -26,7 +28,8 @@ class StreamMaster(Prefork):
     command = "serving-core stream"
 
     def describe(self) -> str:
-        return f"{self.command}: {self.settings.workers} consumer(s) of {_where(self.settings)}"
+        source = masked(self.settings.stream_source)
+        return f"{self.command}: {self.settings.workers} consumer(s) of {source}"
 
     def consume(self, slot: int, stopping: dict[str, bool]) -> int:
         engine, _ = self.consumer_engine()  # its Metrics count model failures on /metrics
@@ -37,7 +40,7 @@ class StreamMaster(Prefork):
             return Ends(
                 open_source(settings.stream_source, settings.max_batch_size, name),
                 open_sink(settings.stream_sink),
-                open_sink(settings.stream_dead_letter, "SERVING_STREAM_DEAD_LETTER"),
+                open_sink(settings.stream_dead_letter, DEAD_LETTER),
             )
 
         StreamLoop(
@@ -52,20 +55,6 @@ class StreamMaster(Prefork):
 
 
 def check(settings: Settings) -> None:
-    """The three ends are set: raises ``ValueError`` naming the one that is not."""
-    for variable, value in (
-        ("SERVING_STREAM_SOURCE", settings.stream_source),
-        ("SERVING_STREAM_SINK", settings.stream_sink),
-        ("SERVING_STREAM_DEAD_LETTER", settings.stream_dead_letter),
-    ):
-        if not value:
-            raise ValueError(
-                f"{variable} is not set; serving-core stream needs a source, a sink and a "
-                "dead-letter destination (see docs/settings.md)"
-            )
-
-
-def _where(settings: Settings) -> str:
-    """The source's URL without its password, for the log."""
-    scheme, sep, rest = settings.stream_source.partition("://")
-    return f"{scheme}{sep}{rest.rpartition('@')[2]}"
+    """The three ends are set, and each broker takes its URL: raises ``ValueError``
+    naming the variable (before a model loads for minutes)."""
+    backend.check(settings.stream_source, settings.stream_sink, settings.stream_dead_letter)

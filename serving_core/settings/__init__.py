@@ -1,8 +1,10 @@
 """Settings: every ``SERVING_*`` variable, read once by ``Settings.from_env``.
 
 - ``table``: the ``Settings`` fields, each with its parser, default and doc;
-- ``parsers``, ``addresses`` and ``streams`` (a stream worker's broker URLs): what turns
-  a variable's text into a value; ``grpcport``: SERVING_GRPC_PORT's rules with the rest;
+- ``parsers`` and ``addresses``: what turns a variable's text into a value (a URL
+  that picks a backend only needs a scheme here: the backend checks the rest);
+  ``grpcport``: SERVING_GRPC_PORT's rules with the rest;
+- ``secrets``: ``masked``, a URL without its password, for every message and log;
 - ``private``: the default private directory (the SQLite queue's);
 - ``doc``: writes ``docs/settings.md``'s table from ``Settings``.
 """

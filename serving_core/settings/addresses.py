@@ -1,5 +1,9 @@
-"""Parsers of the settings that name places: the bind address, Redis URLs, CORS origins,
+"""Parsers of the settings that name places: the bind address, URLs, CORS origins,
 trusted proxies. Each raises ``ValueError`` naming the variable and what it accepts.
+
+A URL that picks a backend (a broker, a cache store) is only checked here for
+having a scheme: the backend its scheme picks checks the rest at start-up
+(``stream.backend``, ``cache.backend``), since the contract knows no backend.
 """
 
 from __future__ import annotations
@@ -9,6 +13,7 @@ import re
 from urllib.parse import urlsplit
 
 from serving_core.settings.parsers import Parser
+from serving_core.settings.secrets import masked
 
 
 def _bind(name: str, raw: str) -> str:
@@ -27,12 +32,21 @@ BIND = Parser(_bind, "`HOST:PORT` or `unix:PATH`")
 _REDIS_EXAMPLES = "redis://HOST:6379/0, rediss://… (TLS) or unix:///path/redis.sock"
 
 
-def masked(raw: str) -> str:
-    """The URL as an error may quote it: without its password."""
-    scheme, sep, rest = raw.partition("://")
-    userinfo, at, host = rest.rpartition("@")  # the last @: a password may hold one
-    user, colon, _ = userinfo.partition(":")
-    return f"{scheme}{sep}{user}:***@{host}" if at and colon else raw
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def url(accepts: str) -> Parser[str]:
+    """Empty, or ``SCHEME://…``; ``accepts`` says which, in the settings reference."""
+
+    def parse(name: str, raw: str) -> str:
+        if raw and not _SCHEME.match(raw):
+            raise ValueError(
+                f"{name}={masked(raw)!r} is not a URL; use SCHEME://… (docs/settings.md "
+                "says which), or leave it empty"
+            )
+        return raw
+
+    return Parser(parse, accepts)
 
 
 def _redis_fault(raw: str) -> str | None:
@@ -49,16 +63,6 @@ def _redis_fault(raw: str) -> str | None:
     return None
 
 
-def _cache_url(name: str, raw: str) -> str:
-    fault = _redis_fault(raw)
-    if fault:
-        raise ValueError(
-            f"{name}={masked(raw)!r} {fault}; use {_REDIS_EXAMPLES}, "
-            "or leave it empty for each worker's memory"
-        )
-    return raw
-
-
 def _jobs_url(name: str, raw: str) -> str:
     # Redis Streams is the queue's one shared backend; SQLite is the empty URL.
     fault = _redis_fault(raw)
@@ -72,8 +76,10 @@ def _jobs_url(name: str, raw: str) -> str:
 
 
 _REDIS_ACCEPTS = "empty, or a `redis://`, `rediss://` or `unix://` URL"
-CACHE_URL = Parser(_cache_url, _REDIS_ACCEPTS)
 JOBS_URL = Parser(_jobs_url, _REDIS_ACCEPTS)
+CACHE_URL = url("empty, or a store's URL, e.g. `redis://HOST:6379/0`")
+# Which brokers, and what each URL names, are the brokers' own (docs/streams.md).
+BROKER_URL = url("empty, or a broker's URL ([the URLs](streams.md#the-urls))")
 
 
 _ORIGIN = re.compile(r"https?://([A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])(:[0-9]{1,5})?")

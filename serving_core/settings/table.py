@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from serving_core.cores import usable_cores
-from serving_core.settings.addresses import BIND, CACHE_URL, JOBS_URL, ORIGINS, PROXIES
+from serving_core.settings.addresses import BIND, BROKER_URL, CACHE_URL, JOBS_URL, ORIGINS, PROXIES
 from serving_core.settings.grpcport import grpc_fault
 from serving_core.settings.parsers import (
     ABSOLUTE_PATH,
@@ -29,7 +29,6 @@ from serving_core.settings.parsers import (
     spec,
 )
 from serving_core.settings.private import default_jobs_path
-from serving_core.settings.streams import STREAM_SINK, STREAM_SOURCE
 
 PREFIX = "SERVING_"
 DEFAULT_HANDLER = "handlers/minilm/handler.py"
@@ -138,7 +137,7 @@ class Settings:
     model_processes: int = setting(
         0, integer(0, 64), "shared: how many model processes; `0`: one per visible GPU"
     )
-    cache_url: str = setting("", CACHE_URL, "the inference cache's Redis; empty: memory")
+    cache_url: str = setting("", CACHE_URL, "the inference cache's shared store; empty: memory")
     cache_size: int = setting(
         10_000, integer(0, 100_000_000), "entries of the in-memory cache; `0`: no cache"
     )
@@ -187,11 +186,11 @@ class Settings:
         "", TEXT, "the time-lag pattern: also queue each `/predict` for this handler"
     )
     stream_source: str = setting(
-        "", STREAM_SOURCE, "`serving-core stream`'s input: a queue (amqp) or a stream (redis)"
+        "", BROKER_URL, "`serving-core stream`'s input: a queue or a stream"
     )
-    stream_sink: str = setting("", STREAM_SINK, "where `serving-core stream` publishes results")
+    stream_sink: str = setting("", BROKER_URL, "where `serving-core stream` publishes results")
     stream_dead_letter: str = setting(
-        "", STREAM_SINK, "where a message that failed goes, with its error (form: a sink's)"
+        "", BROKER_URL, "where a message that failed goes, with its error (form: a sink's)"
     )
     stream_max_attempts: int = setting(
         3, integer(1, 1000), "runs of a message the model fails before it is dead-lettered"

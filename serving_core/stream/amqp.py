@@ -1,4 +1,5 @@
-"""RabbitMQ (AMQP 0-9-1, with pika): a durable quorum queue in, an exchange out.
+"""RabbitMQ (AMQP 0-9-1, with pika): a durable quorum queue in, an exchange out;
+the broker of ``amqp://`` and ``amqps://`` (``stream.backend``).
 
 In: ``amqp://USER:PASS@HOST:PORT/VHOST?queue=NAME``. The queue is declared
 durable, of type quorum (declared again if it exists: RabbitMQ refuses one of
@@ -29,62 +30,51 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 import pika
-import pika.exceptions
 from pika.adapters.blocking_connection import BlockingChannel
 from pika.channel import Channel
 from pika.frame import Method
 from pika.spec import Basic, BasicProperties
 
-from serving_core.stream.amqp_url import amqp_url
+from serving_core.stream.amqp_connection import ERRORS, Connected, amqp_url
 from serving_core.stream.base import BrokerError, Message, Outgoing
 
-# What pika raises when the broker is gone, refused a call, or closed the channel.
-ERRORS = (pika.exceptions.AMQPError, OSError)
 QUORUM = {"x-queue-type": "quorum"}
 # Unacked at once: a batch awaiting its confirms, the batch running, the next one.
 PREFETCH_BATCHES = 3
+# What an end is called in errors, the query keys its URL takes, and those it needs.
+SOURCE_URL = ("an AMQP source", ["queue"], ["queue"])
+SINK_URL = ("an AMQP sink", ["exchange", "routing_key"], ["routing_key"])
+
+
+def check_source(url: str) -> None:
+    amqp_url(url, *SOURCE_URL)
+
+
+def check_sink(url: str) -> None:
+    amqp_url(url, *SINK_URL)
+
+
+def open_source(url: str, batch_size: int, consumer: str) -> AmqpSource:
+    return AmqpSource(url, batch_size=batch_size, consumer=consumer)
+
+
+def open_sink(url: str) -> AmqpSink:
+    return AmqpSink(url)
 
 
 def _text(value: object) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
-class _Connected:
-    """A connection and its channel; every pika error out of them is a BrokerError."""
-
-    def __init__(self, url: str, what: str, keys: Iterable[str], required: Iterable[str]) -> None:
-        self.params, self.options, self.shown = amqp_url(url, what, keys, required)
-        try:
-            self.connection = pika.BlockingConnection(self.params)
-        except ERRORS as error:
-            raise BrokerError(f"{self.shown}: cannot connect: {error!r}") from error
-        try:
-            self.channel = self.connection.channel()
-        except ERRORS as error:
-            self.close()
-            raise BrokerError(f"{self.shown}: cannot open a channel: {error!r}") from error
-
-    def failed(self, doing: str, error: BaseException) -> BrokerError:
-        return BrokerError(f"{self.shown}: {doing}: {error!r}")
-
-    def close(self) -> None:
-        # Closing a connection the broker has already dropped raises; it is closed either way.
-        try:
-            if self.connection.is_open:
-                self.connection.close()
-        except ERRORS:
-            pass
-
-
-class AmqpSource(_Connected):
+class AmqpSource(Connected):
     """Messages from a durable quorum queue, acked by delivery tag."""
 
     def __init__(self, url: str, *, batch_size: int, consumer: str) -> None:
-        super().__init__(url, "an AMQP source", ["queue"], ["queue"])
+        super().__init__(url, *SOURCE_URL)
         self.queue = self.options["queue"]
         # Each delivery's tag with this source's own token: a message taken before a
         # reconnect carries a tag of a channel that is gone (see ack).
@@ -185,11 +175,11 @@ class AmqpSource(_Connected):
         return int(declared.method.message_count or 0)
 
 
-class AmqpSink(_Connected):
+class AmqpSink(Connected):
     """Publishes to an exchange with publisher confirms, a batch at a time."""
 
     def __init__(self, url: str, *, confirm_timeout_s: float = 60.0) -> None:
-        super().__init__(url, "an AMQP sink", ["exchange", "routing_key"], ["routing_key"])
+        super().__init__(url, *SINK_URL)
         self.exchange = self.options.get("exchange", "")
         self.routing_key = self.options["routing_key"]
         self.confirm_timeout_s = confirm_timeout_s

@@ -5,7 +5,8 @@ the sink has confirmed the message's result (or its dead letter). A worker
 that dies holding unacked messages loses none: the broker hands them out again
 (RabbitMQ on the channel's close; Redis Streams through the consumer group's
 pending entries, claimed once idle). Another broker (Kafka, say) is one more
-module with these two classes, and a scheme in ``backend``.
+module with a ``Source`` and a ``Sink`` and the functions of ``backend.Broker``,
+and its schemes' lines in ``backend.BROKERS``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Redis Streams ends: a consumer group in (``RedisSource``), XADD out (``RedisSink``).
+"""Redis Streams ends: a consumer group in (``RedisSource``), XADD out (``RedisSink``);
+the broker of ``redis://``, ``rediss://`` (TLS) and ``unix://`` (``stream.backend``).
 
     redis://[:PASS@]HOST:PORT/DB?stream=NAME[&group=NAME][&claim_idle_ms=N]   a source
     redis://[:PASS@]HOST:PORT/DB?stream=NAME[&maxlen=N]                       a sink
@@ -25,6 +26,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from serving_core.settings.secrets import masked
 from serving_core.stream.base import BrokerError, Message, Outgoing
 from serving_core.stream.redis_replies import Deferred
 
@@ -38,7 +40,45 @@ CLAIM_IDLE_MS = 60_000
 CLAIM_EVERY_S = 5.0  # how often an otherwise idle consumer looks for a dead one's entries
 COMMAND_TIMEOUT_S = 10.0  # connect, and every command but the blocking read
 OURS = ("stream", "group", "maxlen", "claim_idle_ms")  # the query keys redis-py must not see
+WHOLE_NUMBERS = ("maxlen", "claim_idle_ms")
+SCHEMES = ("redis", "rediss", "unix")
+EXAMPLE = "redis://[:PASS@]HOST:6379/DB?stream=NAME"
 T = TypeVar("T")
+
+
+def check_source(url: str) -> None:
+    _check(url, "a Redis Streams source")
+
+
+def check_sink(url: str) -> None:
+    _check(url, "a Redis Streams sink")
+
+
+def open_source(url: str, batch_size: int, consumer: str) -> RedisSource:
+    return RedisSource(url, batch_size=batch_size, consumer=consumer)
+
+
+def open_sink(url: str) -> RedisSink:
+    return RedisSink(url)
+
+
+def _check(url: str, what: str) -> None:
+    """What redis-py would refuse on its first connection, and a missing stream."""
+    parts, shown = urlsplit(url), repr(masked(url))
+    if parts.scheme not in SCHEMES or not url.startswith(parts.scheme + "://"):
+        raise ValueError(f"{shown}: {what} is {EXAMPLE} (rediss:// for TLS, unix:///PATH)")
+    if parts.scheme == "unix" and not parts.path:
+        raise ValueError(f"{shown} names no socket path; use unix:///PATH?stream=NAME")
+    try:
+        parts.port  # noqa: B018 (a port that is not a number, or past 65535, raises)
+    except ValueError:
+        raise ValueError(f"{shown} has a port that is not 0..65535") from None
+    query = dict(parse_qsl(parts.query, keep_blank_values=True))
+    if not query.get("stream"):
+        raise ValueError(f"{shown} names no stream; add ?stream=NAME ({what} is {EXAMPLE})")
+    for key in WHOLE_NUMBERS:
+        if key in query and not query[key].isdigit():
+            raise ValueError(f"{shown}: {key}={query[key]!r} is not a whole number")
 
 
 def _split(url: str) -> tuple[str, dict[str, str]]:
@@ -56,10 +96,9 @@ class _Redis:
     def __init__(self, url: str, what: str) -> None:
         import redis
 
+        _check(url, what)
         base, self.query = _split(url)
-        self.stream = self.query.get("stream", "")
-        if not self.stream:
-            raise ValueError(f"{what} {url!r} names no stream; add ?stream=NAME")
+        self.stream = self.query["stream"]
         self._errors = (redis.RedisError, OSError)
         # No retries of its own: a lost connection is a BrokerError, and the worker's
         # back-off, reconnection and redelivery handle every case the same way.
@@ -86,7 +125,7 @@ class RedisSource:
     """A consumer group's member: takes entries, acks them with XACK."""
 
     def __init__(self, url: str, *, batch_size: int, consumer: str) -> None:
-        self.redis = _Redis(url, "SERVING_STREAM_SOURCE")
+        self.redis = _Redis(url, "a Redis Streams source")
         self.stream = self.redis.stream
         self.group = self.redis.query.get("group") or DEFAULT_GROUP
         self.claim_idle_ms = int(self.redis.query.get("claim_idle_ms") or CLAIM_IDLE_MS)
@@ -214,7 +253,7 @@ class RedisSink:
     consumer's next batch (``confirm``), are the confirmation (``redis_replies``)."""
 
     def __init__(self, url: str) -> None:
-        self.redis = _Redis(url, "SERVING_STREAM_SINK")
+        self.redis = _Redis(url, "a Redis Streams sink")
         self.stream = self.redis.stream
         maxlen = self.redis.query.get("maxlen")
         self.maxlen = int(maxlen) if maxlen else None

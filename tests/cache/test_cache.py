@@ -14,7 +14,9 @@ import pytest
 from serving_core import encoding
 from serving_core.cache.core import Cache, from_settings
 from serving_core.cache.key import PREFIX, key
-from serving_core.cache.store import MemoryStore, RedisStore, StoreError
+from serving_core.cache.memory import MemoryStore
+from serving_core.cache.redis import RedisStore
+from serving_core.cache.store import StoreError
 from serving_core.errors import DeadlineExceeded, ModelError, Overloaded
 from serving_core.handler import Handler
 from serving_core.metrics.core import Metrics
@@ -525,7 +527,7 @@ from gevent import monkey
 monkey.patch_all(thread=False)
 import json, socket, gevent
 from serving_core.cache.core import Cache
-from serving_core.cache.store import RedisStore
+from serving_core.cache.redis import RedisStore
 
 silent = socket.socket()
 silent.bind(("127.0.0.1", 0))

@@ -11,7 +11,9 @@ from typing import Any
 import helm_python as helm
 import pytest
 
+from serving_core.cache import backend as cache_backend
 from serving_core.settings import PREFIX, Settings, SettingsError
+from serving_core.stream import backend as stream_backend
 from tests.deploy.chart import (
     BATCH,
     CACHE_SECRET,
@@ -175,11 +177,17 @@ def test_every_serving_core_container_starts_without_a_settings_error(
         if container["name"] == "stream" and STREAM_PENDING:
             pending = True
             continue
-        # The whole env, extraEnv included: a SERVING_* name there reaches Settings too.
+        # The whole env, extraEnv included: a SERVING_* name there reaches Settings too;
+        # then the URLs' own checks, which start-up runs before a model loads.
         env = serving_env(container)
         try:
-            Settings.from_env(env, cores=2)
-        except SettingsError as exc:
+            settings = Settings.from_env(env, cores=2)
+            cache_backend.check(settings.cache_url)
+            if container["name"] == "stream":
+                stream_backend.check(
+                    settings.stream_source, settings.stream_sink, settings.stream_dead_letter
+                )
+        except (SettingsError, ValueError) as exc:
             pytest.fail(f"{values_name}, container {container['name']}: {exc}")
     if pending:
         pytest.skip(STREAM_PENDING)

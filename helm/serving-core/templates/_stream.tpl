@@ -66,15 +66,36 @@ stream.keda.stream.
 {{- end }}
 
 {{/*
-The broker KEDA watches: stream.keda.broker, else the scheme of a plain
-stream.source (amqp, amqps -> amqp; redis, rediss -> redis); empty if neither.
+URL scheme -> the broker KEDA watches (stream.keda.broker's values, a branch
+each in streamTrigger): the schemes of serving_core/stream/backend.py's
+BROKERS, those of one module on one broker (tests/deploy/test_chart_schemes.py
+holds the two equal, and values.schema.json's patterns with them).
+*/}}
+{{- define "serving-core.streamSchemes" -}}
+amqp: amqp
+amqps: amqp
+redis: redis
+rediss: redis
+unix: redis
+{{- end }}
+
+{{/*
+The scheme of a URL ("" if it has none).
+*/}}
+{{- define "serving-core.urlScheme" -}}
+{{- if contains "://" (. | default "") }}{{ regexReplaceAll "://.*$" . "" }}{{ end }}
+{{- end }}
+
+{{/*
+The broker KEDA watches: stream.keda.broker, else the broker of a plain
+stream.source's scheme (streamSchemes); empty if neither.
 */}}
 {{- define "serving-core.streamBroker" -}}
 {{- $k := .Values.stream.keda }}
-{{- $source := .Values.stream.source }}
+{{- $schemes := include "serving-core.streamSchemes" . | fromYaml }}
+{{- $scheme := include "serving-core.urlScheme" .Values.stream.source }}
 {{- if $k.broker }}{{ $k.broker }}
-{{- else if regexMatch "^amqps?://" $source }}amqp
-{{- else if regexMatch "^rediss?://" $source }}redis
+{{- else if $scheme }}{{ get $schemes $scheme }}
 {{- end }}
 {{- end }}
 
@@ -94,7 +115,8 @@ delivered, Redis 7+).
 {{- $parsed := dict }}
 {{- if $source }}{{ $parsed = urlParse $source }}{{ end }}
 {{- $query := include "serving-core.urlQuery" ($parsed.query | default "") | fromYaml }}
-{{- if eq (include "serving-core.streamBroker" .) "amqp" }}
+{{- $broker := include "serving-core.streamBroker" . }}
+{{- if eq $broker "amqp" }}
 type: rabbitmq
 metadata:
   protocol: "amqp"
@@ -105,7 +127,7 @@ metadata:
   {{- with $k.hostFromEnv }}
   hostFromEnv: {{ . | quote }}
   {{- end }}
-{{- else }}
+{{- else if eq $broker "redis" }}
 type: redis-streams
 metadata:
   stream: {{ $k.stream | default $query.stream | quote }}
@@ -167,8 +189,9 @@ The stream worker's rules beyond the schema; each message says what to change.
 {{- fail (printf "stream.keda.minReplicaCount (%d) is larger than stream.keda.maxReplicaCount (%d)" (int $k.minReplicaCount) (int $k.maxReplicaCount)) }}
 {{- end }}
 {{- $broker := include "serving-core.streamBroker" . }}
-{{- $scheme := regexReplaceAll "s?://.*$" ($st.source | default "") "" }}
-{{- if and $k.broker $st.source (ne $k.broker $scheme) }}
+{{- $scheme := include "serving-core.urlScheme" $st.source }}
+{{- $schemes := include "serving-core.streamSchemes" . | fromYaml }}
+{{- if and $k.broker $scheme (ne $k.broker (get $schemes $scheme)) }}
 {{- fail (printf "stream.keda.broker is %s, but stream.source is a %s:// URL: clear stream.keda.broker (the chart reads it from the URL) or fix it" $k.broker $scheme) }}
 {{- end }}
 {{- if not $broker }}
@@ -182,14 +205,14 @@ The stream worker's rules beyond the schema; each message says what to change.
 {{- if and (not $k.hostFromEnv) (not $k.authenticationRef) }}
 {{- fail "stream.keda.enabled with a RabbitMQ source needs how KEDA connects, which takes a password the chart never copies out of a Secret: set stream.keda.hostFromEnv (an env var of the stream container, e.g. extraEnv RABBITMQ_HOST from a Secret's key, holding amqp://USER:PASS@HOST:5672/VHOST) or stream.keda.authenticationRef (a TriggerAuthentication with the host)" }}
 {{- end }}
-{{- else }}
+{{- else if eq $broker "redis" }}
 {{- if not $trigger.metadata.stream }}
 {{- fail "stream.keda.enabled needs the Redis stream: set stream.keda.stream (the stream= of the source URL)" }}
 {{- end }}
 {{- if and (not $trigger.metadata.address) (not $k.authenticationRef) }}
 {{- fail "stream.keda.enabled needs the source's Redis as KEDA reaches it (host:port, not a URL): set stream.keda.address (e.g. redis-master.stream.svc:6379) or stream.keda.authenticationRef; only a plain redis:// stream.source gives it by itself" }}
 {{- end }}
-{{- if and (regexMatch "^rediss?://[^@/]*:[^@/]*@" $st.source) (not $k.passwordFromEnv) (not $k.authenticationRef) }}
+{{- if and (regexMatch "^[a-z]+://[^@/]*:[^@/]*@" $st.source) (not $k.passwordFromEnv) (not $k.authenticationRef) }}
 {{- fail "stream.source carries a password, which KEDA cannot take from the URL: move the URL to a Secret (stream.sourceSecret), put the password in an env var of the stream container (extraEnv from the Secret) and name it in stream.keda.passwordFromEnv (or use stream.keda.authenticationRef)" }}
 {{- end }}
 {{- end }}

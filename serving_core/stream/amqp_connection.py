@@ -1,5 +1,6 @@
-"""An AMQP URL of SERVING_STREAM_SOURCE, _SINK or _DEAD_LETTER: pika's connection
-parameters, and the query parameters that are the stream's own."""
+"""An AMQP end's URL (SERVING_STREAM_SOURCE, _SINK or _DEAD_LETTER) and connection:
+pika's connection parameters, the query parameters that are the stream's own, and
+a connection with its channel whose every pika error is a ``BrokerError``."""
 
 from __future__ import annotations
 
@@ -7,15 +8,13 @@ from collections.abc import Iterable
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import pika
+import pika.exceptions
 
+from serving_core.settings.secrets import masked
+from serving_core.stream.base import BrokerError
 
-def shown(url: str) -> str:
-    """The URL with its password hidden, for messages and logs."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return urlunsplit(parts._replace(netloc=netloc))
+# What pika raises when the broker is gone, refused a call, or closed the channel.
+ERRORS = (pika.exceptions.AMQPError, OSError)
 
 
 def amqp_url(
@@ -26,7 +25,7 @@ def amqp_url(
     Raises ValueError saying what to fix."""
     keys = list(keys)
     example = "amqp://USER:PASS@HOST:PORT/VHOST?" + "&".join(f"{k}=NAME" for k in keys)
-    safe = shown(url)
+    safe = masked(url)
     try:
         parts = urlsplit(url)
         pairs = parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
@@ -54,3 +53,30 @@ def amqp_url(
             "pika's URL parameters (heartbeat=, socket_timeout=, ...)"
         ) from None
     return params, ours, safe
+
+
+class Connected:
+    """A connection and its channel; every pika error out of them is a BrokerError."""
+
+    def __init__(self, url: str, what: str, keys: Iterable[str], required: Iterable[str]) -> None:
+        self.params, self.options, self.shown = amqp_url(url, what, keys, required)
+        try:
+            self.connection = pika.BlockingConnection(self.params)
+        except ERRORS as error:
+            raise BrokerError(f"{self.shown}: cannot connect: {error!r}") from error
+        try:
+            self.channel = self.connection.channel()
+        except ERRORS as error:
+            self.close()
+            raise BrokerError(f"{self.shown}: cannot open a channel: {error!r}") from error
+
+    def failed(self, doing: str, error: BaseException) -> BrokerError:
+        return BrokerError(f"{self.shown}: {doing}: {error!r}")
+
+    def close(self) -> None:
+        # Closing a connection the broker has already dropped raises; it is closed either way.
+        try:
+            if self.connection.is_open:
+                self.connection.close()
+        except ERRORS:
+            pass

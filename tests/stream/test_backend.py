@@ -1,0 +1,132 @@
+"""``stream.backend``: each end's broker, picked by its URL's scheme, checks the URL at
+start-up before a model loads, and the error names the variable and what to fix."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from serving_core.stream import backend
+from serving_core.stream.backend import BROKERS, Broker
+from tests.servers import SERVING_CORE, base_env
+
+AMQP = "amqp://u:hunter2@rabbit:5672/%2F"
+REDIS = "redis://:hunter2@redis:6379/0"
+GOOD = (f"{AMQP}?queue=in", f"{AMQP}?exchange=&routing_key=out", f"{REDIS}?stream=dead")
+
+
+def ends(**changed: str) -> tuple[str, str, str]:
+    source, sink, dead = GOOD
+    return changed.get("source", source), changed.get("sink", sink), changed.get("dead", dead)
+
+
+@pytest.mark.parametrize(
+    ("changed", "said"),
+    [
+        ({"source": ""}, "SERVING_STREAM_SOURCE is not set"),
+        ({"sink": ""}, "SERVING_STREAM_SINK is not set"),
+        ({"dead": ""}, "SERVING_STREAM_DEAD_LETTER is not set"),
+        (
+            {"source": f"{AMQP}"},
+            "SERVING_STREAM_SOURCE='amqp://u:***@rabbit:5672/%2F': an AMQP source needs queue=NAME",
+        ),
+        ({"source": f"{AMQP}?queue="}, "an AMQP source needs queue=NAME"),
+        ({"source": f"{AMQP}?queue=a&queue=b"}, "queue= is given twice"),
+        ({"source": "amqp:///%2F?queue=q"}, "an AMQP source is amqp://USER:PASS@HOST:PORT"),
+        ({"source": "amqp://h:99999/%2F?queue=q"}, "SERVING_STREAM_SOURCE='amqp://h:99999"),
+        ({"source": f"{AMQP}?queue=q&heartbeat=soon"}, "Invalid heartbeat value"),
+        ({"sink": f"{AMQP}?exchange=x"}, "SERVING_STREAM_SINK="),
+        ({"sink": f"{AMQP}?exchange=x"}, "an AMQP sink needs routing_key=NAME"),
+        ({"dead": f"{AMQP}?queue=q&routing_key=r"}, "Unknown URL parameter: 'queue'"),
+        (
+            {"source": "redis://redis:6379/0"},
+            "SERVING_STREAM_SOURCE='redis://redis:6379/0' names no stream; add ?stream=NAME",
+        ),
+        ({"dead": f"{REDIS}?stream="}, "SERVING_STREAM_DEAD_LETTER="),
+        ({"dead": f"{REDIS}?stream="}, "names no stream; add ?stream=NAME"),
+        ({"source": "redis://redis:port/0?stream=s"}, "has a port that is not 0..65535"),
+        ({"source": "unix://?stream=s"}, "names no socket path"),
+        ({"sink": "redis://r/0?stream=s&maxlen=many"}, "maxlen='many' is not a whole number"),
+        ({"source": "redis://r/0?stream=s&claim_idle_ms=1m"}, "claim_idle_ms='1m' is not"),
+        (
+            {"sink": "kafka://k:9092/t"},
+            "SERVING_STREAM_SINK='kafka://k:9092/t': kafka:// names "
+            "no broker serving-core streams with; use a URL of one of amqp://, amqps://, "
+            "redis://, rediss://, unix://",
+        ),
+        ({"source": "redis:/r?stream=s"}, "no scheme names no broker"),
+    ],
+)
+def test_a_bad_end_is_refused_by_its_broker_naming_the_variable(
+    changed: dict[str, str], said: str
+) -> None:
+    with pytest.raises(ValueError, match=r"^SERVING_STREAM_") as info:
+        backend.check(*ends(**changed))
+    assert said in str(info.value)
+    assert "hunter2" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "amqps://u:p@h:5671/v?exchange=&routing_key=q&heartbeat=30",
+        "redis://h/0?stream=s&maxlen=100",
+        "rediss://[::1]:6380/1?stream=s&group=g&claim_idle_ms=5000",
+        "unix:///run/redis.sock?stream=s",
+    ],
+)
+def test_the_urls_the_brokers_take_are_taken(url: str) -> None:
+    backend.check(url.replace("exchange=&routing_key=q", "queue=q"), url, url)
+
+
+@pytest.mark.parametrize("module", sorted(set(BROKERS.values())))
+def test_each_broker_module_has_the_brokers_functions(module: str) -> None:
+    broker = importlib.import_module(module)
+    for name in ("check_source", "check_sink", "open_source", "open_sink"):
+        wanted = inspect.signature(getattr(Broker, name))
+        found = inspect.signature(getattr(broker, name))
+        assert list(found.parameters) == list(wanted.parameters)[1:], (module, name)
+
+
+def test_a_redis_user_never_imports_pika() -> None:
+    code = (
+        "import sys\n"
+        "from serving_core.stream import backend\n"
+        f"backend.check('{REDIS}?stream=a', '{REDIS}?stream=b', '{REDIS}?stream=c')\n"
+        "backend.open_sink('redis://127.0.0.1:1/0?stream=b').close()\n"
+        "assert 'pika' not in sys.modules, 'pika was imported'\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=root, timeout=60)
+
+
+def test_the_stream_command_refuses_a_bad_end_before_the_handler_loads(tmp_path: Path) -> None:
+    handler = tmp_path / "handler.py"
+    handler.write_text("raise SystemExit('the handler was imported')\n")
+    source, sink, _ = GOOD
+    ran = subprocess.run(
+        [str(SERVING_CORE), "stream"],
+        env=base_env(
+            {
+                "SERVING_HANDLER": str(handler),
+                "SERVING_STREAM_SOURCE": source,
+                "SERVING_STREAM_SINK": sink,
+                "SERVING_STREAM_DEAD_LETTER": f"{REDIS}?maxlen=10",
+            }
+        ),
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert ran.returncode != 0
+    assert "SERVING_STREAM_DEAD_LETTER='redis://:***@redis:6379/0?maxlen=10' names no stream" in (
+        ran.stderr
+    )
+    assert "the handler was imported" not in ran.stderr + ran.stdout
+    assert "hunter2" not in ran.stderr
