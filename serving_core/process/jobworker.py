@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from serving_core.context import Context
 from serving_core.engine.core import Engine, Result
 from serving_core.errors import ServingError
-from serving_core.jobs.backend import open_queue
+from serving_core.jobs.backends import open_queue
 from serving_core.jobs.base import Job, JobQueue
 from serving_core.process.leases import LeaseRenewer
 from serving_core.process.prefork import Prefork

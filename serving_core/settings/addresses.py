@@ -1,5 +1,6 @@
-"""Parsers of the settings that name places: the bind address, Redis URLs, CORS origins,
-trusted proxies. Each raises ``ValueError`` naming the variable and what it accepts.
+"""Parsers of the settings that name places: the bind address, the cache's Redis URL, the
+job queue's URL, CORS origins, trusted proxies. Each raises ``ValueError`` naming the
+variable and what it accepts.
 """
 
 from __future__ import annotations
@@ -60,20 +61,24 @@ def _cache_url(name: str, raw: str) -> str:
 
 
 def _jobs_url(name: str, raw: str) -> str:
-    # Redis Streams is the queue's one shared backend; SQLite is the empty URL.
-    fault = _redis_fault(raw)
-    if fault:
+    # Which schemes there are, and what each takes, is the job backends' to say
+    # (serving_core/jobs/backends.py), checked when a command opens the queue.
+    if not _URL.fullmatch(raw):
         raise ValueError(
-            f"{name}={masked(raw)!r} {fault} for the job queue (Redis Streams); use "
-            f"{_REDIS_EXAMPLES}, "
-            "or leave it empty for the SQLite file at SERVING_JOBS_PATH"
+            f"{name}={masked(raw)!r} is not a URL; use SCHEME://..., e.g. "
+            "redis://HOST:6379/0, or leave it empty for the SQLite file at SERVING_JOBS_PATH"
         )
     return raw
 
 
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://.*", re.DOTALL)
 _REDIS_ACCEPTS = "empty, or a `redis://`, `rediss://` or `unix://` URL"
 CACHE_URL = Parser(_cache_url, _REDIS_ACCEPTS)
-JOBS_URL = Parser(_jobs_url, _REDIS_ACCEPTS)
+# The schemes of jobs/backends.py's table (tests/jobs/test_backends.py compares them).
+JOBS_URL = Parser(
+    _jobs_url,
+    "empty, or a job queue backend's `sqlite://`, `redis://`, `rediss://` or `unix://` URL",
+)
 
 
 _ORIGIN = re.compile(r"https?://([A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])(:[0-9]{1,5})?")
