@@ -55,7 +55,7 @@ from bench.bare_model import Bare  # noqa: E402
 from bench.interleave import run_interleaved  # noqa: E402
 from bench.quiet import wait_quiet  # noqa: E402
 from bench.workload import SENTENCES  # noqa: E402
-from serving_core.jobs.backend import open_queue  # noqa: E402
+from serving_core.jobs.backends import open_queue  # noqa: E402
 from serving_core.jobs.base import JobQueue  # noqa: E402
 from serving_core.settings import Settings  # noqa: E402
 from tests.redis_server import redis_server  # noqa: E402

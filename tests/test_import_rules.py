@@ -81,7 +81,7 @@ def test_the_package_keeps_every_rule(tree: Path) -> None:
         # A pipeline's gRPC client is handed down (pipeline.transport), never imported.
         ("pipeline/client.py", "import serving_core.grpc.stage", "The layers point down only"),
         ("pipeline/client.py", "import serving_core.grpc.codec", "The layers point down only"),
-        ("jobs/base.py", "import serving_core.jobs.sqlite_queue", "No import cycles"),
+        ("jobs/base.py", "import serving_core.jobs.sqlite.queue", "No import cycles"),
     ],
 )
 def test_a_reversed_rule_fails(tree: Path, module: str, line: str, broken: str) -> None:

@@ -115,15 +115,14 @@ def test_non_serving_variables_are_ignored():
         ("SERVING_BIND", "localhost:99999", "is not HOST:PORT"),
         ("SERVING_BIND", "unix:", "names no socket path"),
         ("SERVING_LOG_LEVEL", "loud", "is not one of"),
-        # A backend's URL needs a scheme here; its store or broker checks the rest
-        # (tests/cache/test_backend.py, tests/stream/test_backend.py).
+        # A backend's URL needs a scheme here; its store, broker or queue checks the
+        # rest (tests/cache/test_backend.py, tests/stream/test_backend.py,
+        # tests/jobs/test_backends.py).
         ("SERVING_CACHE_URL", "cache:6379", "is not a URL; use SCHEME://"),
         ("SERVING_STREAM_SOURCE", "queue", "is not a URL; use SCHEME://"),
         ("SERVING_STREAM_SINK", "/results", "is not a URL; use SCHEME://"),
         ("SERVING_STREAM_DEAD_LETTER", "dead", "is not a URL; use SCHEME://"),
-        ("SERVING_JOBS_URL", "http://queue:6379", "is not a Redis URL for the job queue"),
-        ("SERVING_JOBS_URL", "redis:/queue", "for the job queue (Redis Streams)"),
-        ("SERVING_JOBS_URL", "redis://queue:port/0", "has a port that is not"),
+        ("SERVING_JOBS_URL", "queue:6379", "is not a URL; use SCHEME://"),
         ("SERVING_CACHE_SIZE", "-1", "out of range"),
         ("SERVING_JOBS_ENABLED", "maybe", "is not a boolean"),
         ("SERVING_DRAIN_S", "-1", "out of range"),
@@ -283,15 +282,8 @@ def test_a_bad_body_limit_or_proxy_names_itself(name, value, expected):
 def test_the_job_queue_url_says_what_an_empty_one_means():
     # Not the cache's wording (tests/cache/test_backend.py): empty is the SQLite file here.
     with pytest.raises(SettingsError) as info:
-        Settings.from_env({"SERVING_JOBS_URL": "sqlite:///jobs.db"}, cores=1)
+        Settings.from_env({"SERVING_JOBS_URL": "jobs.db"}, cores=1)
     assert "leave it empty for the SQLite file at SERVING_JOBS_PATH" in str(info.value)
-
-
-def test_a_bad_redis_url_is_quoted_without_its_password():
-    with pytest.raises(SettingsError) as info:
-        Settings.from_env({"SERVING_JOBS_URL": "redis://user:s3cret@cache:99999/0"}, cores=1)
-    assert "'redis://user:***@cache:99999/0' has a port that is not" in str(info.value)
-    assert "s3cret" not in str(info.value)
 
 
 @pytest.mark.parametrize(

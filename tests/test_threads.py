@@ -18,7 +18,7 @@ import requests
 
 from serving_core import threads
 from serving_core.cores import usable_cores
-from serving_core.jobs.backend import open_queue
+from serving_core.jobs.backends import open_queue
 from serving_core.settings import Settings
 from tests.servers import ROOT, gunicorn_server, job_worker, wait_for
 

@@ -30,16 +30,9 @@ import logging
 import sys
 from collections.abc import Mapping
 
-from serving_core.batch.formats import open_sink, open_source
+from serving_core.batch.formats import input_location, open_sink, open_source, output_location
 from serving_core.batch.pool import OnResult
-from serving_core.batch.records import (
-    RecordsError,
-    Shard,
-    Sink,
-    input_location,
-    output_location,
-    refuse_overlap,
-)
+from serving_core.batch.records import RecordsError, Shard, Sink, refuse_overlap
 from serving_core.batch.run import EXIT_CONFIG, BatchRun
 from serving_core.cache.core import from_settings
 from serving_core.errors import HandlerError

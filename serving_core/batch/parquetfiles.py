@@ -26,9 +26,28 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from serving_core.batch.durable import fsync_directory
-from serving_core.batch.records import Record, RecordsError, Row, Shard, make_record
+from serving_core.batch.records import (
+    Location,
+    Record,
+    RecordsError,
+    Row,
+    Shard,
+    Sink,
+    Source,
+    make_record,
+)
 
+DATABASE = False
 READ_BATCH_ROWS = 1024
+
+
+def open_source(location: Location, id_field: str) -> Source:
+    return ParquetSource(location.target, id_field)
+
+
+def open_sink(location: Location, id_field: str, shard: Shard) -> Sink:
+    # Not sharded_path: the shards write part files into one directory.
+    return ParquetSink(location.target, id_field, shard)
 
 
 class ParquetSource:

@@ -1,12 +1,12 @@
 """Records in and results out of ``serving-core batch``: ids, shards, and where they live.
 
-A *location* is a JSONL, CSV or Parquet path (by suffix), a SQLAlchemy URL
-with a table or a query, or a bare ``.db``/``.sqlite`` path (SQLite). Every
-format has a ``Source`` (records in, with a count for the progress bar when
-one is cheap) and a ``Sink`` (rows out, in chunks, each chunk durable before
-``write`` returns, and ``written()`` for resuming). The formats live in
-``textfiles`` (JSONL, CSV), ``parquetfiles`` and ``sqltables``, below
-``formats``, which opens a location with the right one.
+A *location* is a path or a database URL (with a table or a query), and the
+format ``formats`` chose for it by its suffix or scheme. Every format has a
+``Source`` (records in, with a count for the progress bar when one is cheap)
+and a ``Sink`` (rows out, in chunks, each chunk durable before ``write``
+returns, and ``written()`` for resuming). The formats are modules of their own
+(``jsonlfiles``, ``csvfiles``, ``parquetfiles``, ``sqltables``), below
+``formats``, whose table names them.
 
 Ids: a record's id is its ``id_field`` value, or else its 0-based position in
 the input. Resume and shards compare ids as text (``id_key``), so ``7`` and
@@ -21,20 +21,12 @@ import re
 from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 from serving_core import encoding
 from serving_core.handler import Params
+from serving_core.settings.secrets import masked
 
-Kind = Literal["jsonl", "csv", "parquet", "sql"]
-SUFFIXES: dict[str, Kind] = {
-    ".jsonl": "jsonl",
-    ".ndjson": "jsonl",
-    ".csv": "csv",
-    ".parquet": "parquet",
-    ".pq": "parquet",
-}
-SQLITE_SUFFIXES = (".db", ".sqlite", ".sqlite3")
 DEFAULT_OUTPUT_TABLE = "results"
 
 
@@ -146,66 +138,27 @@ class Sink(Protocol):
 
 @dataclass(frozen=True)
 class Location:
-    kind: Kind
+    format: str  # the module of its format, from formats.FORMATS
     target: str  # a path, or a SQLAlchemy URL
     table: str | None = None
     query: str | None = None
+    database: bool = False  # a table or a query in a database, not a path
 
     def describe(self) -> str:
-        if self.kind != "sql":
+        if not self.database:
             return self.target
-        return f"{shown_url(self.target)} ({'query' if self.query else 'table ' + str(self.table)})"
-
-
-def shown_url(url: str) -> str:
-    """A database URL as a log line or an error may show it: its password hidden,
-    as SQLAlchemy renders it (``hide_password``); URLs are logged, passwords never."""
-    import sqlalchemy as sa  # only for a database: file formats never load SQLAlchemy
-
-    try:
-        return sa.make_url(url).render_as_string(hide_password=True)
-    except sa.exc.ArgumentError:
-        # Not a URL SQLAlchemy can parse, so no password it could find: hide
-        # everything before the host (up to the last @, as a password may hold one).
-        return re.sub(r"(?<=://).*@", "***@", url)
-
-
-def input_location(value: str, table: str | None = None, query: str | None = None) -> Location:
-    kind, target = _kind(value, "--input")
-    if kind == "sql":
-        if (table is None) == (query is None):
-            raise RecordsError(
-                f"--input {shown_url(value)} is a database: give one of --input-table TABLE "
-                "or --input-query 'SELECT ...'"
-            )
-        return Location("sql", target, table, query)
-    if table is not None or query is not None:
-        raise RecordsError(
-            f"--input-table and --input-query are for databases; --input {value} is a file"
-        )
-    if not Path(target).exists():
-        raise RecordsError(f"--input {value} does not exist")
-    return Location(kind, target)
-
-
-def output_location(value: str, table: str | None = None) -> Location:
-    kind, target = _kind(value, "--output")
-    if kind == "sql":
-        return Location("sql", target, table or DEFAULT_OUTPUT_TABLE)
-    if table is not None:
-        raise RecordsError(f"--output-table is for databases; --output {value} is a file")
-    return Location(kind, target)
+        return f"{masked(self.target)} ({'query' if self.query else 'table ' + str(self.table)})"
 
 
 def refuse_overlap(source: Location, sink: Location, shard: Shard) -> None:
     """Refuse an output that is the input (or holds it, or is inside it), before
     anything is opened for writing: a run appends to, cuts the torn tail off and
     adds part files to its output, none of which an input may suffer."""
-    if source.kind == "sql" or sink.kind == "sql":
+    if source.database or sink.database:
         if (source.target, source.table) == (sink.target, sink.table):
             raise RecordsError(
                 f"--output-table {sink.table} is --input-table {source.table} of "
-                f"{_shown(sink.target)}: name another --output-table"
+                f"{masked(sink.target)}: name another --output-table"
             )
         return
     given, output = Path(source.target), Path(sharded_path(sink.target, shard))
@@ -226,29 +179,9 @@ def _within(inner: Path, outer: Path) -> bool:
     return outer.is_dir() and inner.resolve().is_relative_to(outer.resolve())
 
 
-def _shown(url: str) -> str:
-    # No SQLAlchemy here (it takes a second to import): the password cut by hand.
-    return re.sub(r"(://[^/:@]*:)[^/@]*@", r"\1***@", url)
-
-
 def sharded_path(path: str, shard: Shard) -> str:
     """An append-only file per shard: pods appending to one file would interleave."""
     if shard.count == 1:
         return path
     file = Path(path)
     return str(file.with_name(f"{file.stem}.shard-{shard.index}-of-{shard.count}{file.suffix}"))
-
-
-def _kind(value: str, flag: str) -> tuple[Kind, str]:
-    if "://" in value:
-        return "sql", value
-    suffix = Path(value).suffix.lower()
-    if suffix in SQLITE_SUFFIXES:
-        return "sql", f"sqlite:///{Path(value).resolve()}"
-    if suffix in SUFFIXES:
-        return SUFFIXES[suffix], value
-    known = ", ".join([*SUFFIXES, *SQLITE_SUFFIXES])
-    raise RecordsError(
-        f"{flag} {value}: cannot tell its format from the suffix; use one of {known}, "
-        "or a SQLAlchemy URL such as postgresql://host/db"
-    )

@@ -16,12 +16,33 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from serving_core.batch.records import Record, RecordsError, Row, make_record, shown_url
+from serving_core.batch.records import (
+    DEFAULT_OUTPUT_TABLE,
+    Location,
+    Record,
+    RecordsError,
+    Row,
+    Shard,
+    Sink,
+    Source,
+    make_record,
+)
+from serving_core.settings.secrets import masked
 
+DATABASE = True
 READ_BATCH_ROWS = 1000
 DELETE_BATCH_KEYS = 500  # bound parameters per DELETE (SQLite allows 32,766, older ones 999)
 SQLITE_BUSY_TIMEOUT_S = 60  # shards committing to one SQLite file take turns
 ID_LENGTH = 255  # a primary key must be bounded on MySQL; ids are short
+
+
+def open_source(location: Location, id_field: str) -> Source:
+    return SqlSource(location.target, id_field, table=location.table, query=location.query)
+
+
+def open_sink(location: Location, id_field: str, shard: Shard) -> Sink:
+    # Not a table per shard: the primary key lets the shards share one.
+    return SqlSink(location.target, id_field, location.table or DEFAULT_OUTPUT_TABLE)
 
 
 def _engine(url: str, flag: str) -> sa.Engine:
@@ -32,12 +53,12 @@ def _engine(url: str, flag: str) -> sa.Engine:
         return sa.create_engine(parsed, connect_args=options)
     except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError, ImportError) as exc:
         raise RecordsError(
-            f"{flag} {shown_url(url)}: not a database URL SQLAlchemy can open: {exc}"
+            f"{flag} {masked(url)}: not a database URL SQLAlchemy can open: {exc}"
         ) from exc
 
 
 def _shown(engine: sa.Engine) -> str:
-    return engine.url.render_as_string(hide_password=True)
+    return masked(engine.url.render_as_string(hide_password=False))
 
 
 class SqlSource:

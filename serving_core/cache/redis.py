@@ -22,29 +22,20 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
 from serving_core.cache.store import StoreError, StoreUnavailable
+from serving_core.settings.redisurl import EXAMPLES, redis_fault
 from serving_core.settings.secrets import masked
 
 if TYPE_CHECKING:
     import redis
 
-SCHEMES = ("redis", "rediss", "unix")
-EXAMPLES = "redis://HOST:6379/0, rediss://… (TLS) or unix:///path/redis.sock"
-
 
 def check(url: str) -> None:
     """What redis-py would refuse when it first connects: ``ValueError`` saying so."""
-    parts, shown = urlsplit(url), repr(masked(url))
-    if parts.scheme not in SCHEMES or not url.startswith(parts.scheme + "://"):
-        raise ValueError(f"{shown} is not a Redis URL; use {EXAMPLES}")
-    if parts.scheme == "unix" and not parts.path:
-        raise ValueError(f"{shown} names no socket path; use {EXAMPLES}")
-    try:
-        parts.port  # noqa: B018 (a port that is not a number, or past 65535, raises)
-    except ValueError:
-        raise ValueError(f"{shown} has a port that is not 0..65535; use {EXAMPLES}") from None
+    fault = redis_fault(url)
+    if fault:
+        raise ValueError(f"{masked(url)!r} {fault}; use {EXAMPLES}")
 
 
 def open_store(url: str, ttl_s: float) -> RedisStore:

@@ -9,7 +9,8 @@ from serving_core import logs
 from serving_core.cache import backend as cache_backend
 from serving_core.commands.failure import Failure
 from serving_core.errors import HandlerError
-from serving_core.jobs.redis_durability import UnsafeRedis, check_redis, count_losses
+from serving_core.jobs import backends
+from serving_core.jobs.base import StoreRefused
 from serving_core.loading import LoadedHandler, load_handler
 from serving_core.metrics.directory import enable_multiprocess
 from serving_core.pipeline import transport
@@ -47,7 +48,7 @@ def load(
             environ=os.environ,
             runtime=runtime,
         )
-    except (SettingsError, HandlerError, UnsafeRedis) as exc:
+    except (SettingsError, HandlerError, StoreRefused) as exc:
         raise Failure(str(exc)) from exc
 
 
@@ -74,8 +75,10 @@ def check_cache(settings: Settings) -> None:
 
 
 def check_queue(settings: Settings) -> None:
-    """Refuse a job queue store that would drop jobs it accepted (``UnsafeRedis``); every
-    command that opens the queue (``serve``, ``worker``, and any later one) calls it."""
-    if settings.jobs_url:
-        check_redis(settings.jobs_url)
-        count_losses()  # 0 from the start, not "no data" until the first loss
+    """Refuse a job queue URL its backend cannot use, or a store that would drop jobs it
+    accepted (``StoreRefused``); every command that opens the queue (``serve``,
+    ``worker``, and any later one) calls it. The backend is ``jobs.backends``' choice."""
+    try:
+        backends.check(settings)
+    except ValueError as exc:
+        raise Failure(str(exc)) from exc

@@ -1,10 +1,12 @@
-"""Asynchronous jobs: the record and the queue interface, which every backend implements.
+"""Asynchronous jobs: the queue interface, which every backend implements (the record,
+``Job``, is ``jobs.job``'s, and importable from here).
 
-``jobs.backend.open_queue(settings, queue)`` returns a :class:`JobQueue` for one handler's
-jobs: SQLite in WAL mode when ``SERVING_JOBS_URL`` is empty (one file shared by
-the gunicorn workers and ``serving-core worker`` processes of one machine), or
-Redis Streams when it is a ``redis://``, ``rediss://`` or ``unix://`` URL (what
-Kubernetes deployments use). Both give the same guarantees:
+``jobs.backends.open_queue(settings, queue)`` returns a :class:`JobQueue` for one handler's
+jobs, on the backend that ``SERVING_JOBS_URL``'s scheme names: SQLite in WAL mode
+when it is empty (one file shared by the gunicorn workers and ``serving-core
+worker`` processes of one machine), or Redis Streams for a ``redis://``,
+``rediss://`` or ``unix://`` URL (what Kubernetes deployments use). Every
+backend gives the same guarantees:
 
 - At-least-once delivery. ``take`` leases jobs to a consumer for
   ``jobs_lease_s``; a job not completed, failed or released by then (its
@@ -54,23 +56,25 @@ Room for later backends: the interface speaks only of jobs, leases and
 consumers. A Kafka or RabbitMQ backend would keep the job records (status,
 result) in a store with a TTL and use the broker for delivery (RabbitMQ:
 basic.get/prefetch with manual acks and a consumer timeout as the lease;
-Kafka: a consumer group with committed offsets); ``jobs.backend.open_queue``
-chooses it by URL scheme.
+Kafka: a consumer group with committed offsets). A backend is a subpackage
+(``jobs/sqlite/``, ``jobs/redis/``) whose ``backend`` module checks its URL and
+its store and opens its queue, and one line of ``jobs.backends.BACKENDS`` gives
+it its URL schemes.
 """
 
 from __future__ import annotations
 
-import hashlib
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
-from serving_core import encoding
-
-JobStatus = Literal["queued", "running", "done", "failed", "cancelled"]
-FINISHED: frozenset[JobStatus] = frozenset({"done", "failed", "cancelled"})  # never change again
+# Re-exported: the record's users import it with the interface, from here.
+from serving_core.jobs.job import FINISHED as FINISHED  # noqa: PLC0414
+from serving_core.jobs.job import Job as Job  # noqa: PLC0414
+from serving_core.jobs.job import JobStatus as JobStatus  # noqa: PLC0414
+from serving_core.jobs.job import lease_expired_error as lease_expired_error  # noqa: PLC0414
+from serving_core.jobs.job import new_job_id as new_job_id  # noqa: PLC0414
+from serving_core.jobs.job import params_digest as params_digest  # noqa: PLC0414
 
 # How often a consumer records that it polls a queue: its heartbeat. Taking (an
 # idle consumer, once a second) and renewing leases (a long batch, every third
@@ -82,81 +86,6 @@ HEARTBEAT_S = 5.0
 # nothing to estimate from (jobs.drain): no job finished lately, or a per-key quota.
 QUEUE_FULL_RETRY_AFTER_S = 1.0
 MAX_STORED = "SERVING_JOBS_MAX_STORED"
-
-
-def new_job_id() -> str:
-    """128 random bits, URL-safe: unguessable, so a job id is its own capability."""
-    return uuid.uuid4().hex
-
-
-def params_digest(params: dict[str, Any]) -> str:
-    """What an idempotency key is bound to: SHA-256 of the parameters, keys sorted."""
-    return hashlib.sha256(encoding.dumps_sorted(params)).hexdigest()
-
-
-def lease_expired_error(attempts: int) -> dict[str, Any]:
-    return {
-        "type": "lease_expired",
-        "message": (
-            f"the job's consumer did not finish it within its lease, {attempts} times "
-            "(SERVING_JOBS_MAX_ATTEMPTS); a worker may be crashing on it or the lease "
-            "(SERVING_JOBS_LEASE_S) is shorter than a batch takes"
-        ),
-    }
-
-
-@dataclass(frozen=True)
-class Job:
-    """One job as the queue last stored it."""
-
-    id: str
-    queue: str  # the handler the job is for
-    status: JobStatus
-    params: dict[str, Any]  # {} once finished: a finished job keeps only its outcome
-    attempts: int  # hand-outs to a consumer so far (a release gives one back)
-    created_at: float  # unix seconds
-    started_at: float | None  # when the latest attempt was handed out
-    finished_at: float | None
-    result: Any  # the handler's output, any JSON value; None until done
-    error: dict[str, Any] | None  # {"type", "message"}; on a queued job, the last failure
-    # Which hand-out this record came from (opaque, empty unless from take):
-    # fail and release act only on the current lease, so a consumer whose lease
-    # expired cannot fail or requeue a job another consumer now holds.
-    lease: str = ""
-    owner: str = ""  # who submitted it: a caller's identity, "" without API keys
-    digest: str = ""  # params_digest of its parameters, which it drops once finished
-
-    @classmethod
-    def queued(
-        cls, job_id: str, queue: str, params: dict[str, Any], now: float, *, owner: str, digest: str
-    ) -> Job:
-        """A job as ``submit`` just stored it."""
-        return cls(
-            job_id, queue, "queued", params, 0, now, None, None, None, None,
-            owner=owner, digest=digest,
-        )  # fmt: skip
-
-    def public(self) -> dict[str, Any]:
-        """What ``GET /jobs/<id>`` answers; timestamps are ISO-8601 UTC strings or null."""
-        body: dict[str, Any] = {
-            "job_id": self.id,
-            "status": self.status,
-            "attempts": self.attempts,
-            "created_at": _iso(self.created_at),
-            "started_at": _iso(self.started_at),
-            "finished_at": _iso(self.finished_at),
-        }
-        if self.status == "done":
-            body["result"] = self.result
-        if self.status == "failed" and self.error is not None:
-            body["error"] = self.error
-        return body
-
-
-def _iso(unix_s: float | None) -> str | None:
-    if unix_s is None:
-        return None
-    return datetime.fromtimestamp(unix_s, UTC).isoformat(timespec="milliseconds")
 
 
 @dataclass(frozen=True)
@@ -231,6 +160,11 @@ class QueueUnavailable(Exception):
 
     Its message reaches clients (a 503, a follow-up's ``job_error``): it names no
     host, port or path; where it is raised logs the detail."""
+
+
+class StoreRefused(Exception):
+    """A backend's start-up check refused its store: configured to drop jobs it accepted
+    (an evicting Redis). The message names the store, masked, and the fix."""
 
 
 class JobQueue(Protocol):

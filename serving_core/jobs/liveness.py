@@ -26,6 +26,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from serving_core.jobs import backends
 from serving_core.jobs.base import JobQueue, QueueUnavailable
 from serving_core.settings import Settings
 
@@ -46,7 +47,7 @@ def hint(queue: JobQueue, settings: Settings, *, handler: str | None) -> str | N
     quiet = f"no serving-core worker has taken jobs from queue {queue.queue!r}"
     if seen.last_seen is not None:
         quiet += f" for {max(0.0, time.time() - seen.last_seen):.0f} s"
-    store = "SERVING_JOBS_URL" if settings.jobs_url else "SERVING_JOBS_PATH"
+    store = backends.backend_for(settings.jobs_url).SHARED
     # The client reads the hint; the paths are for the operator's log (once per
     # queue and process, however often clients poll), since a client has no
     # business knowing how the server is laid out.
@@ -57,7 +58,7 @@ def hint(queue: JobQueue, settings: Settings, *, handler: str | None) -> str | N
             queue.queue,
             handler or f"<the handler named {queue.queue!r}>",
             store,
-            "" if settings.jobs_url else f"={settings.jobs_path}",
+            f"={settings.jobs_path}" if store == "SERVING_JOBS_PATH" else "",  # a URL: secret
         )
     return (
         f"{quiet}, so this job waits: start serving-core worker with this server's "

@@ -26,7 +26,7 @@ from serving_core.errors import (
 )
 from serving_core.handler import Output, Params
 from serving_core.jobs import liveness
-from serving_core.jobs.backend import open_queue
+from serving_core.jobs.backends import open_queue
 from serving_core.jobs.base import (
     Job,
     JobQueue,

@@ -14,7 +14,7 @@ jobs are handed out again when their lease runs out (at-least-once).
 
 from __future__ import annotations
 
-from serving_core.jobs.backend import open_queue
+from serving_core.jobs.backends import open_queue
 from serving_core.loops.jobs import JobLoop
 from serving_core.process.prefork import Prefork
 

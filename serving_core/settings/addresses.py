@@ -1,16 +1,15 @@
 """Parsers of the settings that name places: the bind address, URLs, CORS origins,
 trusted proxies. Each raises ``ValueError`` naming the variable and what it accepts.
 
-A URL that picks a backend (a broker, a cache store) is only checked here for
+A URL that picks a backend (a broker, a cache store, a job queue) is only checked here for
 having a scheme: the backend its scheme picks checks the rest at start-up
-(``stream.backend``, ``cache.backend``), since the contract knows no backend.
+(``stream.backend``, ``cache.backend``, ``jobs.backends``), since the contract knows no backend.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import re
-from urllib.parse import urlsplit
 
 from serving_core.settings.parsers import Parser
 from serving_core.settings.secrets import masked
@@ -29,57 +28,35 @@ def _bind(name: str, raw: str) -> str:
 
 BIND = Parser(_bind, "`HOST:PORT` or `unix:PATH`")
 
-_REDIS_EXAMPLES = "redis://HOST:6379/0, rediss://… (TLS) or unix:///path/redis.sock"
-
-
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
 
 
-def url(accepts: str) -> Parser[str]:
-    """Empty, or ``SCHEME://…``; ``accepts`` says which, in the settings reference."""
+def url(accepts: str, empty: str) -> Parser[str]:
+    """Empty, or ``SCHEME://…``; ``accepts`` says which, in the settings reference, and
+    ``empty`` what an empty one means."""
 
     def parse(name: str, raw: str) -> str:
         if raw and not _SCHEME.match(raw):
             raise ValueError(
                 f"{name}={masked(raw)!r} is not a URL; use SCHEME://… (docs/settings.md "
-                "says which), or leave it empty"
+                f"says which), or leave it empty for {empty}"
             )
         return raw
 
     return Parser(parse, accepts)
 
 
-def _redis_fault(raw: str) -> str | None:
-    """Why redis-py would refuse ``raw`` when it first connects, or None."""
-    url = urlsplit(raw)
-    if url.scheme not in ("redis", "rediss", "unix") or not raw.startswith(url.scheme + "://"):
-        return "is not a Redis URL"
-    if url.scheme == "unix" and not url.path:
-        return "names no socket path"
-    try:
-        url.port  # noqa: B018 (a port that is not a number, or past 65535, raises)
-    except ValueError:
-        return "has a port that is not 0..65535"
-    return None
-
-
-def _jobs_url(name: str, raw: str) -> str:
-    # Redis Streams is the queue's one shared backend; SQLite is the empty URL.
-    fault = _redis_fault(raw)
-    if fault:
-        raise ValueError(
-            f"{name}={masked(raw)!r} {fault} for the job queue (Redis Streams); use "
-            f"{_REDIS_EXAMPLES}, "
-            "or leave it empty for the SQLite file at SERVING_JOBS_PATH"
-        )
-    return raw
-
-
-_REDIS_ACCEPTS = "empty, or a `redis://`, `rediss://` or `unix://` URL"
-JOBS_URL = Parser(_jobs_url, _REDIS_ACCEPTS)
-CACHE_URL = url("empty, or a store's URL, e.g. `redis://HOST:6379/0`")
+# The schemes of jobs/backends.py's table (tests/jobs/test_backends.py compares them).
+JOBS_URL = url(
+    "empty, or a job queue backend's `sqlite://`, `redis://`, `rediss://` or `unix://` URL",
+    empty="the SQLite file at SERVING_JOBS_PATH",
+)
+CACHE_URL = url("empty, or a store's URL, e.g. `redis://HOST:6379/0`", empty="each worker's memory")
 # Which brokers, and what each URL names, are the brokers' own (docs/streams.md).
-BROKER_URL = url("empty, or a broker's URL ([the URLs](streams.md#the-urls))")
+BROKER_URL = url(
+    "empty, or a broker's URL ([the URLs](streams.md#the-urls))",
+    empty="the commands other than serving-core stream",
+)
 
 
 _ORIGIN = re.compile(r"https?://([A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])(:[0-9]{1,5})?")

@@ -1,7 +1,7 @@
 """Where serving-core keeps its own files by default: a directory only its user may open.
 
 ``$TMPDIR/serving-core-UID`` (``/tmp`` without ``TMPDIR``), made mode 0700 by
-the SQLite queue, which refuses one another user made first (``jobs.sqlite_file``).
+the SQLite queue, which refuses one another user made first (``jobs.sqlite.file``).
 Why there: it must be writable wherever serving-core runs, the image included
 (a read-only root filesystem, ``HOME=/nonexistent``, and ``/tmp`` an emptyDir
 in the chart), and the same for ``serve`` and ``worker`` started by one user.

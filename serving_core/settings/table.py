@@ -155,7 +155,7 @@ class Settings:
         "", TEXT, "the model build in every cache key: the image's git commit, or a weights digest"
     )
     jobs_enabled: bool = setting(True, BOOLEAN, "accept `POST /jobs`; off, `/jobs` is `404`")
-    jobs_url: str = setting("", JOBS_URL, "the job queue's Redis; empty: a SQLite file")
+    jobs_url: str = setting("", JOBS_URL, "the job queue's backend (a URL); empty: the SQLite file")
     jobs_path: str = setting(
         default_jobs_path(),
         TEXT,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from serving_core.batch.records import input_location, output_location
+from serving_core.batch.formats import input_location, output_location
 from tests.batch.test_batch import ECHO, batch, write_jsonl
 
 PASSWORD = "hunter2-s3cret"

@@ -11,17 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from serving_core import encoding
-from serving_core.batch.formats import open_sink, open_source
-from serving_core.batch.records import (
-    Record,
-    RecordsError,
-    Row,
-    Shard,
-    id_key,
-    input_location,
-    output_location,
-    refuse_overlap,
-)
+from serving_core.batch.formats import input_location, open_sink, open_source, output_location
+from serving_core.batch.records import Record, RecordsError, Row, Shard, id_key, refuse_overlap
 
 WHOLE = Shard()
 SUFFIXES = {"jsonl": "jsonl", "csv": "csv", "parquet": "parquet", "sqlite": "db"}

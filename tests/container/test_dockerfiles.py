@@ -308,7 +308,7 @@ def test_the_app_and_worker_start_after_redis_is_healthy() -> None:
     assert redis["image"] == "redis:7-alpine"
     assert redis["healthcheck"]["test"] == ["CMD", "redis-cli", "ping"]
     # The queue's accepted jobs survive a restart: append-only file on a volume.
-    # (tests/jobs/test_redis_durability.py runs this command's flags.)
+    # (tests/jobs/redis/test_durability.py runs this command's flags.)
     command = redis["command"]
     assert command[command.index("--appendonly") + 1] == "yes"
     (volume,) = redis["volumes"]

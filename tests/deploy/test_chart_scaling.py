@@ -13,8 +13,8 @@ import jsonschema
 import pytest
 import yaml
 
-from serving_core.jobs.redis_connection import GROUP
-from serving_core.jobs.redis_queue import RedisJobQueue
+from serving_core.jobs.redis.connection import GROUP
+from serving_core.jobs.redis.queue import RedisJobQueue
 from serving_core.settings import Settings
 from tests.deploy.chart import (
     CHART,

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from serving_core.jobs.backend import open_queue
+from serving_core.jobs.backends import open_queue
 from serving_core.jobs.base import JobQueue
 from serving_core.settings import Settings
 from tests.redis_server import redis_server

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from serving_core.jobs.backend import open_queue
+from serving_core.jobs.backends import open_queue
 from serving_core.jobs.base import MAX_STORED, KeyReused, QueueFull, QuotaExceeded
-from serving_core.jobs.sqlite_file import PURGE_BATCH
+from serving_core.jobs.sqlite.file import PURGE_BATCH
 from serving_core.settings import Settings
 from tests.jobs.conftest import POLL_TIMEOUT_S, MakeQueue
 from tests.servers import wait_for

@@ -12,8 +12,8 @@ import pytest
 
 from serving_core.jobs import drain
 from serving_core.jobs.base import QUEUE_FULL_RETRY_AFTER_S, JobQueue, QueueFull
-from serving_core.jobs.redis_queue import RedisJobQueue
-from serving_core.jobs.sqlite_queue import SqliteJobQueue
+from serving_core.jobs.redis.queue import RedisJobQueue
+from serving_core.jobs.sqlite.queue import SqliteJobQueue
 from tests.jobs.conftest import MakeQueue
 
 WINDOW_S = drain.DRAIN_WINDOW_S

@@ -14,8 +14,8 @@ import uuid
 import pytest
 import redis
 
-from serving_core.jobs.backend import open_queue
-from serving_core.jobs.sqlite_queue import SqliteJobQueue
+from serving_core.jobs.backends import open_queue
+from serving_core.jobs.sqlite.queue import SqliteJobQueue
 from serving_core.settings import Settings
 from tests.redis_server import redis_server
 from tests.servers import ROOT, wait_for
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.e2e
 # Submits one job, prints its id, and kills itself before any clean-up could run.
 SUBMIT_AND_DIE = """
 import os, signal, sys
-from serving_core.jobs.backend import open_queue
+from serving_core.jobs.backends import open_queue
 from serving_core.settings import Settings
 queue = open_queue(Settings(jobs_url=sys.argv[1], jobs_path=sys.argv[2]), sys.argv[3])
 print(queue.submit({"text": "accepted"}).id, flush=True)

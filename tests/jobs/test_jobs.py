@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from serving_core.jobs.backend import open_queue
+from serving_core.jobs.backends import open_queue
 from serving_core.jobs.base import Job, JobQueue, QueueFull
 from serving_core.settings import Settings
 from tests.jobs.conftest import POLL_TIMEOUT_S, MakeQueue
@@ -86,7 +86,7 @@ def test_a_waiting_take_wakes_when_a_job_arrives(make_queue: MakeQueue) -> None:
 
 
 def _open_at(path: str, start_at: float) -> None:
-    from serving_core.jobs.sqlite_queue import SqliteJobQueue
+    from serving_core.jobs.sqlite.queue import SqliteJobQueue
 
     while time.time() < start_at:
         pass  # spin: the processes must open the file within microseconds of each other
@@ -418,12 +418,12 @@ def test_queue_names_are_checked(tmp_path: Any) -> None:
 def test_the_job_modules_import_no_flask_and_sqlite_imports_no_redis(tmp_path: Any) -> None:
     code = (
         "import sys\n"
-        "from serving_core.jobs.backend import open_queue\n"
+        "from serving_core.jobs.backends import open_queue\n"
         "from serving_core.settings import Settings\n"
-        "import serving_core.jobs.sqlite_queue\n"
+        "import serving_core.jobs.sqlite.queue\n"
         f"open_queue(Settings(jobs_path={str(tmp_path / 'j.db')!r}), 'q').depth()\n"
         "assert 'redis' not in sys.modules, 'redis'\n"
-        "import serving_core.jobs.redis_queue\n"
+        "import serving_core.jobs.redis.queue\n"
         "assert not [m for m in sys.modules if m.split('.')[0] == 'flask'], 'flask'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

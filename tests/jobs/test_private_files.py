@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from serving_core.jobs.base import QueueUnavailable
-from serving_core.jobs.sqlite_queue import SqliteJobQueue
+from serving_core.jobs.sqlite.queue import SqliteJobQueue
 from serving_core.settings import Settings
 from tests.servers import ROOT
 

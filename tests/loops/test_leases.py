@@ -6,7 +6,7 @@ import threading
 import time
 from pathlib import Path
 
-from serving_core.jobs.backend import open_queue
+from serving_core.jobs.backends import open_queue
 from serving_core.loops.leases import LeaseRenewer
 from serving_core.settings import Settings
 from tests.servers import wait_for

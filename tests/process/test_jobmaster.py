@@ -11,7 +11,7 @@ import pytest
 import redis
 import requests
 
-from serving_core.jobs.backend import open_queue
+from serving_core.jobs.backends import open_queue
 from serving_core.settings import Settings
 from tests.conftest import PROBE
 from tests.redis_server import redis_server

@@ -18,7 +18,7 @@ import time
 import pytest
 import requests
 
-from serving_core.jobs.backend import open_queue
+from serving_core.jobs.backends import open_queue
 from serving_core.settings import Settings
 from tests.conftest import HANDLERS
 from tests.servers import ROOT, SERVING_CORE, base_env, gunicorn_server, job_worker

@@ -690,7 +690,7 @@ its metrics Service needs "-worker-metrics", so it cuts the full name further.
 {{- end }}
 
 {{/*
-The Redis stream of the worker's queue, as serving_core/jobs/redis_queue.py
+The Redis stream of the worker's queue, as serving_core/jobs/redis/queue.py
 names it: the queue (the handler's name) in braces, a Redis Cluster hash tag.
 */}}
 {{- define "serving-core.workerStream" -}}

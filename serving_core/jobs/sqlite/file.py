@@ -1,5 +1,5 @@
 """The SQLite job queue's file: its connections (WAL), and ``SqliteFile``, the handle the
-queue and its consumers' heartbeats share (``sqlite_schema`` has the tables).
+queue and its consumers' heartbeats share (``schema`` has the tables).
 
 WAL lets readers (``get``, ``depth``) run while one writer commits.
 ``synchronous=FULL``: a job is on disk when ``submit`` returns, since the queue
@@ -32,10 +32,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from serving_core.jobs.base import QueueUnavailable
-from serving_core.jobs.sqlite_schema import AUTO_VACUUM, prepare
+from serving_core.jobs.sqlite.schema import AUTO_VACUUM, prepare
 from serving_core.settings.private import private_directory
 
-log = logging.getLogger("serving_core.jobs.sqlite_file")
+log = logging.getLogger("serving_core.jobs.sqlite.file")
 
 BUSY_TIMEOUT_S = 30.0  # how long a call waits for another process's write
 WAL_RETRY_S = 0.005  # how often an opening connection asks for WAL mode again
@@ -194,7 +194,7 @@ class SqliteFile:
 
     def _vacuum(self) -> None:
         # executescript steps the pragma to its end; execute would free one page. A
-        # file made without auto_vacuum frees nothing (sqlite_schema): stop then too.
+        # file made without auto_vacuum frees nothing (schema): stop then too.
         before: int | None = None
         while True:
             with self.reading() as db:

@@ -2,7 +2,7 @@
 
 Every command goes through ``call``, which creates the group on first use (so
 opening needs no Redis), creates it again when Redis answers NOGROUP (and says
-so: ``redis_durability`` logs and counts it, since the jobs the stream held
+so: ``durability`` logs and counts it, since the jobs the stream held
 are lost), and turns Redis and socket errors into ``QueueUnavailable``.
 
 gevent: redis-py's plain ``ConnectionPool`` (redis 8.1's ``connection.py``)
@@ -20,13 +20,13 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from serving_core.jobs.base import QueueUnavailable
-from serving_core.jobs.redis_durability import group_recreated, job_records_missing
+from serving_core.jobs.redis.durability import group_recreated, job_records_missing
 
 if TYPE_CHECKING:
     import redis
     from redis.commands.core import Script
 
-log = logging.getLogger("serving_core.jobs.redis_connection")
+log = logging.getLogger("serving_core.jobs.redis.connection")
 
 GROUP = "workers"
 COMMAND_TIMEOUT_S = 10.0  # connect, and every command (socket timeout)

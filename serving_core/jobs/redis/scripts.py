@@ -1,4 +1,4 @@
-"""The Lua scripts behind ``redis_queue``: each state change of a job, atomic in Redis.
+"""The Lua scripts behind ``queue``: each state change of a job, atomic in Redis.
 
 Every script reads the job's hash first and acts only if the job is in the
 state the change expects, so a stale consumer, a cancelled job or a repeated

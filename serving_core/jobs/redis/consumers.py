@@ -6,7 +6,7 @@ import time
 from typing import Any
 
 from serving_core.jobs.base import Consumers, Heartbeat
-from serving_core.jobs.redis_connection import RedisConnection
+from serving_core.jobs.redis.connection import RedisConnection
 
 
 class RedisConsumers:

@@ -1,6 +1,6 @@
 """The embedded job queue: one SQLite file in WAL mode, shared by the processes of one machine.
 
-Every change is one short transaction (``sqlite_file`` has the file's rules),
+Every change is one short transaction (``file`` has the file's rules),
 and ``take`` selects and leases its jobs in a single ``BEGIN IMMEDIATE``
 transaction, so two consumers can never lease the same job.
 
@@ -33,10 +33,10 @@ from serving_core.jobs.base import (
     new_job_id,
     params_digest,
 )
-from serving_core.jobs.sqlite_consumers import SqliteConsumers
-from serving_core.jobs.sqlite_file import SqliteFile
-from serving_core.jobs.sqlite_limits import Limits, admit
-from serving_core.jobs.sqlite_rows import LIVE, finish, job_of, live
+from serving_core.jobs.sqlite.consumers import SqliteConsumers
+from serving_core.jobs.sqlite.file import SqliteFile
+from serving_core.jobs.sqlite.limits import Limits, admit
+from serving_core.jobs.sqlite.rows import LIVE, finish, job_of, live
 from serving_core.settings import Settings
 
 TAKE_POLL_S = 0.01  # how often an idle take looks again: the latency it adds to a job
@@ -52,7 +52,7 @@ class SqliteJobQueue:
         self.ttl_s = settings.jobs_ttl_s
         self.max_attempts = settings.jobs_max_attempts
         self.lease_s = settings.jobs_lease_s
-        # A consumer's commits need not wait for the disk (sqlite_file says why).
+        # A consumer's commits need not wait for the disk (file.py says why).
         self.file = SqliteFile(self.path, durable=not consumer)
         self._consumers = SqliteConsumers(self.file, queue, lease_s=self.lease_s, ttl_s=self.ttl_s)
 

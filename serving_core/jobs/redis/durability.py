@@ -4,10 +4,11 @@ A queue on Redis is only as durable as that Redis is configured to be, and
 nothing in the protocol says how it is: an evicting ``maxmemory-policy``
 deletes job records under memory pressure, and with AOF off a restart loses
 every job since the last snapshot. So every command that uses the queue
-(``serve``, ``worker``) calls ``check_redis`` before it starts: an evicting
-policy stops it, a Redis that may lose jobs on a restart or a power cut is a
-warning. Managed Redis services often rename or forbid ``CONFIG``; then the
-same fields are read from ``INFO``, which they allow (without ``appendfsync``).
+(``serve``, ``worker``) calls ``check_redis`` before it starts (through
+``backend.check_store``): an evicting policy stops it, a Redis that may lose
+jobs on a restart or a power cut is a warning. Managed Redis services often
+rename or forbid ``CONFIG``; then the same fields are read from ``INFO``, which
+they allow (without ``appendfsync``).
 
 What the check cannot prevent is still seen when it happens:
 ``job_record_missing`` (a stream entry whose job hash is gone: evicted, or
@@ -21,12 +22,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit, urlunsplit
+
+from serving_core.jobs.base import StoreRefused
+from serving_core.settings.secrets import masked
 
 if TYPE_CHECKING:
     import redis
 
-log = logging.getLogger("serving_core.jobs.redis_durability")
+log = logging.getLogger("serving_core.jobs.redis.durability")
 
 CHECK_TIMEOUT_S = 5.0
 SAFE_POLICY = "noeviction"
@@ -34,12 +37,8 @@ LOSSES = ("record_missing", "group_recreated")  # the counter's label values
 FIX = "docs/guarantees.md says which Redis settings give which guarantee"
 
 
-class UnsafeRedis(Exception):
-    """The job queue's Redis is configured to drop what it accepted."""
-
-
 def check_redis(url: str) -> None:
-    """Refuse an evicting Redis at ``url`` (``UnsafeRedis``); warn when it may lose jobs.
+    """Refuse an evicting Redis at ``url`` (``StoreRefused``); warn when it may lose jobs.
 
     A Redis that cannot be reached is a warning, not a refusal: a queue opens
     without one (a pod may start before its Redis), and each request then fails
@@ -47,7 +46,7 @@ def check_redis(url: str) -> None:
     """
     import redis
 
-    shown = shown_url(url)
+    shown = masked(url)
 
     client = redis.Redis.from_url(
         url,
@@ -71,7 +70,7 @@ def check_redis(url: str) -> None:
         return
     policy = config.get("maxmemory-policy", "")
     if policy and policy != SAFE_POLICY:
-        raise UnsafeRedis(
+        raise StoreRefused(
             f"the job queue's Redis {shown} has maxmemory-policy {policy}, which deletes "
             f"keys when memory is full: queued jobs would be lost. Set maxmemory-policy "
             f"{SAFE_POLICY} on it (redis.conf, or `redis-server --maxmemory-policy "
@@ -93,12 +92,6 @@ def check_redis(url: str) -> None:
             config["appendfsync"],
             FIX,
         )
-
-
-def shown_url(url: str) -> str:
-    """``url`` without its user and password, for messages."""
-    parts = urlsplit(url)
-    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
 
 
 def _read(client: redis.Redis, shown: str) -> dict[str, str] | None:

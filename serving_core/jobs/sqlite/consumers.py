@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from serving_core.jobs.base import Consumers, Heartbeat
-from serving_core.jobs.sqlite_file import SqliteFile
+from serving_core.jobs.sqlite.file import SqliteFile
 
 
 class SqliteConsumers:

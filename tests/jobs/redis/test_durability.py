@@ -11,8 +11,9 @@ import redis
 import requests
 import yaml
 
-from serving_core.jobs.backend import open_queue
-from serving_core.jobs.redis_durability import UnsafeRedis, check_redis
+from serving_core.jobs.backends import open_queue
+from serving_core.jobs.base import StoreRefused
+from serving_core.jobs.redis.durability import check_redis
 from serving_core.settings import Settings
 from tests.conftest import PROBE
 from tests.redis_server import redis_server
@@ -47,7 +48,7 @@ def test_an_evicting_redis_is_refused_at_start_by_name_without_its_password(verb
 
 def test_an_evicting_redis_is_refused_when_config_is_renamed_from_info(caplog):
     options = [*EVICTING, "--rename-command", "CONFIG", ""]
-    refused = pytest.raises(UnsafeRedis, match="maxmemory-policy allkeys-lru")
+    refused = pytest.raises(StoreRefused, match="maxmemory-policy allkeys-lru")
     with redis_server(options=options) as url, caplog.at_level(logging.WARNING), refused:
         check_redis(url)
     assert "refused CONFIG GET" in caplog.text

@@ -36,8 +36,8 @@ entry at the tail, which also wakes a consumer blocked in ``XREADGROUP``.
 Every state change is one script, so it is atomic against the others.
 
 Use a Redis with ``maxmemory-policy noeviction`` (or a database the cache
-does not share): an evicted job hash is a lost job. ``redis_connection`` has
-the client (timeouts, gevent) and ``redis_consumers`` the heartbeats.
+does not share): an evicted job hash is a lost job. ``connection`` has
+the client (timeouts, gevent) and ``consumers`` the heartbeats.
 """
 
 from __future__ import annotations
@@ -60,10 +60,10 @@ from serving_core.jobs.base import (
     params_digest,
     quota_message,
 )
-from serving_core.jobs.redis_connection import GROUP, Arg, RedisConnection
-from serving_core.jobs.redis_consumers import RedisConsumers
-from serving_core.jobs.redis_hash import flat, job_of
-from serving_core.jobs.redis_scripts import (
+from serving_core.jobs.redis.connection import GROUP, Arg, RedisConnection
+from serving_core.jobs.redis.consumers import RedisConsumers
+from serving_core.jobs.redis.hash import flat, job_of
+from serving_core.jobs.redis.scripts import (
     CANCEL,
     COMPLETE,
     FAIL,

@@ -1,0 +1,1 @@
+"""The Redis Streams job queue (a ``redis://``, ``rediss://`` or ``unix://`` SERVING_JOBS_URL)."""
