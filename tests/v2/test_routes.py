@@ -160,7 +160,8 @@ def test_x_cache_is_sent_for_one_row_only_with_the_cache_header_setting(header):
     service.start()
     try:
         client = app.test_client()
-        one = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 3], "data": [1, 2, 3]}]}
+        row = {"name": "INPUT0", "datatype": "FP32", "shape": [1, 3], "data": [1, 2, 3]}
+        one = {"inputs": [row]}
         two = {"inputs": [
             {"name": "INPUT0", "datatype": "FP32", "shape": [2, 3], "data": [1, 2, 3, 4, 5, 6]},
         ]}  # fmt: skip
