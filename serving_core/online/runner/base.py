@@ -21,8 +21,9 @@ class ClientWatch:
 
 
 class Computed(NamedTuple):
-    """The model's output for one item, and the size of the batch it ran in, for the
-    access line (None: no batch to tell of, as a concurrent handler's call)."""
+    """An item's output and the size of the batch it ran in, for the access line (None:
+    no batch to tell of, as a concurrent handler's call). A runner's holds the model's
+    output; ``Service.compute``'s, the finished answer."""
 
     output: Any
     batch_size: int | None
