@@ -32,9 +32,6 @@ class Context:
 
 _current: ContextVar[Context | None] = ContextVar("serving_context", default=None)
 _batch: ContextVar[Sequence[Context]] = ContextVar("serving_batch", default=())
-# The size of the batch that ran this greenlet's (or thread's) last request, for
-# its access line; taken, and so cleared, by the app.
-_batch_size: ContextVar[int | None] = ContextVar("serving_batch_size", default=None)
 
 
 def current() -> Context | None:
@@ -45,18 +42,6 @@ def current() -> Context | None:
 def batch() -> Sequence[Context]:
     """In ``predict_batch``: the items' requests, in the order of the items."""
     return _batch.get()
-
-
-def note_batch_size(size: int | None) -> None:
-    _batch_size.set(size or None)
-
-
-def take_batch_size() -> int | None:
-    """The batch size noted for the request being answered here, and forget it."""
-    size = _batch_size.get()
-    if size is not None:
-        _batch_size.set(None)
-    return size
 
 
 @contextmanager

@@ -11,6 +11,9 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 QUOTE_CHARS = 80
+# A body over the limit, whoever refuses it: the front door from its Content-Length,
+# werkzeug while it reads one of unknown length.
+TOO_LARGE = "the request body is larger than SERVING_MAX_BODY_BYTES allows; send less"
 # A bounded repr: a 1 MiB string or a deep structure costs no more than a short one.
 _QUOTE = reprlib.Repr()
 _QUOTE.maxstring = _QUOTE.maxother = QUOTE_CHARS
@@ -88,6 +91,13 @@ class RequestTimeout(ServingError):
 
     status = 408
     type = "request_timeout"
+
+
+class PayloadTooLarge(ServingError):
+    """A body over SERVING_MAX_BODY_BYTES, refused from its Content-Length, unread."""
+
+    status = 413
+    type = "payload_too_large"
 
 
 class UnsupportedMediaType(ServingError):

@@ -18,10 +18,6 @@ import orjson
 
 from serving_core.settings import LogFormat
 
-# Where the app leaves the route it matched, in the WSGI environ, for the access line.
-ROUTE_KEY = "serving_core.route"
-# And the size of the batch that ran the request (absent: no model call, e.g. a cache hit).
-BATCH_SIZE_KEY = "serving_core.batch_size"
 TEXT_FORMAT = "%(asctime)s [%(process)d] [%(levelname)s] %(name)s: %(message)s"
 
 

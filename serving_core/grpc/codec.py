@@ -1,4 +1,4 @@
-"""V2 gRPC messages to and from ``v2.request.InferRequest`` and ``v2.model.InferResponse``.
+"""V2 gRPC messages to and from ``v2.request.InferRequest`` and ``v2.model.Outputs``.
 
 A tensor comes as ``raw_input_contents`` (one entry per input, little-endian, as
 tritonclient sends it) or as the typed ``contents`` field of its datatype; both
@@ -13,7 +13,7 @@ from typing import Any
 
 from serving_core.errors import BadRequest, quote
 from serving_core.grpc.proto import grpc_predict_v2_pb2 as pb
-from serving_core.v2.model import InferResponse
+from serving_core.v2.model import Outputs
 from serving_core.v2.request import MAX_TENSORS, InferRequest
 from serving_core.v2.tensors import Array, check_datatype, check_shape, from_json, from_raw, to_raw
 
@@ -73,13 +73,11 @@ def from_contents(name: str, datatype: str, shape: tuple[int, ...], tensor: Any)
     return from_json(name, datatype, shape, list(getattr(tensor.contents, field)))
 
 
-def response(
-    model_name: str, model_version: str, request_id: str | None, result: InferResponse
-) -> Any:
+def response(model_name: str, model_version: str, request_id: str | None, outputs: Outputs) -> Any:
     reply = pb.ModelInferResponse(
         model_name=model_name, model_version=model_version, id=request_id or ""
     )
-    for name, datatype, array in result.outputs:
+    for name, datatype, array in outputs:
         reply.outputs.add(name=name, datatype=datatype, shape=list(array.shape))
         reply.raw_output_contents.append(to_raw(array, datatype))
     return reply

@@ -25,6 +25,7 @@ from serving_core.grpc.proto import grpc_predict_v2_pb2 as pb
 from serving_core.grpc.proto import grpc_predict_v2_pb2_grpc as pb_grpc
 from serving_core.grpc.servicer import SERVICE, InferenceServicer
 from serving_core.metrics.core import Metrics
+from serving_core.online.door import FrontDoor
 from serving_core.online.service import Service
 from serving_core.settings import Settings
 from serving_core.v2.model import Model
@@ -55,7 +56,9 @@ class GrpcFront:
             ],
         )
         add_servicer = pb_grpc.add_GRPCInferenceServiceServicer_to_server
-        add_servicer(InferenceServicer(Model(service), metrics), self.server)  # type: ignore[no-untyped-call]
+        door = FrontDoor(service)
+        servicer = InferenceServicer(Model(door), door, metrics)
+        add_servicer(servicer, self.server)  # type: ignore[no-untyped-call]
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         names = (SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME)

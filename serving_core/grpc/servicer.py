@@ -1,6 +1,6 @@
 """``inference.GRPCInferenceService`` over ``v2.model.Model``: the same metadata,
-readiness and inference as the REST routes, and the same ``Service`` under them
-(admission, the cache, this worker's batcher).
+readiness and inference as the REST routes, through the same front door
+(``online.door``: admission, the cache, this worker's batcher).
 
 A request's deadline is its gRPC deadline (``time_remaining``), capped as any by
 SERVING_REQUEST_TIMEOUT_S. A ``ServingError`` becomes the gRPC status of its
@@ -18,12 +18,12 @@ from typing import Any, NoReturn
 
 import grpc
 
-from serving_core import context
 from serving_core.errors import DeadlineExceeded, NotReady, Overloaded, ServingError
 from serving_core.grpc import access, codec
 from serving_core.grpc.proto import grpc_predict_v2_pb2 as pb
 from serving_core.grpc.proto import grpc_predict_v2_pb2_grpc as pb_grpc
 from serving_core.metrics.core import Metrics
+from serving_core.online.door import FrontDoor, Head
 from serving_core.v2.model import Model
 
 log = logging.getLogger("serving_core.grpc.servicer")
@@ -68,8 +68,9 @@ def abort(ctx: grpc.ServicerContext, error: ServingError) -> NoReturn:
 
 
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
-    def __init__(self, model: Model, metrics: Metrics | None = None) -> None:
+    def __init__(self, model: Model, door: FrontDoor, metrics: Metrics | None = None) -> None:
         self.model = model
+        self.door = door
         self.metrics = metrics
 
     def ServerLive(self, request: Any, ctx: grpc.ServicerContext) -> Any:
@@ -133,16 +134,16 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         e.g. a cache hit)."""
         model = self.model
         model.find(request.model_name, request.model_version or None)
-        parsed = codec.request(request)
-        context.take_batch_size()  # an earlier call on this thread may have left one
-        result = model.infer(
-            parsed,
+        # No length (grpc refused a message over SERVING_MAX_BODY_BYTES unread), no
+        # caller (keys are checked by the interceptor, and the cache is shared).
+        head = Head(
             request_id=request_id,
             arrival=arrival,
             timeout_s=ctx.time_remaining(),  # None: the client set no deadline
         )
-        batch_size = context.take_batch_size()
-        return codec.response(model.name, model.version, parsed.id, result), batch_size
+        parsed, answered = self.door.enter(head, lambda: codec.request(request), model.answer)
+        reply = codec.response(model.name, model.version, parsed.id, answered.output)
+        return reply, answered.batch_size
 
     # The model repository extension: one model, loaded before fork, never swapped.
     # Answered here, not by the generated base, which raises (a traceback in the log).

@@ -14,6 +14,7 @@ a job id, even one that leaked, is no use to anyone else.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from serving_core.engine.core import Engine
 from serving_core.errors import (
@@ -105,6 +106,21 @@ class JobsApi:
             f"no job {job_id!r}: it never existed, or it finished more than "
             f"SERVING_JOBS_TTL_S={self.settings.jobs_ttl_s:g} s ago and its result expired"
         )
+
+    def status(self, job_id: str, *, caller: str = "") -> dict[str, Any]:
+        """``GET /jobs/<id>``: the job as its caller sees it, with how to get it run
+        when no consumer polls its queue."""
+        job = self.get(job_id, caller=caller)
+        body = job.public()
+        hint = self.hint(job)
+        if hint is not None:
+            body["hint"] = hint
+        return body
+
+    def exposition(self) -> bytes:
+        """The queues' gauges for ``/metrics``, read from their store, not from the
+        workers' metric files: whichever worker answers, they are the same."""
+        return liveness.exposition(self.queues, self.settings.jobs_lease_s)
 
     def hint(self, job: Job) -> str | None:
         """For a queued job whose queue no consumer polls: how to get it run."""

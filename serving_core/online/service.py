@@ -1,5 +1,6 @@
-"""One worker's online path: admission, deadlines, the cache and the follow-up,
-around a runner that runs the model.
+"""One worker's online path: admission and deadlines around a runner that runs the
+model, and the cache and the job queues it opens (the front door, ``door``, answers
+through them).
 
 ``prepare`` and ``finish`` (validation, pre- and postprocessing) run where the
 request runs; the model call runs where the runner says (``runner``: the
@@ -16,7 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from serving_core import threads
-from serving_core.cache.core import Cache, CacheObserver, CacheResult, from_settings
+from serving_core.cache.core import Cache, CacheObserver, from_settings
 from serving_core.context import Context
 from serving_core.engine.core import Engine
 from serving_core.engine.observer import Observer
@@ -27,6 +28,7 @@ from serving_core.loading import LoadedHandler
 from serving_core.online.jobsapi import JobsApi
 from serving_core.online.runner.base import (
     ClientWatch,
+    Computed,
     Runner,
     Unstarted,
     WatchGone,
@@ -178,13 +180,26 @@ class Service:
         request_id: str,
         arrival: float | None = None,
         timeout_s: float | None = None,
+    ) -> Output:
+        """Prepare, run, finish, around no cache; raises ``ServingError`` subclasses."""
+        computed = self.compute(params, request_id=request_id, arrival=arrival, timeout_s=timeout_s)
+        output: Output = computed.output
+        return output
+
+    def compute(
+        self,
+        params: Params,
+        *,
+        request_id: str,
+        arrival: float | None = None,
+        timeout_s: float | None = None,
         client: Any = None,
         alone: Callable[[], bool] = lambda: True,
-    ) -> Output:
-        """Prepare, run, finish; raises ``ServingError`` subclasses. ``client``: the
-        request's connection, watched while it waits (the gevent worker's
-        ``watch_client``): a client that hangs up takes its item out of the queue,
-        when it is ``alone`` in waiting for it (the cache may have others wait on it)."""
+    ) -> Computed:
+        """``predict``'s output, and the size of the batch it ran in. ``client``: the request's
+        connection, watched while it waits (the gevent worker's ``watch_client``): a
+        client that hangs up takes its item out of the queue, when it is ``alone`` in
+        waiting for it (the cache may have others wait on it)."""
         deadline = self._live_deadline(arrival, timeout_s)
         arrival = time.monotonic() if arrival is None else arrival
         ctx = Context(request_id, deadline)
@@ -192,8 +207,10 @@ class Service:
         # between its batches its hub still reads, prepares and answers.
         with threads.busy():
             item = self.engine.prepare(params, ctx)
-            output = self.runner.run(item, ctx, arrival=arrival, watch=self._watch(client, alone))
-            return self.engine.finish(output, params, ctx)
+            output, batch_size = self.runner.run(
+                item, ctx, arrival=arrival, watch=self._watch(client, alone)
+            )
+            return Computed(self.engine.finish(output, params, ctx), batch_size)
 
     def _watch(self, client: Any, alone: Callable[[], bool]) -> WatchGone | None:
         watch_client = self._watch_client
@@ -216,7 +233,7 @@ class Service:
             raise not_loaded()
         now = time.monotonic()
         arrival = now if arrival is None else arrival
-        deadline = self._deadline(arrival, timeout_s)
+        deadline = self.deadline(arrival, timeout_s)
         if deadline <= now:
             if self._observer is not None:
                 self._observer.rejected("deadline_passed")
@@ -226,61 +243,12 @@ class Service:
             )
         return deadline
 
-    def _deadline(self, arrival: float | None, timeout_s: float | None) -> float:
+    def deadline(self, arrival: float | None, timeout_s: float | None) -> float:
+        """When a request that arrived at ``arrival`` is due: its own timeout, capped by
+        SERVING_REQUEST_TIMEOUT_S."""
         limit = self.settings.request_timeout_s
         start = time.monotonic() if arrival is None else arrival
         return start + (limit if timeout_s is None else min(timeout_s, limit))
-
-    def answer(
-        self,
-        params: Params,
-        *,
-        request_id: str,
-        arrival: float | None = None,
-        timeout_s: float | None = None,
-        client: Any = None,
-        caller: str = "",
-    ) -> tuple[Output, CacheResult | None]:
-        """``/predict``: the answer, from the inference cache when it has it, and how the
-        cache served it (None: not cached). ``caller``: who asks (``web.access.caller``,
-        empty without keys), whose cache entries are their own unless
-        SERVING_CACHE_PER_KEY is off. With a follow-up queue (the time-lag pattern), the
-        same request is queued for the slow handler too, as ``caller``'s job (a repeat,
-        such as a cache hit, shares the first one's job)."""
-        cache = self.cache
-        if cache is not None:
-            # A hit answers what a miss would: parameters the schema refuses get
-            # the same 400, whatever an entry (another build's, a batch's) holds.
-            self.engine.validate(params)
-        entries_of = (caller or None) if self.settings.cache_per_key else None
-        if cache is not None and (key := cache.key_for(params, entries_of)) is not None:
-
-            def compute() -> Output:
-                return self.predict(
-                    params,
-                    request_id=request_id,
-                    arrival=arrival,
-                    timeout_s=timeout_s,
-                    client=client,
-                    alone=lambda: not cache.followed(key),
-                )
-
-            # A request waiting for an identical one in flight waits no longer
-            # than its own deadline.
-            wait_s = self._deadline(arrival, timeout_s) - time.monotonic()
-            try:
-                output, served = cache.single_flight(key, compute, timeout_s=max(0.0, wait_s))
-            except TimeoutError:
-                raise DeadlineExceeded(
-                    "no answer within the deadline (an identical request in flight had none "
-                    "yet); retry later or ask for a longer timeout"
-                ) from None
-        else:
-            output = self.predict(
-                params, request_id=request_id, arrival=arrival, timeout_s=timeout_s, client=client
-            )
-            served = None
-        return self.jobs.follow_up(output, params, request_id, caller), served
 
     def metadata(self) -> dict[str, Any]:
         batching: dict[str, Any] = {

@@ -16,7 +16,7 @@ Everything else (the error log, files, syslog, ``--log-config``, reopening on
 and the access line as JSON objects (``serving_core.logs.JsonFormatter``); the
 access line's fields are the same few values, plus the route the app matched
 and the size of the batch the model ran the request in (the app leaves them in
-the WSGI environ under ``ROUTE_KEY`` and ``BATCH_SIZE_KEY``).
+the WSGI environ under ``web.logfields``' keys).
 
 Neither line holds a job's id in full (``/jobs/3f2a9c1e...``, in ASCII
 whatever the log's encoding): the id is the key to a job's result, and a log
@@ -33,7 +33,8 @@ from typing import Any
 
 from gunicorn.glogging import Logger
 
-from serving_core.logs import BATCH_SIZE_KEY, ROUTE_KEY, JsonFormatter
+from serving_core.logs import JsonFormatter
+from serving_core.web.logfields import BATCH_SIZE_KEY, ROUTE_KEY
 
 _FORMAT = '%s "%s %s %s" %s %s %dms request_id=%s'
 _JOBS = "/jobs/"

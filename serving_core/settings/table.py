@@ -145,7 +145,9 @@ class Settings:
         3600.0, number(0.001, 365 * 86400.0), "how long a cached answer is used"
     )
     cache_header: bool = setting(
-        False, BOOLEAN, "send `X-Cache` on `/predict` (it tells whether others asked the same)"
+        False,
+        BOOLEAN,
+        "send `X-Cache` on `/predict` and V2 infer (it tells whether others asked the same)",
     )
     cache_per_key: bool = setting(
         True, BOOLEAN, "with API keys, each key has its own cache entries; `false`: shared"

@@ -1,26 +1,26 @@
 """The service's one model as V2 sees it: its metadata and readiness, and inference
-through ``Service.answer`` (admission, deadlines, the cache, the batcher), one
-call per row of the batch dimension, so the rows batch with every other request.
+through the front door's ``answer`` (deadlines, the cache, the batcher), one call
+per row of the batch dimension, so the rows batch with every other request.
 
-Flask-free and wire-free: a front (REST in ``web/v2routes``; gRPC) decodes an
-``InferRequest`` and encodes what ``infer`` returns.
+Flask-free and wire-free: a front (REST in ``web/v2routes``; gRPC) runs a request
+through ``FrontDoor.enter`` with ``infer`` as its answer: it decodes an
+``InferRequest`` and encodes the ``Answered`` outputs that ``infer`` returns.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
 from typing import Any
 
 import serving_core
-from serving_core.cache.core import CacheResult
 from serving_core.errors import BadRequest, DeadlineExceeded, NotFound, quote
 from serving_core.handler import Output, Params
-from serving_core.online.service import Service
+from serving_core.online.door import Answered, FrontDoor, Head
 from serving_core.v2.mapping import OutputNotTensor, TensorMap
 from serving_core.v2.request import InferRequest
 from serving_core.v2.tensors import Array
@@ -32,15 +32,15 @@ EXTENSIONS = ("binary_tensor_data",)
 _MARGIN_S = 5.0
 
 
-@dataclass(frozen=True)
-class InferResponse:
-    outputs: list[tuple[str, str, Array]]  # (name, datatype, array), in the order asked
-    served: CacheResult | None  # how the cache served a request of one row
+# An answer's output tensors: (name, datatype, array), in the order asked.
+Outputs = list[tuple[str, str, Array]]
 
 
 class Model:
-    def __init__(self, service: Service) -> None:
-        self.service = service
+    def __init__(self, door: FrontDoor) -> None:
+        self.door = door
+        service = door.service
+        self._service = service
         self.name = service.name
         self.version = service.handler.version
         self.tensors = TensorMap(service.handler)
@@ -74,37 +74,35 @@ class Model:
 
     @property
     def ready(self) -> bool:
-        return self.service.ready
+        return self._service.ready
 
-    def infer(
-        self,
-        request: InferRequest,
-        *,
-        request_id: str,
-        arrival: float,
-        timeout_s: float | None = None,
-        client: Any = None,
-        caller: str = "",
-    ) -> InferResponse:
-        """``caller``: who asks (as ``Service.answer``'s): whose cache entries and
-        follow-up jobs the rows are."""
-        rows = self.tensors.rows(request.inputs, self.service.settings.max_queue)
+    def infer(self, request: InferRequest, head: Head) -> Answered[Outputs]:
+        """The outputs, and how the request was served: the cache's word and the model's
+        batch of its first row (each row is its caller's, ``head.caller``, as one
+        ``/predict``: whose cache entries and follow-up jobs)."""
+        rows = self.tensors.rows(request.inputs, self._service.settings.max_queue)
         declared = self.tensors.outputs
         if request.outputs is not None and declared is not None:
             self._check_asked(request.outputs, [t.name for t in declared])
-        answers, served = self._answer(
-            rows, request_id, arrival, timeout_s, client=client, caller=caller
-        )
+        answers, first = self._answer(rows, head)
         try:
             arrays = self.tensors.output_arrays(answers)
         except OutputNotTensor as exc:
-            log.error("request %s: %s", request_id, exc.message)
+            log.error("request %s: %s", head.request_id, exc.message)
             raise
         if request.outputs is not None:
             by_name = {name: (name, datatype, array) for name, datatype, array in arrays}
             self._check_asked(request.outputs, list(by_name))
             arrays = [by_name[name] for name in request.outputs]
-        return InferResponse(arrays, served)
+        # X-Cache tells how one answer was served: a request of several has none.
+        served = first.served if len(rows) == 1 else None
+        return Answered(arrays, served, first.batch_size)
+
+    def answer(self, request: InferRequest, head: Head) -> tuple[InferRequest, Answered[Outputs]]:
+        """``infer``, with the request it answered: the door's answer step for a front
+        that reads the request inside the door (``FrontDoor.enter``) and encodes the
+        response after it, with the request's id and the outputs it asked for."""
+        return request, self.infer(request, head)
 
     @staticmethod
     def _check_asked(asked: tuple[str, ...], known: list[str]) -> None:
@@ -115,47 +113,38 @@ class Model:
                     f"{', '.join(map(repr, known))}"
                 )
 
-    def _answer(
-        self,
-        rows: list[Params],
-        request_id: str,
-        arrival: float,
-        timeout_s: float | None,
-        *,
-        client: Any,
-        caller: str,
-    ) -> tuple[list[Output], CacheResult | None]:
+    def _answer(self, rows: list[Params], head: Head) -> tuple[list[Output], Answered[Output]]:
         """Every row's answer, the rows waiting at once (each where the runtime runs a
-        task: a greenlet, or a thread); the first row's error, in row order, if any."""
-        service = self.service
+        task: a greenlet, or a thread), and the first row's whole; the first row's
+        error, in row order, if any."""
+        service = self._service
+        answer = self.door.answer
 
-        def answer(index: int, row_client: Any) -> tuple[Output, CacheResult | None]:
-            return service.answer(
+        def row(index: int) -> Answered[Output]:
+            # Each row its own id (the error lines tell the rows apart), and no client
+            # to watch: one watcher a socket, the first row's.
+            return answer(
                 rows[index],
-                # Each row its own id: the error lines tell the rows apart.
-                request_id=request_id if index == 0 else f"{request_id}.{index}",
-                arrival=arrival,
-                timeout_s=timeout_s,
-                client=row_client,
-                caller=caller,
+                dataclasses.replace(head, request_id=f"{head.request_id}.{index}", client=None),
             )
 
-        futures: list[Future[tuple[Output, CacheResult | None]]] = []
+        futures: list[Future[Answered[Output]]] = []
         for index in range(1, len(rows)):
-            future: Future[tuple[Output, CacheResult | None]] = service.runtime.new_future()
-            service.runtime.spawn(_settle(future, functools.partial(answer, index, None)))
+            future: Future[Answered[Output]] = service.runtime.new_future()
+            service.runtime.spawn(_settle(future, functools.partial(row, index)))
             futures.append(future)
-        # The first row here, watching the client's connection: one watcher a socket.
-        first: BaseException | tuple[Output, CacheResult | None]
+        # The first row here, watching the client's connection.
+        first: BaseException | Answered[Output]
         try:
-            first = answer(0, client)
+            first = answer(rows[0], head)
         except Exception as exc:
             first = exc
         wait_s = service.settings.request_timeout_s + _MARGIN_S
         results: list[Any] = [first]
         for future in futures:
             try:
-                results.append(future.result(timeout=max(0.0, arrival + wait_s - time.monotonic())))
+                left = max(0.0, head.arrival + wait_s - time.monotonic())
+                results.append(future.result(timeout=left))
             except TimeoutError:
                 results.append(DeadlineExceeded("a row of the request had no answer in time"))
             except Exception as exc:
@@ -163,8 +152,7 @@ class Model:
         for result in results:
             if isinstance(result, BaseException):
                 raise result
-        # X-Cache tells how one answer was served: a request of several has none.
-        return [output for output, _ in results], results[0][1] if len(rows) == 1 else None
+        return [result.output for result in results], results[0]
 
 
 def _settle(future: Future[Any], call: Callable[[], Any]) -> Callable[[], None]:

@@ -1,5 +1,5 @@
-"""The Flask app: the routes (``routes``) over ``Service``, the request hooks and one
-error funnel (``responses``)."""
+"""The Flask app: the routes (``routes``, ``v2routes``) over the front door and
+``Service``, the request hooks and one error funnel (``responses``)."""
 
 from __future__ import annotations
 
@@ -11,13 +11,14 @@ from typing import Any
 from flask import Flask, Request, Response, current_app, g, send_from_directory
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
 
-from serving_core.logs import ROUTE_KEY
 from serving_core.metrics.core import Metrics
+from serving_core.online.door import FrontDoor
 from serving_core.online.service import Service
 from serving_core.pipeline.core import Pipeline
 from serving_core.settings import Settings
 from serving_core.v2.model import Model
 from serving_core.web import access, arrival, docs, incoming, openapi, v2openapi, v2routes
+from serving_core.web.logfields import ROUTE_KEY
 from serving_core.web.params import JsonLimits
 from serving_core.web.responses import (
     JSON,
@@ -89,19 +90,20 @@ def create_app(settings: Settings, service: Service, metrics: Metrics) -> Flask:
     # dispatch (a Resource made per request, its output wrapper, content negotiation
     # over our one representation) adds work and nothing else here. Errors take the
     # same funnel either way (``error_response``).
-    predict = Predict(service, limits, settings.max_body_bytes)
+    door = FrontDoor(service)
+    predict = Predict(door, limits)
     app.add_url_rule("/predict", "predict", predict.view, methods=["POST"])
-    v2model = Model(service)
-    v2routes.add_routes(app, v2model, limits, settings.max_body_bytes)
+    v2model = Model(door)
+    v2routes.add_routes(app, v2model, door, limits)
     if settings.jobs_enabled:
-        api.add_resource(Jobs, "/jobs", resource_class_args=(service, limits))
+        api.add_resource(Jobs, "/jobs", resource_class_args=(service.jobs, limits))
     if settings.jobs_enabled or settings.followup_queue:
-        api.add_resource(JobStatus, "/jobs/<job_id>", resource_class_args=(service,))
+        api.add_resource(JobStatus, "/jobs/<job_id>", resource_class_args=(service.jobs,))
     api.add_resource(Healthz, "/healthz")
     api.add_resource(Readyz, "/readyz", resource_class_args=(service, guard.keys))
     if described:
         api.add_resource(Metadata, "/metadata", resource_class_args=(service,))
-        api.add_resource(MetricsEndpoint, "/metrics", resource_class_args=(metrics, service))
+        api.add_resource(MetricsEndpoint, "/metrics", resource_class_args=(metrics, service.jobs))
         document = openapi.document(
             service.name,
             service.handler.version,

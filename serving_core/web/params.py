@@ -51,7 +51,7 @@ def request_params(request: Request, limits: JsonLimits = NO_LIMITS) -> dict[str
 def body_params(request: Request, limits: JsonLimits = NO_LIMITS) -> dict[str, Any]:
     mimetype = request.mimetype
     if mimetype == "application/json" or mimetype.endswith("+json"):
-        return _json_object(_body(request), limits)
+        return json_object(_body(request), limits)
     if mimetype == "application/x-www-form-urlencoded":
         return _urlencoded(_body(request))
     if mimetype == "multipart/form-data":
@@ -88,7 +88,7 @@ def _has_body(request: Request) -> bool:
     return bool(request.content_length) or "chunked" in request.headers.get("Transfer-Encoding", "")
 
 
-def _json_object(data: bytes, limits: JsonLimits) -> dict[str, Any]:
+def json_object(data: bytes, limits: JsonLimits) -> dict[str, Any]:
     if not data.strip():
         raise BadRequest('the JSON body is empty; send an object such as {"text": "..."}')
     try:

@@ -11,7 +11,7 @@ from flask_restful import Api
 from werkzeug.exceptions import HTTPException
 
 from serving_core import encoding
-from serving_core.errors import QUOTE_CHARS, ServingError, shorten
+from serving_core.errors import QUOTE_CHARS, TOO_LARGE, ServingError, shorten
 from serving_core.web.incoming import REQUEST_ID
 
 log = logging.getLogger("serving_core.web.responses")
@@ -119,5 +119,5 @@ def _http_message(exc: HTTPException, status: int) -> str:
         method, path = shorten(request.method, 16), shorten(request.path, QUOTE_CHARS)
         return f"{method} is not allowed on {path}"
     if status == 413:
-        return "the request body is larger than SERVING_MAX_BODY_BYTES allows; send less"
+        return TOO_LARGE
     return exc.description or exc.name

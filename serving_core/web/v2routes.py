@@ -1,5 +1,6 @@
 """The Open Inference Protocol (V2) over REST, beside ``/predict``: thin Flask views
-over ``v2.model.Model``, which answers through the same ``Service``.
+over ``v2.model.Model``; infer runs through the same front door, with
+``Model.infer`` as its answer.
 
 Errors take the app's one funnel, which gives any path under ``/v2`` V2's
 ``{"error": "..."}`` shape (``responses.error_response``). A body with an
@@ -12,19 +13,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from flask import Flask, Response, g
+from flask import Flask, Response
 
-from serving_core import context, encoding
+from serving_core import encoding
 from serving_core.errors import BadRequest, quote
-from serving_core.logs import BATCH_SIZE_KEY
+from serving_core.online.door import Answered, FrontDoor
 from serving_core.v2 import request as v2request
-from serving_core.v2.model import InferResponse, Model
+from serving_core.v2.model import Model, Outputs
 from serving_core.v2.tensors import to_json, to_raw
-from serving_core.web.access import caller
+from serving_core.web import front
 from serving_core.web.incoming import this_request
-from serving_core.web.params import JsonLimits, _json_object
+from serving_core.web.params import JsonLimits, json_object
 from serving_core.web.responses import json_response
-from serving_core.web.routes import _client_timeout, _refuse_oversized
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 BINARY = "application/octet-stream"
@@ -32,9 +32,7 @@ MODEL = "/v2/models/<name>"
 VERSION = "/v2/models/<name>/versions/<version>"
 
 
-def add_routes(app: Flask, model: Model, limits: JsonLimits, max_body_bytes: int) -> None:
-    service = model.service
-
+def add_routes(app: Flask, model: Model, door: FrontDoor, limits: JsonLimits) -> None:
     def server_metadata() -> Response:
         return json_response(model.server_metadata(), 200)
 
@@ -58,24 +56,13 @@ def add_routes(app: Flask, model: Model, limits: JsonLimits, max_body_bytes: int
     def infer(name: str, version: str | None = None) -> Response:
         model.find(name, version)
         req = this_request()
-        arrived = g.arrival
-        timeout_s = _client_timeout(req)
-        # As /predict: refused from the headers, before the body is read.
-        _refuse_oversized(req, max_body_bytes)
-        service.admit(arrival=arrived, timeout_s=timeout_s)
-        header, binary = _split(req.get_data(cache=False), req.headers.get(HEADER_LENGTH))
-        parsed = v2request.parse(_json_object(header, limits), binary)
-        context.take_batch_size()  # an earlier request on this greenlet may have left one
-        result = model.infer(
-            parsed,
-            request_id=g.request_id,
-            arrival=arrived,
-            timeout_s=timeout_s,
-            client=req.environ.get("gunicorn.socket"),
-            caller=caller(),  # the API key's identity: its own cache entries
-        )
-        req.environ[BATCH_SIZE_KEY] = context.take_batch_size()  # for the JSON access line
-        return _response(model, parsed, result)
+
+        def read() -> v2request.InferRequest:
+            header, binary = _split(req.get_data(cache=False), req.headers.get(HEADER_LENGTH))
+            return v2request.parse(json_object(header, limits), binary)
+
+        parsed, answered = door.enter(front.head(req), read, model.answer)
+        return _response(model, parsed, answered, front.answer_headers(req, door, answered))
 
     app.add_url_rule("/v2", "v2_server", server_metadata)
     app.add_url_rule("/v2/health/live", "v2_live", live)
@@ -100,10 +87,15 @@ def _split(body: bytes, header_length: str | None) -> tuple[bytes, bytes]:
     return body[:length], body[length:]
 
 
-def _response(model: Model, parsed: v2request.InferRequest, result: InferResponse) -> Response:
+def _response(
+    model: Model,
+    parsed: v2request.InferRequest,
+    answered: Answered[Outputs],
+    headers: dict[str, str],
+) -> Response:
     outputs: list[dict[str, Any]] = []
     raws: list[bytes] = []
-    for name, datatype, array in result.outputs:
+    for name, datatype, array in answered.output:
         entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
         if parsed.all_binary or name in parsed.binary_outputs:
             raw = to_raw(array, datatype)
@@ -116,7 +108,6 @@ def _response(model: Model, parsed: v2request.InferRequest, result: InferRespons
     if parsed.id is not None:
         body["id"] = parsed.id
     body["outputs"] = outputs
-    headers = {"X-Cache": result.served} if result.served else {}
     if not raws:
         return json_response(body, 200, headers)
     header = encoding.dumps(body)

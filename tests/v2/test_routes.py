@@ -151,3 +151,34 @@ def test_the_openapi_document_covers_the_v2_routes(client):
     assert {"/v2", "/v2/health/ready", "/v2/models/{name}/versions/{version}/infer"} <= set(
         document["paths"]
     )
+
+
+@pytest.mark.parametrize("header", [False, True])
+def test_x_cache_is_sent_for_one_row_only_with_the_cache_header_setting(header):
+    app = make_app(HANDLER, max_wait_ms=1, cache_header=header)
+    service = app.extensions["serving_core"]
+    service.start()
+    try:
+        client = app.test_client()
+        row = {"name": "INPUT0", "datatype": "FP32", "shape": [1, 3], "data": [1, 2, 3]}
+        one = {"inputs": [row]}
+        two = {"inputs": [
+            {"name": "INPUT0", "datatype": "FP32", "shape": [2, 3], "data": [1, 2, 3, 4, 5, 6]},
+        ]}  # fmt: skip
+        first, again, rows = (client.post(INFER, json=body) for body in (one, one, two))
+    finally:
+        service.stop()
+    assert [r.status_code for r in (first, again, rows)] == [200, 200, 200]
+    told = [r.headers.get("X-Cache") for r in (first, again, rows)]
+    assert told == (["miss", "hit", None] if header else [None, None, None])
+
+
+def test_a_body_over_the_limit_is_a_v2_413_before_a_refusal_at_admission():
+    # Never started: admission would refuse anything (503), but the length comes first.
+    client = make_app(HANDLER, max_body_bytes=64).test_client()
+    too_large = client.post(INFER, data=b"{" + b" " * 64 + b"}", content_type="application/json")
+    assert too_large.status_code == 413
+    assert too_large.get_json() == {
+        "error": "the request body is larger than SERVING_MAX_BODY_BYTES allows; send less"
+    }
+    assert client.post(INFER, data=b"{}", content_type="application/json").status_code == 503

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from serving_core.context import Context
 from serving_core.engine.batcher import Batcher
@@ -18,6 +18,15 @@ class ClientWatch:
 
     stop: Callable[[], None]
     gone_now: Callable[[], bool]
+
+
+class Computed(NamedTuple):
+    """An item's output and the size of the batch it ran in, for the access line (None:
+    no batch to tell of, as a concurrent handler's call). A runner's holds the model's
+    output; ``Service.compute``'s, the finished answer."""
+
+    output: Any
+    batch_size: int | None
 
 
 # Given what withdraws a waiting request, starts watching its client (for a hang-up).
@@ -40,7 +49,7 @@ class Runner(Protocol):
         """Raise now what ``run`` would raise at once for a request due by
         ``deadline`` (``Overloaded``, ``NotReady``); queues nothing."""
 
-    def run(self, item: Any, ctx: Context, *, arrival: float, watch: WatchGone | None) -> Any:
+    def run(self, item: Any, ctx: Context, *, arrival: float, watch: WatchGone | None) -> Computed:
         """The model's output for ``item``, by ``ctx.deadline``; raises a ``ServingError``."""
 
     @property
@@ -81,7 +90,7 @@ class Unstarted:
     def admit(self, deadline: float) -> None:
         raise not_loaded()
 
-    def run(self, item: Any, ctx: Context, *, arrival: float, watch: WatchGone | None) -> Any:
+    def run(self, item: Any, ctx: Context, *, arrival: float, watch: WatchGone | None) -> Computed:
         raise not_loaded()
 
     def describe(self) -> dict[str, Any]:

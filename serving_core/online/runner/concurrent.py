@@ -16,7 +16,7 @@ from serving_core.engine.batcher import Batcher
 from serving_core.engine.core import Engine
 from serving_core.engine.observer import Observer
 from serving_core.errors import NotReady, Overloaded, ServingError
-from serving_core.online.runner.base import WatchGone
+from serving_core.online.runner.base import Computed, WatchGone
 
 
 class ConcurrentRunner:
@@ -42,7 +42,7 @@ class ConcurrentRunner:
     def admit(self, deadline: float) -> None:
         self._check()
 
-    def run(self, item: Any, ctx: Context, *, arrival: float, watch: WatchGone | None) -> Any:
+    def run(self, item: Any, ctx: Context, *, arrival: float, watch: WatchGone | None) -> Computed:
         with self._lock:
             self._check()
             self._in_flight += 1
@@ -53,7 +53,8 @@ class ConcurrentRunner:
                 self._in_flight -= 1
         if isinstance(result, ServingError):
             raise result
-        return result
+        # Run in the request, alone: no batch for the access line to tell of.
+        return Computed(result, None)
 
     def _check(self) -> None:
         if not self._serving:

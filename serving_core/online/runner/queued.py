@@ -13,12 +13,11 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from functools import partial
 from typing import Any, Protocol
 
-from serving_core import context
 from serving_core.context import Context
 from serving_core.engine.batcher import Batcher
 from serving_core.engine.pending import Pending
 from serving_core.errors import DeadlineExceeded
-from serving_core.online.runner.base import WatchGone
+from serving_core.online.runner.base import Computed, WatchGone
 
 
 class Describes(Protocol):
@@ -70,7 +69,7 @@ class Queued:
     def admit(self, deadline: float) -> None:
         self.queue.admit(deadline)
 
-    def run(self, item: Any, ctx: Context, *, arrival: float, watch: WatchGone | None) -> Any:
+    def run(self, item: Any, ctx: Context, *, arrival: float, watch: WatchGone | None) -> Computed:
         queue = self.queue
         pending = queue.submit(item, ctx, arrival=arrival)
         # A client that hangs up: its item is marked, and dropped unrun before any
@@ -90,8 +89,7 @@ class Queued:
         finally:
             if watching is not None:
                 watching.stop()
-        context.note_batch_size(pending.batch_size)
-        return output
+        return Computed(output, pending.batch_size or None)
 
     @property
     def ready(self) -> bool:
