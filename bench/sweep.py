@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 from serving_core.context import Context  # noqa: E402
 from serving_core.engine.batcher import Batcher  # noqa: E402
-from serving_core.engine.core import Ran  # noqa: E402
+from serving_core.engine.engine import Ran  # noqa: E402
 from serving_core.engine.pending import Pending  # noqa: E402
 from serving_core.engine.policy import make_policy  # noqa: E402
 from serving_core.engine.waitqueue import PEEK_EVERY_S  # noqa: E402

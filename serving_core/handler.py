@@ -80,7 +80,7 @@ class Handler:
     runs, one item per call, many calls at once, with no batcher and no model
     thread (``SERVING_MAX_QUEUE`` caps the requests in flight per worker;
     beyond it, 503). It is for handlers that wait rather than compute, such as
-    a pipeline calling other services (``serving_core.pipeline.core``): their
+    a pipeline calling other services (``serving_core.pipeline.pipeline``): their
     requests must not queue behind one another. ``predict`` must then be safe
     to call concurrently, and under the gevent worker it should wait on
     sockets (which yield) rather than compute (which holds up the worker).

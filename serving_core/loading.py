@@ -4,7 +4,7 @@ Accepted forms: a file (``handlers/minilm/handler.py``), a folder holding
 ``handler.py``, or a module path (``handlers.minilm.handler``); any of them may
 end in ``:ClassName`` to pick one class. A pipeline file
 (``handlers/iris-pipeline/pipeline.yaml``), or a folder holding one and no
-``handler.py``, is served by a ``serving_core.pipeline.core.Pipeline`` built from it.
+``handler.py``, is served by a ``serving_core.pipeline.pipeline.Pipeline`` built from it.
 Every failure is a ``HandlerError`` whose message names the file and says how
 to fix it; ``serving-core serve`` prints it and stops before fork.
 """
@@ -26,7 +26,7 @@ import jsonschema
 
 from serving_core.errors import HandlerError
 from serving_core.handler import Handler, has_predict, is_batched
-from serving_core.pipeline.core import load as load_pipeline
+from serving_core.pipeline.pipeline import load as load_pipeline
 from serving_core.runtime import THREADS, Runtime
 
 

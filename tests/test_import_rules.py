@@ -63,15 +63,15 @@ def test_the_package_keeps_every_rule(tree: Path) -> None:
 @pytest.mark.parametrize(
     ("module", "line", "broken"),
     [
-        ("engine/core.py", "import flask", "Flask and werkzeug are imported only in web"),
+        ("engine/engine.py", "import flask", "Flask and werkzeug are imported only in web"),
         ("online/service.py", "import gunicorn", "gunicorn and gevent are imported only in"),
         ("modelprocess/client.py", "import gevent", "gunicorn and gevent are imported only in"),
         (
-            "modelprocess/server.py",
+            "modelprocess/main.py",
             "import serving_core.online.service",
             "The layers point down only",
         ),
-        ("engine/core.py", "import serving_core.web.app", "The layers point down only"),
+        ("engine/engine.py", "import serving_core.web.app", "The layers point down only"),
         ("handler.py", "import serving_core.encoding", "The handler contract imports nothing"),
         ("process/hooks.py", "import grpc", "grpcio and protobuf are imported only in grpc"),
         # The consumers' loops run in forked processes, but know nothing of forking.

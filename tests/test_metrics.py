@@ -16,11 +16,11 @@ from prometheus_client.multiprocess import MultiProcessCollector
 
 from serving_core.context import Context
 from serving_core.engine.batcher import Batcher
-from serving_core.engine.core import Engine
+from serving_core.engine.engine import Engine
 from serving_core.engine.policy import make_policy
 from serving_core.handler import Handler
 from serving_core.metrics.archive import archive_dead_worker
-from serving_core.metrics.core import FLUSH_S, Metrics
+from serving_core.metrics.metrics import FLUSH_S, Metrics
 from tests.conftest import PROBE
 from tests.servers import ROOT, SERVING_CORE, base_env, gunicorn_server, wait_for_worker_pids
 
@@ -99,7 +99,7 @@ def test_a_flushed_tally_writes_what_observe_would_have():
 
 
 def test_an_idle_model_thread_writes_its_metrics_within_the_flush_interval(monkeypatch):
-    monkeypatch.setattr("serving_core.metrics.core.FLUSH_S", 0.2)
+    monkeypatch.setattr("serving_core.metrics.metrics.FLUSH_S", 0.2)
     metrics = Metrics()
     batcher = Batcher(
         Engine(Echo(), max_batch_size=4).run,
@@ -139,7 +139,7 @@ class Clock:
 
 def test_under_steady_load_the_tallies_are_written_within_the_flush_interval(monkeypatch):
     clock = Clock()
-    monkeypatch.setattr("serving_core.metrics.core.time", clock)
+    monkeypatch.setattr("serving_core.metrics.metrics.time", clock)
     metrics = Metrics()
 
     def written():

@@ -29,7 +29,7 @@ def loaded_after(code: str, heavy: list[str] = WEB) -> list[str]:
         # A handler module, loaded as serve, check, batch and worker load it.
         "from serving_core.loading import load_handler; load_handler('tests/handlers/probe')",
         # The engine: check, batch and the worker run it with no web stack.
-        "import serving_core.engine.core, serving_core.process.jobmaster, serving_core.batch.run",
+        "import serving_core.engine.engine, serving_core.process.jobmaster, serving_core.batch.run",
     ],
 )
 def test_the_package_and_the_cli_load_no_web_stack(code):

@@ -300,7 +300,7 @@ def test_a_url_without_a_scheme_is_quoted_without_its_password(name):
     "url", ["redis://q:6379/1", "kafka://a:9092,b:9092/t?group=g", "toy:///tmp/queue"]
 )
 def test_a_url_of_any_scheme_is_left_to_its_backend(url):
-    # Which schemes a backend takes is its table's business (cache.backend, stream.backend).
+    # Which schemes a backend takes is its table's business (cache.stores, stream.brokers).
     settings = Settings.from_env(
         {"SERVING_CACHE_URL": url, "SERVING_STREAM_SOURCE": url, "SERVING_STREAM_SINK": url},
         cores=1,

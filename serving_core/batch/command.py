@@ -32,9 +32,9 @@ from collections.abc import Mapping
 
 from serving_core.batch.formats import input_location, open_sink, open_source, output_location
 from serving_core.batch.pool import OnResult
-from serving_core.batch.records import RecordsError, Shard, Sink, refuse_overlap
+from serving_core.batch.records import RecordsError, RecordSink, Shard, refuse_overlap
 from serving_core.batch.run import EXIT_CONFIG, BatchRun
-from serving_core.cache.core import from_settings
+from serving_core.cache.cache import from_settings
 from serving_core.errors import HandlerError
 from serving_core.handler import Handler, Output, Params, handler_name
 from serving_core.loading import load_handler
@@ -103,7 +103,7 @@ def main(args: argparse.Namespace, settings: Settings, environ: Mapping[str, str
     raise AssertionError("unreachable")  # ExitStack may swallow exceptions, as far as mypy knows
 
 
-def retry_failed(sink: Sink, done: dict[str, bool], shard: Shard) -> dict[str, bool]:
+def retry_failed(sink: RecordSink, done: dict[str, bool], shard: Shard) -> dict[str, bool]:
     """``--retry-failed``: drop this shard's error rows from the output, and return the
     ids still written. Dropped before the run rather than replaced as it writes: an
     id not written is what every format already resumes, so a kill part-way leaves

@@ -14,10 +14,10 @@ from serving_core.batch.records import (
     Location,
     Record,
     RecordsError,
+    RecordSink,
+    RecordSource,
     Row,
     Shard,
-    Sink,
-    Source,
     bad_record,
     make_record,
     sharded_path,
@@ -28,11 +28,11 @@ DATABASE = False
 CSV_COLUMNS = ("output", "error")
 
 
-def open_source(location: Location, id_field: str) -> Source:
+def open_source(location: Location, id_field: str) -> RecordSource:
     return CsvSource(location.target, id_field)
 
 
-def open_sink(location: Location, id_field: str, shard: Shard) -> Sink:
+def open_sink(location: Location, id_field: str, shard: Shard) -> RecordSink:
     return CsvSink(sharded_path(location.target, shard), id_field)
 
 

@@ -18,9 +18,9 @@ from serving_core.batch.records import (
     DEFAULT_OUTPUT_TABLE,
     Location,
     RecordsError,
+    RecordSink,
+    RecordSource,
     Shard,
-    Sink,
-    Source,
 )
 from serving_core.settings.secrets import masked
 
@@ -46,9 +46,9 @@ class Format(Protocol):
 
     DATABASE: bool  # its locations are a table or a query in a database, not paths
 
-    def open_source(self, location: Location, id_field: str) -> Source: ...
+    def open_source(self, location: Location, id_field: str) -> RecordSource: ...
 
-    def open_sink(self, location: Location, id_field: str, shard: Shard) -> Sink: ...
+    def open_sink(self, location: Location, id_field: str, shard: Shard) -> RecordSink: ...
 
 
 def input_location(value: str, table: str | None = None, query: str | None = None) -> Location:
@@ -78,11 +78,11 @@ def output_location(value: str, table: str | None = None) -> Location:
     return Location(name, value)
 
 
-def open_source(location: Location, id_field: str) -> Source:
+def open_source(location: Location, id_field: str) -> RecordSource:
     return _module(location.format).open_source(location, id_field)
 
 
-def open_sink(location: Location, id_field: str, shard: Shard) -> Sink:
+def open_sink(location: Location, id_field: str, shard: Shard) -> RecordSink:
     return _module(location.format).open_sink(location, id_field, shard)
 
 

@@ -11,10 +11,10 @@ from serving_core.batch.records import (
     Location,
     Record,
     RecordsError,
+    RecordSink,
+    RecordSource,
     Row,
     Shard,
-    Sink,
-    Source,
     bad_record,
     make_record,
     sharded_path,
@@ -24,11 +24,11 @@ from serving_core.batch.textfiles import AppendSink, count_lines, id_json, open_
 DATABASE = False
 
 
-def open_source(location: Location, id_field: str) -> Source:
+def open_source(location: Location, id_field: str) -> RecordSource:
     return JsonlSource(location.target, id_field)
 
 
-def open_sink(location: Location, id_field: str, shard: Shard) -> Sink:
+def open_sink(location: Location, id_field: str, shard: Shard) -> RecordSink:
     return JsonlSink(sharded_path(location.target, shard), id_field)
 
 

@@ -30,10 +30,10 @@ from serving_core.batch.records import (
     Location,
     Record,
     RecordsError,
+    RecordSink,
+    RecordSource,
     Row,
     Shard,
-    Sink,
-    Source,
     make_record,
 )
 
@@ -41,11 +41,11 @@ DATABASE = False
 READ_BATCH_ROWS = 1024
 
 
-def open_source(location: Location, id_field: str) -> Source:
+def open_source(location: Location, id_field: str) -> RecordSource:
     return ParquetSource(location.target, id_field)
 
 
-def open_sink(location: Location, id_field: str, shard: Shard) -> Sink:
+def open_sink(location: Location, id_field: str, shard: Shard) -> RecordSink:
     # Not sharded_path: the shards write part files into one directory.
     return ParquetSink(location.target, id_field, shard)
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from serving_core import encoding
 from serving_core.context import Context
-from serving_core.engine.core import Engine
+from serving_core.engine.engine import Engine
 from serving_core.errors import ServingError
 from serving_core.handler import Handler, Output, Params
 from serving_core.threads import held, set_worker_threads

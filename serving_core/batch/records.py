@@ -2,8 +2,8 @@
 
 A *location* is a path or a database URL (with a table or a query), and the
 format ``formats`` chose for it by its suffix or scheme. Every format has a
-``Source`` (records in, with a count for the progress bar when one is cheap)
-and a ``Sink`` (rows out, in chunks, each chunk durable before ``write``
+``RecordSource`` (records in, with a count for the progress bar when one is cheap)
+and a ``RecordSink`` (rows out, in chunks, each chunk durable before ``write``
 returns, and ``written()`` for resuming). The formats are modules of their own
 (``jsonlfiles``, ``csvfiles``, ``parquetfiles``, ``sqltables``), below
 ``formats``, whose table names them.
@@ -109,7 +109,7 @@ class Shard:
         return int.from_bytes(digest, "big") % self.count == self.index
 
 
-class Source(Protocol):
+class RecordSource(Protocol):
     def count(self) -> int | None:
         """How many records the input holds, when that is cheap to know."""
 
@@ -118,7 +118,7 @@ class Source(Protocol):
     def close(self) -> None: ...
 
 
-class Sink(Protocol):
+class RecordSink(Protocol):
     where: str  # the path or table written, for messages
 
     def written(self) -> dict[str, bool]:

@@ -21,7 +21,7 @@ from typing import Any
 from serving_core import encoding
 from serving_core.batch.pool import Answers, OnResult, Pool
 from serving_core.batch.progress import Counts, Progress
-from serving_core.batch.records import Record, Row, Shard, Sink, Source
+from serving_core.batch.records import Record, RecordSink, RecordSource, Row, Shard
 from serving_core.handler import Handler
 
 log = logging.getLogger("serving_core.batch.run")
@@ -43,7 +43,7 @@ class BatchRun:
     on_result: OnResult | None = None
     tally: Counts = field(default_factory=Counts)
 
-    def run(self, source: Source, sink: Sink, done: Mapping[str, bool]) -> int:
+    def run(self, source: RecordSource, sink: RecordSink, done: Mapping[str, bool]) -> int:
         count = source.count()
         total = None if count is None else math.ceil(count / self.shard.count)
         progress = Progress(total, sys.stderr.isatty())
@@ -73,7 +73,7 @@ class BatchRun:
         self._summary(sink, elapsed)
         return EXIT_FAILED if self.tally.failed or self.tally.skipped_failed else EXIT_OK
 
-    def _chunks(self, source: Source, done: Mapping[str, bool]) -> Iterator[list[Record]]:
+    def _chunks(self, source: RecordSource, done: Mapping[str, bool]) -> Iterator[list[Record]]:
         chunk: list[Record] = []
         handed: set[str] = set()
         for record in source:
@@ -99,7 +99,7 @@ class BatchRun:
             yield chunk
 
     def _feed(
-        self, pool: Pool, chunks: Iterator[list[Record]], sink: Sink, progress: Progress
+        self, pool: Pool, chunks: Iterator[list[Record]], sink: RecordSink, progress: Progress
     ) -> None:
         pending: dict[Future[Answers], list[Record]] = {}
         for chunk in chunks:
@@ -119,7 +119,7 @@ class BatchRun:
                 self._write(sink, pending.pop(future), future.result(), progress)
 
     def _write(
-        self, sink: Sink, chunk: Sequence[Record], results: Answers, progress: Progress
+        self, sink: RecordSink, chunk: Sequence[Record], results: Answers, progress: Progress
     ) -> None:
         answers = iter(results)
         rows = []
@@ -134,7 +134,7 @@ class BatchRun:
         self.tally.written += len(rows)
         progress.update(self.tally)
 
-    def _summary(self, sink: Sink, elapsed_s: float) -> None:
+    def _summary(self, sink: RecordSink, elapsed_s: float) -> None:
         tally = self.tally
         rate = tally.written / elapsed_s if elapsed_s > 0 else 0.0
         log.info(

@@ -21,10 +21,10 @@ from serving_core.batch.records import (
     Location,
     Record,
     RecordsError,
+    RecordSink,
+    RecordSource,
     Row,
     Shard,
-    Sink,
-    Source,
     make_record,
 )
 from serving_core.settings.secrets import masked
@@ -36,11 +36,11 @@ SQLITE_BUSY_TIMEOUT_S = 60  # shards committing to one SQLite file take turns
 ID_LENGTH = 255  # a primary key must be bounded on MySQL; ids are short
 
 
-def open_source(location: Location, id_field: str) -> Source:
+def open_source(location: Location, id_field: str) -> RecordSource:
     return SqlSource(location.target, id_field, table=location.table, query=location.query)
 
 
-def open_sink(location: Location, id_field: str, shard: Shard) -> Sink:
+def open_sink(location: Location, id_field: str, shard: Shard) -> RecordSink:
     # Not a table per shard: the primary key lets the shards share one.
     return SqlSink(location.target, id_field, location.table or DEFAULT_OUTPUT_TABLE)
 

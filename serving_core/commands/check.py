@@ -13,10 +13,10 @@ from serving_core import encoding
 from serving_core.commands import startup
 from serving_core.commands.failure import EXIT_PREDICT, Failure
 from serving_core.context import Context
-from serving_core.engine.core import Engine
+from serving_core.engine.engine import Engine
 from serving_core.errors import ServingError
 from serving_core.loading import LoadedHandler
-from serving_core.pipeline.core import Pipeline
+from serving_core.pipeline.pipeline import Pipeline
 from serving_core.settings import Settings, SettingsError
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 
 from serving_core import logs
-from serving_core.cache import backend as cache_backend
+from serving_core.cache import stores
 from serving_core.commands.failure import Failure
 from serving_core.errors import HandlerError
 from serving_core.jobs import backends
@@ -67,9 +67,9 @@ def _grpc_stages() -> transport.GrpcTransport:
 
 
 def check_cache(settings: Settings) -> None:
-    """SERVING_CACHE_URL, checked by the store its scheme picks (``cache.backend``)."""
+    """SERVING_CACHE_URL, checked by the store its scheme picks (``cache.stores``)."""
     try:
-        cache_backend.check(settings.cache_url)
+        stores.check(settings.cache_url)
     except ValueError as exc:
         raise Failure(str(exc)) from exc
 

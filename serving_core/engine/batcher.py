@@ -248,7 +248,7 @@ class Batcher:
     def _busy_left(self, now: float) -> float:
         return max(0.0, self._busy_until - now)
 
-    # -- the model thread (``modelthread.Source``) -------------------------------
+    # -- the model thread (``modelthread.BatchSource``) -------------------------------
 
     def take(self) -> list[Pending] | None:
         """The next batch to run; [] when idle with the observer's sums due; None to stop."""

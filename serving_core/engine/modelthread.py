@@ -1,6 +1,6 @@
 """The model thread: every call into the handler, one batch at a time.
 
-The ``Batcher`` decides when a batch forms (``Source.take``); the model thread
+The ``Batcher`` decides when a batch forms (``BatchSource.take``); the model thread
 runs it: drops the items whose deadline passed before they reached the
 handler, runs the rest through the engine in one call, resolves each future,
 and teaches the dispatch policy what the batch cost. A failure around a batch
@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from serving_core.context import Context
-from serving_core.engine.core import Ran
+from serving_core.engine.engine import Ran
 from serving_core.engine.observer import Observer
 from serving_core.engine.pending import Pending, resolve
 from serving_core.engine.policy import Policy
@@ -27,7 +27,7 @@ Clock = Callable[[], float]
 RunBatch = Callable[[Sequence[Any], Sequence[Context]], Ran]
 
 
-class Source(Protocol):
+class BatchSource(Protocol):
     """Where the model thread takes its batches from: the batcher's queue."""
 
     def take(self) -> list[Pending] | None:
@@ -49,7 +49,7 @@ class ModelThread:
 
     def __init__(
         self,
-        source: Source,
+        source: BatchSource,
         run_batch: RunBatch,
         *,
         policy: Policy,

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 from serving_core.engine.costmodel import CostModel
 
 
-class Queued(Protocol):
+class QueuedItem(Protocol):
     @property
     def enqueued(self) -> float: ...
 
@@ -42,7 +42,7 @@ class Policy:
         self.max_wait_s = max_wait_s
         self.cost = cost
 
-    def dispatch_at(self, queue: Sequence[Queued], now: float) -> float:
+    def dispatch_at(self, queue: Sequence[QueuedItem], now: float) -> float:
         """Monotonic time at which to run what is queued; ``<= now`` means now."""
         raise NotImplementedError
 
@@ -89,7 +89,7 @@ class Policy:
 class FixedWindow(Policy):
     name = "fixed"
 
-    def dispatch_at(self, queue: Sequence[Queued], now: float) -> float:
+    def dispatch_at(self, queue: Sequence[QueuedItem], now: float) -> float:
         return queue[0].enqueued + self.max_wait_s
 
 
@@ -176,7 +176,7 @@ class Adaptive(Policy):
     def answered(self, now: float) -> None:
         self._answered = now
 
-    def dispatch_at(self, queue: Sequence[Queued], now: float) -> float:
+    def dispatch_at(self, queue: Sequence[QueuedItem], now: float) -> float:
         size = len(queue)
         if size >= self.max_batch_size or not self.cost.known:
             return now

@@ -1,4 +1,4 @@
-"""API keys on the gRPC front, as on HTTP (``web.access``): with keys set, every call
+"""API keys on the gRPC front, as on HTTP (``web.guard``): with keys set, every call
 but grpc.health.v1's needs one, as metadata ``authorization: Bearer <key>`` or
 ``x-api-key: <key>``; otherwise ``UNAUTHENTICATED``. The check itself is the HTTP
 front's (``process.hooks`` hands in ``ApiKeys.allows``), so the two never differ.

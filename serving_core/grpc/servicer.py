@@ -19,10 +19,10 @@ from typing import Any, NoReturn
 import grpc
 
 from serving_core.errors import DeadlineExceeded, NotReady, Overloaded, ServingError
-from serving_core.grpc import access, codec
+from serving_core.grpc import accesslog, codec
 from serving_core.grpc.proto import grpc_predict_v2_pb2 as pb
 from serving_core.grpc.proto import grpc_predict_v2_pb2_grpc as pb_grpc
-from serving_core.metrics.core import Metrics
+from serving_core.metrics.metrics import Metrics
 from serving_core.online.door import FrontDoor, Head
 from serving_core.v2.model import Model
 
@@ -117,7 +117,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             duration_s = time.monotonic() - arrival
             if self.metrics is not None:
                 self.metrics.request(INFER_ROUTE, status, duration_s, "grpc")
-            access.log_call(
+            accesslog.log_call(
                 peer=ctx.peer(),
                 route=INFER_ROUTE,
                 status=status,

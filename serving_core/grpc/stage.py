@@ -16,7 +16,7 @@ cross a fork), ``CHANNELS`` per target, each its own HTTP/2 connection, the call
 taken round-robin: the target's workers share one port through SO_REUSEPORT,
 which spreads connections, not calls, so one connection would put every call of
 this worker on one of the target's workers. grpcio's calls
-block natively: a pipeline with gRPC stages runs on gthread workers (``pipeline.core.load``
+block natively: a pipeline with gRPC stages runs on gthread workers (``pipeline.pipeline.load``
 refuses gevent's).
 """
 

@@ -83,7 +83,7 @@ from serving_core.jobs.job import params_digest as params_digest  # noqa: PLC041
 HEARTBEAT_S = 5.0
 
 # The least Retry-After a refused submit is told, and all it is told when there is
-# nothing to estimate from (jobs.drain): no job finished lately, or a per-key quota.
+# nothing to estimate from (jobs.drainrate): no job finished lately, or a per-key quota.
 QUEUE_FULL_RETRY_AFTER_S = 1.0
 MAX_STORED = "SERVING_JOBS_MAX_STORED"
 
@@ -114,7 +114,7 @@ class Heartbeat:
 class QueueFull(Exception):
     """The queue holds ``jobs_max_queue`` unfinished jobs, or ``jobs_max_stored`` jobs in
     all (``setting`` says which); the client should retry after ``retry_after_s``, the
-    store's estimate of when a place frees (``jobs.drain``)."""
+    store's estimate of when a place frees (``jobs.drainrate``)."""
 
     def __init__(
         self,

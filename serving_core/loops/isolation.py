@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from serving_core.context import Context
-from serving_core.engine.core import Engine, Result
+from serving_core.engine.engine import Engine, Result
 from serving_core.errors import ServingError
 from serving_core.handler import Params
 

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from serving_core.context import Context
-from serving_core.engine.core import Engine, Result
+from serving_core.engine.engine import Engine, Result
 from serving_core.errors import ServingError
 from serving_core.jobs.base import Job, JobQueue
 from serving_core.loops.isolation import isolate

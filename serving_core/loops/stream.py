@@ -29,11 +29,11 @@ from typing import Any
 
 from serving_core import encoding
 from serving_core.context import Context
-from serving_core.engine.core import Engine
+from serving_core.engine.engine import Engine
 from serving_core.errors import ServingError
 from serving_core.loops.isolation import isolate
 from serving_core.metrics.stream import StreamMetrics
-from serving_core.stream.base import BrokerError, Message, Outgoing, Sink, Source
+from serving_core.stream.base import BrokerError, Message, MessageSink, MessageSource, Outgoing
 from serving_core.threads import held
 
 log = logging.getLogger("serving_core.loops.stream")
@@ -50,9 +50,9 @@ LAG_EVERY_S = 1.0  # the lag gauge is read from the broker at most this often
 class Ends:
     """A consumer's three connections, opened together and closed together."""
 
-    source: Source
-    sink: Sink
-    dead: Sink
+    source: MessageSource
+    sink: MessageSink
+    dead: MessageSink
 
     def close(self) -> None:
         for end in (self.source, self.sink, self.dead):
@@ -211,7 +211,7 @@ class StreamLoop:
                 batch.results.append(Outgoing(message.id, encoding.dumps(result), message.headers))
         return batch
 
-    def _observe_lag(self, source: Source) -> None:
+    def _observe_lag(self, source: MessageSource) -> None:
         now = time.monotonic()
         if now < self._lag_at:
             return

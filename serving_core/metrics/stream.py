@@ -5,7 +5,7 @@ from __future__ import annotations
 
 
 class StreamMetrics:
-    """A consumer's counts; made after fork, as ``core.Metrics`` (a registry each)."""
+    """A consumer's counts; made after fork, as ``metrics.Metrics`` (a registry each)."""
 
     def __init__(self) -> None:
         from prometheus_client import CollectorRegistry, Counter, Gauge

@@ -13,9 +13,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from serving_core.engine.core import Engine
+from serving_core.engine.engine import Engine
 from serving_core.engine.observer import Observer
-from serving_core.modelprocess.server import STOP_SIGNAL, run_model_process
+from serving_core.modelprocess.main import STOP_SIGNAL, run_model_process
 from serving_core.settings import Settings
 
 log = logging.getLogger("serving_core.modelprocess.supervisor")

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from serving_core.cache.core import CacheResult
+from serving_core.cache.cache import CacheResult
 from serving_core.errors import TOO_LARGE, DeadlineExceeded, PayloadTooLarge
 from serving_core.handler import Output, Params
 from serving_core.online.service import Service
@@ -43,7 +43,7 @@ class Head:
     arrival: float  # time.monotonic() seconds: when it reached the server (or its proxy)
     timeout_s: float | None = None  # the client's own (X-Request-Timeout, a gRPC deadline)
     content_length: int | None = None  # None: not known before reading (chunked, gRPC)
-    caller: str = ""  # the API key's identity (``web.access.caller``); "" without keys
+    caller: str = ""  # the API key's identity (``web.guard.caller``); "" without keys
     client: Any = None  # the connection, watched for a hang-up while the request waits
 
 

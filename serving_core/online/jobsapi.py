@@ -6,7 +6,7 @@ this handler's ``serving-core worker``) and the follow-up queue
 handler too). Both are opened in ``open``, after fork: neither a SQLite
 connection nor a Redis pool may be shared by forked processes. Imports no Flask.
 
-A job belongs to its ``caller`` (``web.access.caller_of`` the API key; ``""``
+A job belongs to its ``caller`` (``web.guard.caller_of`` the API key; ``""``
 without keys): another caller's job answers the same 404 as an unknown one, so
 a job id, even one that leaked, is no use to anyone else.
 """
@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from serving_core.engine.core import Engine
+from serving_core.engine.engine import Engine
 from serving_core.errors import (
     Conflict,
     NotFound,

@@ -17,9 +17,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from serving_core import threads
-from serving_core.cache.core import Cache, CacheObserver, from_settings
+from serving_core.cache.cache import Cache, CacheObserver, from_settings
 from serving_core.context import Context
-from serving_core.engine.core import Engine
+from serving_core.engine.engine import Engine
 from serving_core.engine.observer import Observer
 from serving_core.engine.watchdog import Verdict, Watchdog
 from serving_core.errors import DeadlineExceeded

@@ -49,7 +49,7 @@ UNREACHABLE = "connection failed; the server's log names the address it tried"
 
 
 @dataclass(frozen=True)
-class Failure:
+class StageFailure:
     kind: str  # timeout, unavailable, rejected (400), status, invalid_response
     message: str  # what the client reads: never the stage's address
     deadline: bool = False  # the request's own deadline, not the stage's timeout, ran out
@@ -65,7 +65,7 @@ class Outcome:
 
     stage: StageSpec
     output: Output | None
-    failure: Failure | None
+    failure: StageFailure | None
     elapsed_s: float
     attempts: int
 
@@ -112,18 +112,18 @@ class StageClient:
         until = started + budget
         body = encoding.dumps(params)
         attempts = 0
-        failure: Failure | None = None
+        failure: StageFailure | None = None
         output: Output | None = None
         while True:
             attempts += 1
             left = until - time.monotonic()
             if left <= 0:
-                failure = Failure("timeout", f"no answer within {budget:.3f} s", capped)
+                failure = StageFailure("timeout", f"no answer within {budget:.3f} s", capped)
                 break
             if stage.protocol == "grpc":
                 output, failure, again = self._infer(stage, params, ctx.request_id, until)
                 if failure is not None and failure.kind == "timeout":
-                    failure = Failure("timeout", f"no answer within {budget:.3f} s", capped)
+                    failure = StageFailure("timeout", f"no answer within {budget:.3f} s", capped)
                 if again and attempts <= stage.retries:
                     time.sleep(min(_BACKOFF_S * 2 ** (attempts - 1), max(0.0, left / 2)))
                     continue
@@ -133,14 +133,14 @@ class StageClient:
             except (NewConnectionError, ProtocolError) as exc:
                 # The request did not reach the stage (refused, reset before an
                 # answer): safe to send again while the budget lasts.
-                failure = Failure("unavailable", UNREACHABLE, detail=_reason(exc))
+                failure = StageFailure("unavailable", UNREACHABLE, detail=_reason(exc))
                 if attempts <= stage.retries:
                     time.sleep(min(_BACKOFF_S * 2 ** (attempts - 1), max(0.0, left / 2)))
                     continue
             except (ConnectTimeoutError, urllib3.exceptions.TimeoutError):
-                failure = Failure("timeout", f"no answer within {budget:.3f} s", capped)
+                failure = StageFailure("timeout", f"no answer within {budget:.3f} s", capped)
             except HTTPError as exc:
-                failure = Failure("unavailable", UNREACHABLE, detail=_reason(exc))
+                failure = StageFailure("unavailable", UNREACHABLE, detail=_reason(exc))
             break
         elapsed = time.monotonic() - started
         if failure is not None:
@@ -158,7 +158,7 @@ class StageClient:
 
     def _post(
         self, stage: StageSpec, body: bytes, request_id: str, left: float
-    ) -> tuple[Output | None, Failure | None]:
+    ) -> tuple[Output | None, StageFailure | None]:
         headers = {
             "Content-Type": "application/json",
             "X-Request-ID": request_id,
@@ -181,15 +181,15 @@ class StageClient:
         if response.status == 200:
             if isinstance(answer, dict):
                 return answer, None
-            return None, Failure("invalid_response", "its answer is not a JSON object")
+            return None, StageFailure("invalid_response", "its answer is not a JSON object")
         message = f"HTTP {response.status}"
         if isinstance(answer, dict) and isinstance(answer.get("error"), dict):
             message += f" {answer['error'].get('type')}: {answer['error'].get('message')}"
-        return None, Failure("rejected" if response.status == 400 else "status", message)
+        return None, StageFailure("rejected" if response.status == 400 else "status", message)
 
     def _infer(
         self, stage: StageSpec, params: Params, request_id: str, until: float
-    ) -> tuple[Output | None, Failure | None, bool]:
+    ) -> tuple[Output | None, StageFailure | None, bool]:
         """One gRPC attempt: its output, or its failure and whether to send it again."""
         assert self._grpc is not None
         assert stage.url is not None
@@ -203,7 +203,7 @@ class StageClient:
                 api_key=stage.api_key,
             )
         except StageError as exc:
-            return None, Failure(exc.kind, exc.message, detail=exc.detail), exc.retry
+            return None, StageFailure(exc.kind, exc.message, detail=exc.detail), exc.retry
         return output, None, False
 
     def ready(self, stages: Sequence[StageSpec]) -> bool:

@@ -21,8 +21,8 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from serving_core.metrics.core import Metrics
 from serving_core.metrics.directory import remove_metrics_dir, worker_exited
+from serving_core.metrics.metrics import Metrics
 from serving_core.modelprocess.supervisor import ModelProcess
 from serving_core.online.service import Service
 from serving_core.process import recycle
@@ -30,7 +30,7 @@ from serving_core.settings import Settings
 from serving_core.threads import most_threads, set_worker_threads
 
 if TYPE_CHECKING:
-    from serving_core.grpc.server import GrpcFront
+    from serving_core.grpc.front import GrpcFront
 
 log = logging.getLogger("serving_core.process.hooks")
 
@@ -92,8 +92,8 @@ class Hooks:
 
     def _start_grpc(self, worker: Any) -> None:
         # Imported here, after fork: grpcio's threads must not exist in the master.
-        from serving_core.grpc.server import GrpcFront
-        from serving_core.web.access import ApiKeys
+        from serving_core.grpc.front import GrpcFront
+        from serving_core.web.guard import ApiKeys
 
         settings = self.settings
         keys = ApiKeys(settings.api_keys, settings.api_keys_file)  # the HTTP front's check

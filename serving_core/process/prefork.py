@@ -26,10 +26,10 @@ import threading
 import time
 from types import FrameType
 
-from serving_core.engine.core import Engine
+from serving_core.engine.engine import Engine
 from serving_core.loading import LoadedHandler
-from serving_core.metrics.core import CONTENT_TYPE, Metrics
 from serving_core.metrics.directory import exposition
+from serving_core.metrics.metrics import CONTENT_TYPE, Metrics
 from serving_core.preload import preload
 from serving_core.settings import Settings
 from serving_core.threads import set_worker_threads, share_idle_cores

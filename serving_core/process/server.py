@@ -37,9 +37,9 @@ from flask import Flask
 from gunicorn.app.base import BaseApplication
 
 from serving_core.device import model_devices
-from serving_core.engine.core import Engine
+from serving_core.engine.engine import Engine
 from serving_core.loading import LoadedHandler
-from serving_core.metrics.core import Metrics
+from serving_core.metrics.metrics import Metrics
 from serving_core.modelprocess.protocol import socket_path
 from serving_core.modelprocess.supervisor import ModelProcess
 from serving_core.online.service import Service

@@ -18,8 +18,8 @@ from serving_core.metrics.stream import StreamMetrics
 from serving_core.process.prefork import Prefork
 from serving_core.settings import Settings
 from serving_core.settings.secrets import masked
-from serving_core.stream import backend
-from serving_core.stream.backend import DEAD_LETTER, open_sink, open_source
+from serving_core.stream import brokers
+from serving_core.stream.brokers import DEAD_LETTER, open_sink, open_source
 
 
 class StreamMaster(Prefork):
@@ -57,4 +57,4 @@ class StreamMaster(Prefork):
 def check(settings: Settings) -> None:
     """The three ends are set, and each broker takes its URL: raises ``ValueError``
     naming the variable (before a model loads for minutes)."""
-    backend.check(settings.stream_source, settings.stream_sink, settings.stream_dead_letter)
+    brokers.check(settings.stream_source, settings.stream_sink, settings.stream_dead_letter)

@@ -3,7 +3,7 @@ trusted proxies. Each raises ``ValueError`` naming the variable and what it acce
 
 A URL that picks a backend (a broker, a cache store, a job queue) is only checked here for
 having a scheme: the backend its scheme picks checks the rest at start-up
-(``stream.backend``, ``cache.backend``, ``jobs.backends``), since the contract knows no backend.
+(``stream.brokers``, ``cache.stores``, ``jobs.backends``), since the contract knows no backend.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """RabbitMQ (AMQP 0-9-1, with pika): a durable quorum queue in, an exchange out;
-the broker of ``amqp://`` and ``amqps://`` (``stream.backend``).
+the broker of ``amqp://`` and ``amqps://`` (``stream.brokers``).
 
 In: ``amqp://USER:PASS@HOST:PORT/VHOST?queue=NAME``. The queue is declared
 durable, of type quorum (declared again if it exists: RabbitMQ refuses one of

@@ -1,12 +1,12 @@
-"""A stream's ends: a ``Source`` of messages and a ``Sink`` for results.
+"""A stream's ends: a ``MessageSource`` of messages and a ``MessageSink`` for results.
 
 Delivery is at-least-once: the worker acks a message to its source only after
 the sink has confirmed the message's result (or its dead letter). A worker
 that dies holding unacked messages loses none: the broker hands them out again
 (RabbitMQ on the channel's close; Redis Streams through the consumer group's
 pending entries, claimed once idle). Another broker (Kafka, say) is one more
-module with a ``Source`` and a ``Sink`` and the functions of ``backend.Broker``,
-and its schemes' lines in ``backend.BROKERS``.
+module with a ``MessageSource`` and a ``MessageSink`` and the functions of ``backend.Broker``,
+and its schemes' lines in ``brokers.BROKERS``.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ class Outgoing:
     headers: dict[str, str] = field(default_factory=dict)
 
 
-class Source(Protocol):
+class MessageSource(Protocol):
     def take(self, max_n: int, wait_s: float) -> list[Message]:
         """Up to ``max_n`` messages; waits at most ``wait_s`` for the first, returns
         [] when none came. Raises ``BrokerError`` when the broker is lost."""
@@ -61,7 +61,7 @@ class Source(Protocol):
     def close(self) -> None: ...
 
 
-class Sink(Protocol):
+class MessageSink(Protocol):
     def send(self, messages: Sequence[Outgoing]) -> None:
         """Hands them to the broker without waiting for its confirmation, so that the
         wait can overlap the next batch's run; ``confirm`` waits. Raises ``BrokerError``."""

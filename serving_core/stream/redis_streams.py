@@ -1,5 +1,5 @@
 """Redis Streams ends: a consumer group in (``RedisSource``), XADD out (``RedisSink``);
-the broker of ``redis://``, ``rediss://`` (TLS) and ``unix://`` (``stream.backend``).
+the broker of ``redis://``, ``rediss://`` (TLS) and ``unix://`` (``stream.brokers``).
 
     redis://[:PASS@]HOST:PORT/DB?stream=NAME[&group=NAME][&claim_idle_ms=N]   a source
     redis://[:PASS@]HOST:PORT/DB?stream=NAME[&maxlen=N]                       a sink

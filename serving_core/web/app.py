@@ -11,13 +11,13 @@ from typing import Any
 from flask import Flask, Request, Response, current_app, g, send_from_directory
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
 
-from serving_core.metrics.core import Metrics
+from serving_core.metrics.metrics import Metrics
 from serving_core.online.door import FrontDoor
 from serving_core.online.service import Service
-from serving_core.pipeline.core import Pipeline
+from serving_core.pipeline.pipeline import Pipeline
 from serving_core.settings import Settings
 from serving_core.v2.model import Model
-from serving_core.web import access, arrival, docs, incoming, openapi, v2openapi, v2routes
+from serving_core.web import arrival, docs, guard, incoming, openapi, v2openapi, v2routes
 from serving_core.web.logfields import ROUTE_KEY
 from serving_core.web.params import JsonLimits
 from serving_core.web.responses import (
@@ -77,10 +77,12 @@ def create_app(settings: Settings, service: Service, metrics: Metrics) -> Flask:
     # Flask's place for what an app serves; tests and tools find the service here.
     app.extensions["serving_core"] = service
     # Reads the keys file: a bad one stops the master here, before fork.
-    guard = access.Guard(settings, metrics.keys_file)
+    keys_guard = guard.Guard(settings, metrics.keys_file)
     if isinstance(service.handler, Pipeline):
-        service.handler.check_callers(keys=bool(guard.keys), allowed=settings.pipeline_without_keys)
-    described = guard.serves_private_paths
+        service.handler.check_callers(
+            keys=bool(keys_guard.keys), allowed=settings.pipeline_without_keys
+        )
+    described = keys_guard.serves_private_paths
     app.config[ROUTES_HINT] = "; see /openapi.json or /metadata for the API" if described else ""
 
     api = ErrorFunnelApi(app, catch_all_404s=True)
@@ -100,7 +102,7 @@ def create_app(settings: Settings, service: Service, metrics: Metrics) -> Flask:
     if settings.jobs_enabled or settings.followup_queue:
         api.add_resource(JobStatus, "/jobs/<job_id>", resource_class_args=(service.jobs,))
     api.add_resource(Healthz, "/healthz")
-    api.add_resource(Readyz, "/readyz", resource_class_args=(service, guard.keys))
+    api.add_resource(Readyz, "/readyz", resource_class_args=(service, keys_guard.keys))
     if described:
         api.add_resource(Metadata, "/metadata", resource_class_args=(service,))
         api.add_resource(MetricsEndpoint, "/metrics", resource_class_args=(metrics, service.jobs))
@@ -121,9 +123,9 @@ def create_app(settings: Settings, service: Service, metrics: Metrics) -> Flask:
     proxies = arrival.TrustedProxies(settings.trusted_proxies)
     app.before_request(lambda: incoming.start(proxies))
     # After the request id is set: a 401 carries it too.
-    app.before_request(guard.check)
+    app.before_request(keys_guard.check)
     app.before_request(lambda: incoming.bound_chunked(settings.max_body_bytes))
-    access.enable_cors(app, settings.cors_origins, cache_header=settings.cache_header)
+    guard.enable_cors(app, settings.cors_origins, cache_header=settings.cache_header)
     app.after_request(incoming.tag)
 
     @app.after_request

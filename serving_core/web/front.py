@@ -18,7 +18,7 @@ from flask import Request, g
 
 from serving_core.errors import BadRequest, quote
 from serving_core.online.door import Answered, FrontDoor, Head
-from serving_core.web.access import caller
+from serving_core.web.guard import caller
 from serving_core.web.logfields import BATCH_SIZE_KEY
 
 TIMEOUT_HEADER = "X-Request-Timeout"

@@ -110,7 +110,7 @@ def test_the_batch_modules_load_no_web_stack():
             "batch.csvfiles",
             "batch.parquetfiles",
             "batch.sqltables",
-            "engine.core",
+            "engine.engine",
         )
     )
     probe = f"import sys, {modules}; print(sorted(sys.modules))"

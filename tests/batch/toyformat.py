@@ -4,14 +4,14 @@
 from __future__ import annotations
 
 from serving_core.batch.jsonlfiles import JsonlSink, JsonlSource
-from serving_core.batch.records import Location, Shard, Sink, Source, sharded_path
+from serving_core.batch.records import Location, RecordSink, RecordSource, Shard, sharded_path
 
 DATABASE = False
 
 
-def open_source(location: Location, id_field: str) -> Source:
+def open_source(location: Location, id_field: str) -> RecordSource:
     return JsonlSource(location.target, id_field)
 
 
-def open_sink(location: Location, id_field: str, shard: Shard) -> Sink:
+def open_sink(location: Location, id_field: str, shard: Shard) -> RecordSink:
     return JsonlSink(sharded_path(location.target, shard), id_field)

@@ -1,4 +1,4 @@
-"""``cache.backend``: the store SERVING_CACHE_URL's scheme picks checks the URL, at
+"""``cache.stores``: the store SERVING_CACHE_URL's scheme picks checks the URL, at
 start-up before a model loads, and says what to fix."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from serving_core.cache import backend
-from serving_core.cache.backend import STORES, Backend
-from serving_core.cache.redis import RedisStore
+from serving_core.cache import stores
+from serving_core.cache.redisstore import RedisStore
+from serving_core.cache.stores import STORES, Backend
 from tests.servers import SERVING_CORE, base_env
 
 
@@ -27,13 +27,13 @@ from tests.servers import SERVING_CORE, base_env
 )
 def test_a_bad_redis_url_is_refused_by_its_store_naming_the_variable(url: str, said: str) -> None:
     with pytest.raises(ValueError, match=r"^SERVING_CACHE_URL=") as info:
-        backend.check(url)
+        stores.check(url)
     assert said in str(info.value)
 
 
 def test_an_unknown_scheme_lists_the_tables_schemes_and_what_empty_means() -> None:
     with pytest.raises(ValueError, match="names no cache store") as info:
-        backend.check("sqlite:///jobs.db")
+        stores.check("sqlite:///jobs.db")
     message = str(info.value)
     assert message.startswith("SERVING_CACHE_URL='sqlite:///jobs.db': sqlite:// names no")
     assert "redis://, rediss://, unix://" in message
@@ -42,23 +42,23 @@ def test_an_unknown_scheme_lists_the_tables_schemes_and_what_empty_means() -> No
 
 def test_a_bad_url_is_quoted_without_its_password() -> None:
     with pytest.raises(ValueError, match="has a port") as info:
-        backend.check("redis://user:s3cret@cache:99999/0")
+        stores.check("redis://user:s3cret@cache:99999/0")
     assert "'redis://user:***@cache:99999/0' has a port that is not" in str(info.value)
     assert "s3cret" not in str(info.value)
     with pytest.raises(ValueError, match="names no cache store") as info:
-        backend.check("memcached://user:s3cret@cache:11211")
+        stores.check("memcached://user:s3cret@cache:11211")
     assert "s3cret" not in str(info.value)
 
 
 @pytest.mark.parametrize("url", ["", "redis://q:6379/1", "rediss://[::1]:6380", "unix:///r.sock"])
 def test_urls_that_redis_py_takes_are_taken(url: str) -> None:
-    backend.check(url)
+    stores.check(url)
 
 
 def test_opening_a_store_checks_its_url_first() -> None:
-    assert isinstance(backend.open_store("redis://127.0.0.1:1/0", 60.0), RedisStore)
+    assert isinstance(stores.open_store("redis://127.0.0.1:1/0", 60.0), RedisStore)
     with pytest.raises(ValueError, match="has a port that is not"):
-        backend.open_store("redis://127.0.0.1:99999/0", 60.0)
+        stores.open_store("redis://127.0.0.1:99999/0", 60.0)
 
 
 @pytest.mark.parametrize("module", sorted(set(STORES.values())))

@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 
 from serving_core import encoding
-from serving_core.cache.core import Cache, from_settings
+from serving_core.cache.cache import Cache, from_settings
 from serving_core.cache.key import PREFIX, key
-from serving_core.cache.memory import MemoryStore
-from serving_core.cache.redis import RedisStore
+from serving_core.cache.memorystore import MemoryStore
+from serving_core.cache.redisstore import RedisStore
 from serving_core.cache.store import StoreError
 from serving_core.errors import DeadlineExceeded, ModelError, Overloaded
 from serving_core.handler import Handler
-from serving_core.metrics.core import Metrics
+from serving_core.metrics.metrics import Metrics
 from serving_core.settings import Settings
 from tests.redis_server import redis_server
 from tests.servers import ROOT
@@ -526,8 +526,8 @@ SLOW_REDIS = """
 from gevent import monkey
 monkey.patch_all(thread=False)
 import json, socket, gevent
-from serving_core.cache.core import Cache
-from serving_core.cache.redis import RedisStore
+from serving_core.cache.cache import Cache
+from serving_core.cache.redisstore import RedisStore
 
 silent = socket.socket()
 silent.bind(("127.0.0.1", 0))
@@ -579,7 +579,7 @@ def test_a_silent_redis_does_not_block_the_gevent_hub():
 
 def test_the_cache_imports_no_flask_and_redis_only_when_used():
     code = (
-        "import sys, serving_core.cache.core; "
+        "import sys, serving_core.cache.cache; "
         "print(sorted(m for m in ('flask', 'flask_restful', 'redis') if m in sys.modules))"
     )
     done = subprocess.run(

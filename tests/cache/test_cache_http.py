@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from serving_core.cache.core import from_settings
+from serving_core.cache.cache import from_settings
 from serving_core.loading import load_handler
 from serving_core.settings import Settings
 from tests.conftest import PROBE

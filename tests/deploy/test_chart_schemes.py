@@ -1,5 +1,5 @@
 """The chart's scheme lists are the Python tables': every URL scheme a backend table
-takes (``stream.backend.BROKERS``, ``cache.backend.STORES``) is one the schema's
+takes (``stream.brokers.BROKERS``, ``cache.stores.STORES``) is one the schema's
 patterns take, and no other; each broker has its KEDA trigger's branch. A broker
 added to the table without the chart (or the reverse) fails here, naming the gap.
 
@@ -17,8 +17,8 @@ import helm_python as helm
 import pytest
 import yaml
 
-from serving_core.cache.backend import STORES
-from serving_core.stream.backend import BROKERS
+from serving_core.cache.stores import STORES
+from serving_core.stream.brokers import BROKERS
 from tests.deploy.chart import CHART, render, tagged
 
 SCHEMA = json.loads((CHART / "values.schema.json").read_text())
@@ -75,7 +75,7 @@ def test_the_schema_takes_exactly_the_schemes_of_the_values_table(value: str) ->
 
 def test_the_templates_scheme_map_has_exactly_the_brokers_schemes() -> None:
     assert set(STREAM_SCHEMES) == set(BROKERS), (
-        "_stream.tpl's serving-core.streamSchemes and stream.backend.BROKERS differ: "
+        "_stream.tpl's serving-core.streamSchemes and stream.brokers.BROKERS differ: "
         "give each broker scheme its KEDA broker there"
     )
 

@@ -11,9 +11,9 @@ from typing import Any
 import helm_python as helm
 import pytest
 
-from serving_core.cache import backend as cache_backend
+from serving_core.cache import stores
 from serving_core.settings import PREFIX, Settings, SettingsError
-from serving_core.stream import backend as stream_backend
+from serving_core.stream import brokers
 from tests.deploy.chart import (
     BATCH,
     CACHE_SECRET,
@@ -182,9 +182,9 @@ def test_every_serving_core_container_starts_without_a_settings_error(
         env = serving_env(container)
         try:
             settings = Settings.from_env(env, cores=2)
-            cache_backend.check(settings.cache_url)
+            stores.check(settings.cache_url)
             if container["name"] == "stream":
-                stream_backend.check(
+                brokers.check(
                     settings.stream_source, settings.stream_sink, settings.stream_dead_letter
                 )
         except (SettingsError, ValueError) as exc:

@@ -7,8 +7,8 @@ import pytest
 
 from serving_core.context import Context
 from serving_core.engine.batcher import Batcher
-from serving_core.engine.core import Engine
 from serving_core.engine.costmodel import CostModel
+from serving_core.engine.engine import Engine
 from serving_core.engine.policy import FixedWindow, make_policy
 from serving_core.errors import DeadlineExceeded, InvalidParams, ModelError, NotReady, Overloaded
 from serving_core.handler import Handler, InvalidInput

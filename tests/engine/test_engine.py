@@ -6,7 +6,7 @@ import pytest
 
 from serving_core import InvalidInput, context
 from serving_core.context import Context
-from serving_core.engine.core import Engine
+from serving_core.engine.engine import Engine
 from serving_core.errors import InvalidParams, ModelError
 from serving_core.handler import Handler
 

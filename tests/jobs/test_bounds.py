@@ -18,7 +18,7 @@ from serving_core.settings import Settings
 from tests.jobs.conftest import POLL_TIMEOUT_S, MakeQueue
 from tests.servers import wait_for
 
-ALICE, BOB = "a" * 32, "b" * 32  # callers' identities, as web.access.caller_of makes them
+ALICE, BOB = "a" * 32, "b" * 32  # callers' identities, as web.guard.caller_of makes them
 
 
 def test_an_idempotency_key_is_its_owners_and_bound_to_its_parameters(

@@ -10,13 +10,13 @@ import sqlite3
 
 import pytest
 
-from serving_core.jobs import drain
+from serving_core.jobs import drainrate
 from serving_core.jobs.base import QUEUE_FULL_RETRY_AFTER_S, JobQueue, QueueFull
 from serving_core.jobs.redis.queue import RedisJobQueue
 from serving_core.jobs.sqlite.queue import SqliteJobQueue
 from tests.jobs.conftest import MakeQueue
 
-WINDOW_S = drain.DRAIN_WINDOW_S
+WINDOW_S = drainrate.DRAIN_WINDOW_S
 
 
 def _finish(queue: JobQueue, count: int) -> list[str]:
@@ -114,6 +114,6 @@ def test_the_estimate_is_clamped_between_a_second_and_a_minute(make_queue: MakeQ
     _finish(roomy, 1)
     for n in range(4):
         roomy.submit({"n": n})
-    assert _refused(full) == drain.RETRY_AFTER_MAX_S  # 3 to finish at 1 a minute: 3 minutes
+    assert _refused(full) == drainrate.RETRY_AFTER_MAX_S  # 3 to finish at 1 a minute: 3 minutes
     _finish(roomy, 2 * int(3 * WINDOW_S))  # 6 a second: half a second for the three
     assert _refused(full) == QUEUE_FULL_RETRY_AFTER_S

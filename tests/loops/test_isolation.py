@@ -9,7 +9,7 @@ import pytest
 
 from serving_core import Handler
 from serving_core.context import Context
-from serving_core.engine.core import Engine
+from serving_core.engine.engine import Engine
 from serving_core.errors import ServingError
 from serving_core.loops.isolation import isolate
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from serving_core import Handler, InvalidInput
-from serving_core.engine.core import Engine
+from serving_core.engine.engine import Engine
 from serving_core.jobs.backends import open_queue
 from serving_core.jobs.base import JobQueue
 from serving_core.loops.jobs import JobLoop

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from serving_core import Handler
-from serving_core.engine.core import Engine
+from serving_core.engine.engine import Engine
 from serving_core.loops.stream import Ends, StreamLoop
 from serving_core.metrics.stream import StreamMetrics
 from serving_core.stream.base import Message

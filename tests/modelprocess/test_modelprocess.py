@@ -18,7 +18,7 @@ import requests
 
 from serving_core.context import Context
 from serving_core.device import model_devices
-from serving_core.engine.core import Engine
+from serving_core.engine.engine import Engine
 from serving_core.errors import BadGateway, DeadlineExceeded, ModelError, NotReady, Overloaded
 from serving_core.loading import load_handler
 from serving_core.modelprocess.client import RemoteBatcher

@@ -13,7 +13,7 @@ from serving_core.errors import HandlerError, NotReady, Overloaded
 from serving_core.loading import load_handler
 from serving_core.online.runner.concurrent import ConcurrentRunner
 from serving_core.pipeline.config import PipelineError, parse, read
-from serving_core.pipeline.core import Pipeline
+from serving_core.pipeline.pipeline import Pipeline
 from tests.conftest import make_app
 from tests.servers import ROOT, SERVING_CORE, base_env
 

@@ -20,8 +20,7 @@ from serving_core.grpc.keys import presented
 from serving_core.grpc.proto import grpc_predict_v2_pb2 as pb
 from serving_core.grpc.proto import grpc_predict_v2_pb2_grpc as pb_grpc
 from serving_core.grpc.stage import CHANNELS, GrpcStages
-from serving_core.pipeline import core as pipeline
-from serving_core.pipeline import transport
+from serving_core.pipeline import pipeline, transport
 from serving_core.pipeline.config import PipelineError
 from serving_core.runtime import Runtime
 from tests.servers import free_port

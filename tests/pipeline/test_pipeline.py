@@ -16,7 +16,7 @@ import pytest
 import requests
 import yaml
 
-from serving_core.pipeline import core as pipeline
+from serving_core.pipeline import pipeline
 from serving_core.runtime import Runtime
 from tests.conftest import PROBE
 from tests.servers import (
@@ -394,7 +394,7 @@ def test_prep_then_pred_over_grpc_gives_the_single_minilm_services_embeddings():
     import numpy as np
 
     from serving_core.context import Context
-    from serving_core.engine.core import Engine
+    from serving_core.engine.engine import Engine
     from serving_core.loading import load_handler
 
     texts = [

@@ -1,6 +1,6 @@
 """The access line's batch size is the one the front door's answer record carries, on
 every front: ``/predict`` and the V2 REST route (``process.accesslog``, through the
-WSGI environ) and gRPC's ``ModelInfer`` (``grpc.access``)."""
+WSGI environ) and gRPC's ``ModelInfer`` (``grpc.accesslog``)."""
 
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ from gevent.event import Event
 
 from serving_core.context import Context
 from serving_core.engine.batcher import Batcher
-from serving_core.engine.core import Ran
+from serving_core.engine.engine import Ran
 from serving_core.engine.policy import make_policy
 from serving_core.process.workers import clientwatch, fairaccept
 from serving_core.process.workers.fairaccept import ConnectionShares, FairServer

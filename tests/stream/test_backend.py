@@ -1,4 +1,4 @@
-"""``stream.backend``: each end's broker, picked by its URL's scheme, checks the URL at
+"""``stream.brokers``: each end's broker, picked by its URL's scheme, checks the URL at
 start-up before a model loads, and the error names the variable and what to fix."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from serving_core.stream import backend
-from serving_core.stream.backend import BROKERS, Broker
+from serving_core.stream import brokers
+from serving_core.stream.brokers import BROKERS, Broker
 from tests.servers import SERVING_CORE, base_env
 
 AMQP = "amqp://u:hunter2@rabbit:5672/%2F"
@@ -66,7 +66,7 @@ def test_a_bad_end_is_refused_by_its_broker_naming_the_variable(
     changed: dict[str, str], said: str
 ) -> None:
     with pytest.raises(ValueError, match=r"^SERVING_STREAM_") as info:
-        backend.check(*ends(**changed))
+        brokers.check(*ends(**changed))
     assert said in str(info.value)
     assert "hunter2" not in str(info.value)
 
@@ -81,7 +81,7 @@ def test_a_bad_end_is_refused_by_its_broker_naming_the_variable(
     ],
 )
 def test_the_urls_the_brokers_take_are_taken(url: str) -> None:
-    backend.check(url.replace("exchange=&routing_key=q", "queue=q"), url, url)
+    brokers.check(url.replace("exchange=&routing_key=q", "queue=q"), url, url)
 
 
 @pytest.mark.parametrize("module", sorted(set(BROKERS.values())))
@@ -96,9 +96,9 @@ def test_each_broker_module_has_the_brokers_functions(module: str) -> None:
 def test_a_redis_user_never_imports_pika() -> None:
     code = (
         "import sys\n"
-        "from serving_core.stream import backend\n"
-        f"backend.check('{REDIS}?stream=a', '{REDIS}?stream=b', '{REDIS}?stream=c')\n"
-        "backend.open_sink('redis://127.0.0.1:1/0?stream=b').close()\n"
+        "from serving_core.stream import brokers\n"
+        f"brokers.check('{REDIS}?stream=a', '{REDIS}?stream=b', '{REDIS}?stream=c')\n"
+        "brokers.open_sink('redis://127.0.0.1:1/0?stream=b').close()\n"
         "assert 'pika' not in sys.modules, 'pika was imported'\n"
     )
     root = Path(__file__).resolve().parents[2]

@@ -27,9 +27,9 @@ def tree(tmp_path: Path) -> Path:
     shutil.copytree(ROOT / "serving_core", tmp_path / "tree" / "serving_core")
     stream = tmp_path / "tree" / "serving_core" / "stream"
     shutil.copy(ROOT / "tests" / "stream" / "toy.py", stream / "toy.py")
-    table = stream / "backend.py"
+    table = stream / "brokers.py"
     text = table.read_text()
-    assert TABLE in text, "stream/backend.py has no BROKERS table to add a line to"
+    assert TABLE in text, "stream/brokers.py has no BROKERS table to add a line to"
     table.write_text(text.replace(TABLE, TABLE + LINE, 1))
     return tmp_path / "tree"
 
@@ -95,7 +95,7 @@ def test_a_broker_added_by_one_module_and_one_table_line_serves_end_to_end(
 
 
 def test_without_its_table_line_start_up_refuses_the_scheme(tree: Path, tmp_path: Path) -> None:
-    table = tree / "serving_core" / "stream" / "backend.py"
+    table = tree / "serving_core" / "stream" / "brokers.py"
     table.write_text(table.read_text().replace(LINE, "", 1))
     queues = tmp_path / "queues"
     produce(queues / "in", {"m-0": json.dumps({"n": 0})})

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from serving_core.stream.backend import open_sink, open_source
 from serving_core.stream.base import BrokerError, Outgoing
+from serving_core.stream.brokers import open_sink, open_source
 from serving_core.stream.redis_streams import RedisSink, RedisSource
 from tests.redis_server import redis_server
 from tests.servers import SERVING_CORE, base_env, wait_for

@@ -1,7 +1,7 @@
 """A test-only broker, ``toy:///DIR``: a directory of JSON files is the queue.
 
 tests/stream/test_extension.py copies it into a scratch copy of the package as
-``serving_core/stream/toy.py`` and adds its one line to ``stream.backend.BROKERS``,
+``serving_core/stream/toy.py`` and adds its one line to ``stream.brokers.BROKERS``,
 as a real broker (Kafka, say) would be added. Each message is a file
 ``ID.json`` holding ``{"id", "body", "headers"}``; a source takes the files it
 has not taken yet, in name order, and acks a message by deleting its file; a

@@ -120,7 +120,7 @@ def test_our_stubs_import_beside_tritonclients_and_kserves_copies_of_the_proto()
     # ours are in a pool of their own (setup.py's private_pool), so a handler may use
     # either client beside the gRPC front. (The two others cannot share a process.)
     for other in ("tritonclient.grpc", "kserve"):
-        code = f"import {other}; from serving_core.grpc import server, stage; print('ok')"
+        code = f"import {other}; from serving_core.grpc import front, stage; print('ok')"
         done = subprocess.run(
             [sys.executable, "-c", code], capture_output=True, text=True, check=False
         )

@@ -15,11 +15,11 @@ import pytest
 import requests
 from flask import Flask
 
-from serving_core.engine.core import MAX_FIELD_ERRORS, Engine
+from serving_core.engine.engine import MAX_FIELD_ERRORS, Engine
 from serving_core.errors import InvalidParams
 from serving_core.handler import Handler
 from serving_core.settings import SettingsError
-from serving_core.web import access
+from serving_core.web import guard
 from tests.conftest import make_app
 from tests.servers import gunicorn_server
 
@@ -170,7 +170,7 @@ def test_private_endpoints_are_not_served_without_keys(started):
 
 
 def test_the_keys_file_is_read_and_a_changed_file_is_taken(started, tmp_path, monkeypatch):
-    monkeypatch.setattr(access, "RELOAD_S", 0.0)
+    monkeypatch.setattr(guard, "RELOAD_S", 0.0)
     keys_file = tmp_path / "keys"
     keys_file.write_text(f"{KEY}\n\n{OTHER_KEY}\n")
     app = started(api_keys_file=keys_file)
@@ -185,7 +185,7 @@ def test_the_keys_file_is_read_and_a_changed_file_is_taken(started, tmp_path, mo
 def test_a_broken_keys_file_revokes_the_removed_key_and_turns_readyz_red(
     started, tmp_path, monkeypatch, caplog
 ):
-    monkeypatch.setattr(access, "RELOAD_S", 0.0)
+    monkeypatch.setattr(guard, "RELOAD_S", 0.0)
     keys_file = tmp_path / "keys"
     keys_file.write_text(f"{KEY}\n{OTHER_KEY}\n")
     app = started(api_keys_file=keys_file)

@@ -67,7 +67,7 @@ stream.keda.stream.
 
 {{/*
 URL scheme -> the broker KEDA watches (stream.keda.broker's values, a branch
-each in streamTrigger): the schemes of serving_core/stream/backend.py's
+each in streamTrigger): the schemes of serving_core/stream/brokers.py's
 BROKERS, those of one module on one broker (tests/deploy/test_chart_schemes.py
 holds the two equal, and values.schema.json's patterns with them).
 */}}

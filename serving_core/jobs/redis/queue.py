@@ -20,7 +20,7 @@ Cluster keeps a queue's keys in one slot and its scripts may touch them all):
 - ``finished``: finished job ids scored by when they expire; with ``XLEN``, what
   ``jobs_max_stored`` counts (trimmed by each submit), and, counted from an
   expiry, how many finished lately: the drain rate a full queue's
-  ``Retry-After`` comes from (``jobs.drain``).
+  ``Retry-After`` comes from (``jobs.drainrate``).
 - ``owners``: each owner's count of unfinished jobs, for ``jobs_max_per_caller``.
 - ``consumers``: each consumer's latest heartbeat, scored by its time; the key
   expires ``jobs_ttl_s`` after the last one.
@@ -47,7 +47,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from serving_core import encoding
-from serving_core.jobs import drain
+from serving_core.jobs import drainrate
 from serving_core.jobs.base import (
     MAX_STORED,
     Consumers,
@@ -121,7 +121,11 @@ class RedisJobQueue:
         keys += [self.finished, self.owners]
         argv: list[Arg] = [job_id, encoding.dumps(params), repr(now), self.ttl_ms, self.max_queue]
         argv += ["0" if idempotency_key is None else "1", self.prefix, digest, owner]
-        argv += [self.max_stored, self.max_per_caller, repr(drain.expired_after(now, self.ttl_s))]
+        argv += [
+            self.max_stored,
+            self.max_per_caller,
+            repr(drainrate.expired_after(now, self.ttl_s)),
+        ]
         kind, value, *more = self.redis.run(self._submit, keys, argv)
         if kind == "existing":
             job = job_of(value, self.queue)
@@ -132,7 +136,7 @@ class RedisJobQueue:
             raise QueueFull(
                 f"the {self.queue!r} job queue holds {value} unfinished jobs "
                 f"(SERVING_JOBS_MAX_QUEUE={self.max_queue}); retry later",
-                retry_after_s=drain.queue_full_retry_after(
+                retry_after_s=drainrate.queue_full_retry_after(
                     int(value) - self.max_queue + 1, int(more[0]), self.ttl_s
                 ),
             )
@@ -140,7 +144,7 @@ class RedisJobQueue:
             raise QueueFull(
                 f"the {self.queue!r} job queue holds {value} jobs "
                 f"({MAX_STORED}={self.max_stored}); retry later",
-                retry_after_s=drain.store_full_retry_after(
+                retry_after_s=drainrate.store_full_retry_after(
                     float(more[0]) if more[0] else None, now
                 ),
                 setting=MAX_STORED,

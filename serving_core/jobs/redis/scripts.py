@@ -13,7 +13,7 @@ from __future__ import annotations
 # KEYS: stream, job hash, idempotency key, finished, owners. ARGV: job id, params,
 # now, ttl_ms, max_queue, has_key ('1'/'0'), prefix, digest, owner, max_stored,
 # max_per_caller, the expiry past which a finished job counts as drained lately
-# (jobs.drain). Returns {'new', entry}, {'existing', job fields}, {'full', depth,
+# (jobs.drainrate). Returns {'new', entry}, {'existing', job fields}, {'full', depth,
 # jobs drained lately}, {'stored', jobs held, the oldest finished job's expiry or ''}
 # or {'quota', held}. ZCOUNT is O(log n), and runs only on a refusal.
 SUBMIT = """

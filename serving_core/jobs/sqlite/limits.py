@@ -9,7 +9,7 @@ the cap bounds the file, and a submit that finds it full purges first
 (``SqliteJobQueue.submit``).
 
 A submit refused at ``jobs_max_queue`` is told when a place should free up,
-from the jobs finished within the last minute (``jobs.drain``): a count on the
+from the jobs finished within the last minute (``jobs.drainrate``): a count on the
 expiry index, run only then, in the same transaction.
 """
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 import sqlite3
 from dataclasses import dataclass
 
-from serving_core.jobs import drain
+from serving_core.jobs import drainrate
 from serving_core.jobs.base import MAX_STORED, QueueFull, QuotaExceeded, quota_message
 from serving_core.settings import Settings
 
@@ -60,7 +60,7 @@ def admit(db: sqlite3.Connection, queue: str, owner: str, now: float, limits: Li
         raise QueueFull(
             f"the {queue!r} job queue holds {held} jobs "
             f"({MAX_STORED}={limits.max_stored}); retry later",
-            retry_after_s=drain.store_full_retry_after(oldest, now),
+            retry_after_s=drainrate.store_full_retry_after(oldest, now),
             setting=MAX_STORED,
         )
     if limits.max_per_caller and owner:
@@ -75,13 +75,17 @@ def admit(db: sqlite3.Connection, queue: str, owner: str, now: float, limits: Li
 def drain_retry_after(
     db: sqlite3.Connection, queue: str, needed: int, now: float, limits: Limits
 ) -> float:
-    """``drain.queue_full_retry_after`` from the jobs finished within the window, counted
+    """``drainrate.queue_full_retry_after`` from the jobs finished within the window, counted
     on ``jobs_queue_expiry`` and no further than the count that can change the answer."""
     (finished,) = db.execute(
         "SELECT count(*) FROM (SELECT 1 FROM jobs WHERE queue = ? AND expires_at > ? LIMIT ?)",
-        (queue, drain.expired_after(now, limits.ttl_s), drain.count_limit(needed, limits.ttl_s)),
+        (
+            queue,
+            drainrate.expired_after(now, limits.ttl_s),
+            drainrate.count_limit(needed, limits.ttl_s),
+        ),
     ).fetchone()
-    return drain.queue_full_retry_after(needed, int(finished), limits.ttl_s)
+    return drainrate.queue_full_retry_after(needed, int(finished), limits.ttl_s)
 
 
 def stored(db: sqlite3.Connection, queue: str) -> int:

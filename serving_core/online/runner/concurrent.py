@@ -13,7 +13,7 @@ from typing import Any
 
 from serving_core.context import Context
 from serving_core.engine.batcher import Batcher
-from serving_core.engine.core import Engine
+from serving_core.engine.engine import Engine
 from serving_core.engine.observer import Observer
 from serving_core.errors import NotReady, Overloaded, ServingError
 from serving_core.online.runner.base import Computed, WatchGone

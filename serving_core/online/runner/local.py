@@ -5,15 +5,15 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from serving_core.engine.batcher import Batcher
-from serving_core.engine.core import Engine
+from serving_core.engine.engine import Engine
 from serving_core.engine.observer import Observer
 from serving_core.engine.policy import make_policy
-from serving_core.online.runner.queued import Queued
+from serving_core.online.runner.queued import QueuedRunner
 from serving_core.runtime import Runtime
 from serving_core.settings import Settings
 
 
-class LocalRunner(Queued):
+class LocalRunner(QueuedRunner):
     def __init__(
         self,
         settings: Settings,

@@ -50,7 +50,7 @@ class ModelQueue(Protocol):
     def withdraw(self, pending: Pending) -> None: ...
 
 
-class Queued:
+class QueuedRunner:
     """A runner over a queue that feeds the model elsewhere (a thread, a process)."""
 
     model_thread: Batcher | None = None

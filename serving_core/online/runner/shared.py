@@ -11,11 +11,11 @@ from collections.abc import Callable, Sequence
 
 from serving_core.engine.observer import Observer
 from serving_core.modelprocess.client import RemoteBatcher
-from serving_core.online.runner.queued import Queued
+from serving_core.online.runner.queued import QueuedRunner
 from serving_core.runtime import Runtime
 
 
-class SharedRunner(Queued):
+class SharedRunner(QueuedRunner):
     def __init__(
         self,
         sockets: Sequence[str],

@@ -29,7 +29,7 @@ from serving_core.context import Context
 from serving_core.errors import BadGateway, DeadlineExceeded, InvalidParams
 from serving_core.handler import Handler, Output, Params
 from serving_core.pipeline import transport
-from serving_core.pipeline.client import Failure, Outcome, StageClient
+from serving_core.pipeline.client import Outcome, StageClient, StageFailure
 from serving_core.pipeline.config import PipelineError, PipelineSpec, StageSpec, read
 from serving_core.runtime import THREADS, Runtime
 
@@ -168,7 +168,7 @@ class Pipeline(Handler):
         score = outcome.output.get(self.spec.score_field)
         if isinstance(score, int | float) and not isinstance(score, bool):
             return outcome
-        failure = Failure(
+        failure = StageFailure(
             "invalid_response",
             f"its answer has no numeric {self.spec.score_field!r} to compare",
         )

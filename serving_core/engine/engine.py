@@ -37,7 +37,7 @@ from serving_core.handler import (
     is_batched,
 )
 
-log = logging.getLogger("serving_core.engine.core")
+log = logging.getLogger("serving_core.engine.engine")
 
 Result = Output | ServingError
 # A 400 names this many schema errors at most, each quoting a short part of the

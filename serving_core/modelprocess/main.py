@@ -18,7 +18,7 @@ from typing import Any, TypeAlias
 from serving_core.context import Context
 from serving_core.cores import usable_cores
 from serving_core.engine.batcher import Batcher
-from serving_core.engine.core import Engine
+from serving_core.engine.engine import Engine
 from serving_core.engine.observer import Observer
 from serving_core.engine.pending import Pending
 from serving_core.engine.policy import make_policy
@@ -27,7 +27,7 @@ from serving_core.modelprocess.protocol import Answer, Request, recv_frame, send
 from serving_core.settings import Settings
 from serving_core.threads import set_model_threads
 
-log = logging.getLogger("serving_core.modelprocess.server")
+log = logging.getLogger("serving_core.modelprocess.main")
 
 WARM_UP_TIMEOUT_S = 600.0
 # The master's word to stop: SIGTERM is ignored in the model process, since a

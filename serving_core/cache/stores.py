@@ -16,9 +16,9 @@ from serving_core.cache.store import Store
 from serving_core.settings.secrets import masked
 
 STORES: dict[str, str] = {
-    "redis": "serving_core.cache.redis",
-    "rediss": "serving_core.cache.redis",
-    "unix": "serving_core.cache.redis",
+    "redis": "serving_core.cache.redisstore",
+    "rediss": "serving_core.cache.redisstore",
+    "unix": "serving_core.cache.redisstore",
 }
 
 VARIABLE = "SERVING_CACHE_URL"

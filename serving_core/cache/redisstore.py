@@ -1,5 +1,5 @@
 """The inference cache in Redis, shared by every worker and replica: the store of
-``redis://``, ``rediss://`` (TLS) and ``unix://`` (``cache.backend``).
+``redis://``, ``rediss://`` (TLS) and ``unix://`` (``cache.stores``).
 
 Redis and the gevent hub. gevent workers patch sockets but not ``threading``
 (``process/workers/green.py``), so a native lock held by a greenlet across socket I/O would

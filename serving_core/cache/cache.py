@@ -38,15 +38,15 @@ from concurrent.futures import Future
 from typing import Any, Literal, Protocol
 
 from serving_core import encoding
-from serving_core.cache.backend import open_store
 from serving_core.cache.key import Keyer
-from serving_core.cache.memory import MemoryStore
+from serving_core.cache.memorystore import MemoryStore
 from serving_core.cache.store import Store, StoreError, StoreUnavailable
+from serving_core.cache.stores import open_store
 from serving_core.errors import DeadlineExceeded, NotReady, Overloaded, RequestTimeout
 from serving_core.handler import Handler, Output, handler_name
 from serving_core.settings import Settings
 
-log = logging.getLogger("serving_core.cache.core")
+log = logging.getLogger("serving_core.cache.cache")
 
 CacheResult = Literal["hit", "miss", "coalesced"]
 NewFuture = Callable[[], "Future[Any]"]
@@ -61,7 +61,7 @@ class _LeaderGaveUp(Exception):
 
 
 class CacheObserver(Protocol):
-    """What the cache reports; ``metrics.core.Metrics`` implements it."""
+    """What the cache reports; ``metrics.metrics.Metrics`` implements it."""
 
     def cache_request(self, result: CacheResult) -> None: ...
 

@@ -14,7 +14,7 @@ import importlib
 from typing import Protocol, cast
 
 from serving_core.settings.secrets import masked
-from serving_core.stream.base import Sink, Source
+from serving_core.stream.base import MessageSink, MessageSource
 
 BROKERS: dict[str, str] = {
     "amqp": "serving_core.stream.amqp",  # RabbitMQ
@@ -39,12 +39,12 @@ class Broker(Protocol):
 
     def check_sink(self, url: str) -> None: ...
 
-    def open_source(self, url: str, batch_size: int, consumer: str) -> Source:
+    def open_source(self, url: str, batch_size: int, consumer: str) -> MessageSource:
         """``batch_size``: what one take asks for at most; ``consumer``: this
         process's name, unique among the consumers of the source."""
         ...
 
-    def open_sink(self, url: str) -> Sink: ...
+    def open_sink(self, url: str) -> MessageSink: ...
 
 
 def broker(url: str, variable: str) -> Broker:
@@ -77,11 +77,11 @@ def check(source: str, sink: str, dead_letter: str) -> None:
             raise ValueError(f"{variable}={error}") from None
 
 
-def open_source(url: str, batch_size: int, consumer: str) -> Source:
+def open_source(url: str, batch_size: int, consumer: str) -> MessageSource:
     """SERVING_STREAM_SOURCE's reader."""
     return broker(url, SOURCE).open_source(url, batch_size, consumer)
 
 
-def open_sink(url: str, variable: str = SINK) -> Sink:
+def open_sink(url: str, variable: str = SINK) -> MessageSink:
     """A sink for results (or dead letters: ``variable`` names the setting in errors)."""
     return broker(url, variable).open_sink(url)

@@ -24,13 +24,13 @@ from serving_core.grpc.keys import KeyCheck
 from serving_core.grpc.proto import grpc_predict_v2_pb2 as pb
 from serving_core.grpc.proto import grpc_predict_v2_pb2_grpc as pb_grpc
 from serving_core.grpc.servicer import SERVICE, InferenceServicer
-from serving_core.metrics.core import Metrics
+from serving_core.metrics.metrics import Metrics
 from serving_core.online.door import FrontDoor
 from serving_core.online.service import Service
 from serving_core.settings import Settings
 from serving_core.v2.model import Model
 
-log = logging.getLogger("serving_core.grpc.server")
+log = logging.getLogger("serving_core.grpc.front")
 
 
 class GrpcFront:

@@ -43,7 +43,7 @@ from serving_core.errors import Unauthorized
 from serving_core.settings import Settings, SettingsError
 from serving_core.settings.parsers import MIN_KEY_CHARS, api_keys
 
-log = logging.getLogger("serving_core.web.access")
+log = logging.getLogger("serving_core.web.guard")
 
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})
 # Without SERVING_PRIVATE_ENDPOINTS: open even with keys, so Prometheus needs none.
