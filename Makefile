@@ -65,7 +65,7 @@ HANDLER_DIR ?= $(DEFAULT_HANDLER_DIR)
 SHARED_DIRS ?=
 IMAGE ?= serving-core:$(notdir $(patsubst %/,%,$(HANDLER_DIR)))$(if $(filter-out cpu,$(TORCH_VARIANT)),-$(TORCH_VARIANT))
 
-.PHONY: serve test test-template fuzz lint typecheck docs check image install install-dev install-handlers \
+.PHONY: serve test test-fast test-template fuzz lint typecheck docs check image install install-dev install-handlers \
 	system-deps bench clean docs-settings chart-docs chart-docs-tools
 
 ## make serve: install the framework and $SERVING_HANDLER's requirements, then serve it.
@@ -76,6 +76,11 @@ serve: $(BIN)/.runtime $(call stamps,$(SERVE_DIR))
 ## run the suite (tests/container builds both images and runs them, with docker or podman).
 test: install-dev install-handlers system-deps chart-docs-tools lint typecheck docs check
 	$(BIN)/pytest
+
+## make test-fast: the suite for the edit-test loop, without what starts real servers (e2e:
+## gunicorn, nginx, the brokers), the real model, the images and the template's clone.
+test-fast: install-dev install-handlers system-deps chart-docs-tools
+	$(BIN)/pytest -m 'not e2e and not model and not container and not template'
 
 ## make test-template: the template made a new owner's on a fresh clone (init a handler, point
 ## image.yml at it, delete the examples) passes make test there (tests/deploy/test_template.py; CI runs it).

@@ -10,6 +10,7 @@ import pytest
 from serving_core.loading import load_handler
 from serving_core.process.server import build
 from serving_core.settings import Settings
+from tests import servers
 
 HANDLERS = Path(__file__).parent / "handlers"
 PROBE = str(HANDLERS / "probe" / "handler.py")
@@ -30,7 +31,10 @@ def _without(names: tuple[str, ...]) -> str:
     )
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
+    # Before the fixtures: a server they start checks the test's markers.
+    servers.RUNNING[:] = [item]
     for mark in item.iter_markers("example"):
         if reason := _without(mark.args):
             pytest.skip(reason)

@@ -25,7 +25,7 @@ from typing import Any
 
 import requests
 
-from tests.servers import ROOT, free_port, stop
+from tests.servers import ROOT, free_port, require_marker, stop
 
 ENTRYPOINT = ROOT / "nginx" / "entrypoint.sh"
 TEMPLATES = ROOT / "nginx" / "templates"
@@ -138,6 +138,7 @@ def nginx_server(
     upstream: str, settings: Mapping[str, str] | None = None, *, ready_timeout_s: float = 15.0
 ) -> Iterator[Nginx]:
     """Run nginx in front of ``upstream`` (host:port or unix:/path), started by the entrypoint."""
+    require_marker("e2e", "nginx")
     with tempfile.TemporaryDirectory(prefix="serving-nginx-") as tmp:
         root = Path(tmp)
         # Run as root, nginx's workers drop to nobody: they must reach the temp dirs.

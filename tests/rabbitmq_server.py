@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from tests.servers import free_port, stop
+from tests.servers import free_port, require_marker, stop
 
 # The script itself, not /usr/sbin's wrapper, which switches to the rabbitmq user.
 RABBITMQ_SERVER = "/usr/lib/rabbitmq/bin/rabbitmq-server"
@@ -149,6 +149,7 @@ def _answers_amqp(port: int) -> bool:
 @contextlib.contextmanager
 def rabbitmq_server(*, ready_timeout_s: float = 120.0) -> Iterator[RabbitMQServer]:
     """Run rabbitmq-server on free ports; yields it once it accepts AMQP connections."""
+    require_marker("e2e", "rabbitmq-server")
     with tempfile.TemporaryDirectory(prefix="serving-rabbitmq-") as tmp:
         server = RabbitMQServer(Path(tmp), ready_timeout_s)
         try:

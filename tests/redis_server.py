@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from tests.servers import free_port, stop
+from tests.servers import free_port, require_marker, stop
 
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
 
@@ -34,6 +34,7 @@ def redis_server(
     ``options`` come last, so they override the defaults (``--appendonly yes``).
     ``data_dir``: its files there, for a server started again on what one left
     (``port``: on the port the last one had, so that its clients find it again)."""
+    require_marker("e2e", "redis-server")
     port = port or free_port()
     with tempfile.TemporaryDirectory(prefix="serving-redis-") as own:
         tmp = str(data_dir or own)

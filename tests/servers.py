@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+import pytest
 import requests
 import yaml
 
@@ -86,6 +87,24 @@ def free_port() -> int:
             return port
 
 
+# The test being set up or run (conftest records it before its fixtures start).
+RUNNING: list[pytest.Item] = []
+
+
+def require_marker(marker: str, what: str) -> None:
+    """Fail the running test if it starts ``what`` without carrying ``marker``.
+
+    `make test-fast` leaves tests out by their markers (pyproject's list), chosen
+    before anything runs: a test, or its fixture's param, says that it starts one."""
+    if RUNNING and RUNNING[-1].get_closest_marker(marker) is None:
+        pytest.fail(
+            f"{RUNNING[-1].nodeid} starts {what}: mark it @pytest.mark.{marker} (a fixture's "
+            f"param: pytest.param(..., marks=pytest.mark.{marker})), so that make test-fast "
+            "leaves it out",
+            pytrace=False,
+        )
+
+
 @dataclass
 class Server:
     process: subprocess.Popen[bytes]
@@ -114,6 +133,7 @@ def gunicorn_server(
     overrides: Mapping[str, str], *, ready_timeout_s: float = 90.0, wait_ready: bool = True
 ) -> Iterator[Server]:
     """Run ``serving-core serve`` with ``overrides`` on a free port; yields once /readyz is 200."""
+    require_marker("e2e", "serving-core serve")
     overrides = dict(overrides)
     port = free_port()
     overrides.setdefault("SERVING_BIND", f"127.0.0.1:{port}")
@@ -216,6 +236,7 @@ def job_worker(
 ) -> Iterator[tuple[subprocess.Popen[bytes], str, Path]]:
     """Run ``serving-core worker`` (the probe handler unless ``overrides`` names one) with
     its /healthz on a free port; yields (process, health URL, log path) once healthy."""
+    require_marker("e2e", "serving-core worker")
     port = free_port()
     log_path = log_dir / f"worker-{port}.log"
     env = {

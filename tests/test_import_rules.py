@@ -72,8 +72,12 @@ def test_the_package_keeps_every_rule(tree: Path) -> None:
             "The layers point down only",
         ),
         ("engine/engine.py", "import serving_core.web.app", "The layers point down only"),
-        ("handler.py", "import serving_core.encoding", "The handler contract imports nothing"),
+        # The handler contract's modules are the bottom row: nothing above them.
+        ("handler.py", "import serving_core.encoding", "The layers point down only"),
+        ("settings/parsers.py", "import serving_core.online.service", "The layers point down only"),
         ("process/hooks.py", "import grpc", "grpcio and protobuf are imported only in grpc"),
+        ("engine/engine.py", "from google.protobuf import message", "grpcio and protobuf are"),
+        ("web/docs.py", "import flask_swagger_ui", "flask-swagger-ui is read as files"),
         # The consumers' loops run in forked processes, but know nothing of forking.
         ("loops/stream.py", "import serving_core.process.prefork", "The layers point down only"),
         ("loops/jobs.py", "import gevent", "gunicorn and gevent are imported only in"),
@@ -95,3 +99,27 @@ def test_a_reversed_rule_fails(tree: Path, module: str, line: str, broken: str) 
     assert [v for name, v in found.items() if name.startswith(broken)] == ["BROKEN"], result.stdout
     leaf = module.removesuffix(".py").replace("/", ".")
     assert f"serving_core.{leaf}" in result.stdout or f".{leaf.split('.')[-1]}" in result.stdout
+
+
+def test_the_root_package_is_held_to_the_stack_rules(tree: Path) -> None:
+    # Every handler module loads serving_core/__init__.py: it stays off the web stack.
+    init = tree / "serving_core" / "__init__.py"
+    init.write_text(init.read_text() + "\nimport flask\n")
+    result = lint_imports(tree)
+    assert result.returncode != 0, result.stdout
+    found = verdicts(result.stdout)
+    assert found["Flask and werkzeug are imported only in web and process"] == "BROKEN"
+    assert "serving_core -> flask" in result.stdout
+
+
+def test_a_new_package_is_held_to_the_stack_rules_with_no_edit(tree: Path) -> None:
+    # The stack contracts name who may import a stack, not who may not.
+    package = tree / "serving_core" / "newpart"
+    package.mkdir()
+    (package / "__init__.py").write_text('"""A package the contracts do not name."""\n')
+    (package / "run.py").write_text('"""Reaches for gunicorn."""\n\nimport gunicorn\n')
+    result = lint_imports(tree)
+    assert result.returncode != 0, result.stdout
+    found = verdicts(result.stdout)
+    assert found["gunicorn and gevent are imported only in process"] == "BROKEN", result.stdout
+    assert "serving_core.newpart.run -> gunicorn" in result.stdout

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 import io
 import re
 from collections.abc import Iterator
@@ -21,7 +20,7 @@ import pytest
 import yaml
 
 from serving_core.commands.cli import main as serving_core_main
-from serving_core.settings import PREFIX, Settings
+from serving_core.settings import PREFIX
 from tests.deploy.keda_crd import SCALED_OBJECT, TRIGGER_METADATA
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -187,14 +186,6 @@ STREAM_SETTINGS = {
     "deadLetter": "SERVING_STREAM_DEAD_LETTER",
     "maxAttempts": "SERVING_STREAM_MAX_ATTEMPTS",
 }
-# Issue 26 adds the stream settings to serving-core while the chart gets them: until
-# this checkout's Settings has them, the checks that need them skip with this reason.
-STREAM_PENDING = (
-    "serving-core's Settings has no SERVING_STREAM_* fields in this checkout yet (issue 26); "
-    "the chart's stream worker sets them"
-    if "stream_source" not in {f.name for f in dataclasses.fields(Settings)}
-    else ""
-)
 
 
 # What a Secret holds where a setting comes from one: a secretKeyRef cannot be
@@ -221,16 +212,6 @@ def serving_env(container: dict[str, Any]) -> dict[str, str]:
         else:
             env[name] = entry["value"]
     return env
-
-
-# Commands the chart runs that issue 10 is adding to serving-core right now; the
-# tests skip with this reason until the checkout has them, then check them.
-PENDING_COMMANDS = {
-    "batch": "serving-core has no `batch` command in this checkout yet (issue 10); "
-    "the chart's batch Job runs `serving-core batch ARGS [--shards N]`",
-    "stream": "serving-core has no `stream` command in this checkout yet (issue 26); "
-    "the chart's stream Deployment runs `serving-core stream`",
-}
 
 
 def serving_core_commands() -> set[str]:

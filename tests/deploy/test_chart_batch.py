@@ -14,7 +14,6 @@ from tests.deploy.chart import (
     BATCH,
     CACHE_SECRET,
     KUBE_VERSIONS,
-    PENDING_COMMANDS,
     POD_KNOBS,
     VALUE_SETS,
     containers,
@@ -22,7 +21,6 @@ from tests.deploy.chart import (
     find,
     pod_spec,
     render,
-    serving_core_commands,
     tagged,
     validate,
 )
@@ -229,8 +227,6 @@ def test_batch_example_is_a_nightly_cronjob_of_four_shards_writing_to_a_volume(
 
 
 def test_the_batch_command_takes_the_flags_the_chart_passes() -> None:
-    if "batch" not in serving_core_commands():
-        pytest.skip(PENDING_COMMANDS["batch"])
     help_text = io.StringIO()
     with contextlib.redirect_stdout(help_text), pytest.raises(SystemExit):
         serving_core_main(["batch", "--help"])

@@ -18,8 +18,6 @@ from tests.deploy.chart import (
     BATCH,
     CACHE_SECRET,
     CHART,
-    PENDING_COMMANDS,
-    STREAM_PENDING,
     STREAM_SETTINGS,
     VALUE_SETS,
     containers,
@@ -124,8 +122,6 @@ def test_settings_table_covers_every_serving_value(chart: helm.Chart) -> None:
 
 def test_the_chart_sets_exactly_the_settings_serving_core_has() -> None:
     fields = {PREFIX + f.name.upper() for f in dataclasses.fields(Settings)}
-    if STREAM_PENDING:
-        fields |= set(STREAM_SETTINGS.values())
     assert {row[2] for row in SETTINGS_TABLE} | CHART_MANAGED | set(STREAM_SETTINGS.values()) == (
         fields
     )
@@ -172,11 +168,7 @@ def test_every_serving_core_container_starts_without_a_settings_error(
     assert runs_serving_core
     if VALUE_SETS[values_name].get("worker", {}).get("enabled"):
         assert "worker" in {c["name"] for c in runs_serving_core}
-    pending = False
     for container in runs_serving_core:
-        if container["name"] == "stream" and STREAM_PENDING:
-            pending = True
-            continue
         # The whole env, extraEnv included: a SERVING_* name there reaches Settings too;
         # then the URLs' own checks, which start-up runs before a model loads.
         env = serving_env(container)
@@ -189,8 +181,6 @@ def test_every_serving_core_container_starts_without_a_settings_error(
                 )
         except (SettingsError, ValueError) as exc:
             pytest.fail(f"{values_name}, container {container['name']}: {exc}")
-    if pending:
-        pytest.skip(STREAM_PENDING)
 
 
 def test_the_settings_check_sees_extra_env() -> None:
@@ -205,18 +195,12 @@ def test_every_serving_core_command_the_chart_runs_exists(
     chart: helm.Chart, values_name: str
 ) -> None:
     commands = serving_core_commands()
-    pending = []
     for container in serving_core_containers(render(chart, VALUE_SETS[values_name])):
         probes = [container.get(p, {}).get("exec", {}) for p in ("startupProbe", "readinessProbe")]
         probes.append(container.get("livenessProbe", {}).get("exec", {}))
         for argv in [container["command"], *(p["command"] for p in probes if p)]:
             assert argv[0] == "serving-core"
-            if argv[1] in PENDING_COMMANDS and argv[1] not in commands:
-                pending.append(argv[1])
-                continue
             assert argv[1] in commands, argv
-    if pending:
-        pytest.skip(PENDING_COMMANDS[pending[0]])
 
 
 def test_workers_threads_and_handler_are_left_to_serving_core_by_default(

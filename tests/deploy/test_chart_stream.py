@@ -23,7 +23,6 @@ from tests.deploy.chart import (
     KUBE_VERSIONS,
     MONITORING,
     POD_KNOBS,
-    STREAM_PENDING,
     STREAM_SETTINGS,
     VALUE_SETS,
     containers,
@@ -32,7 +31,6 @@ from tests.deploy.chart import (
     is_subset,
     lint_errors,
     render,
-    serving_core_commands,
     serving_env,
     tagged,
     validate,
@@ -139,11 +137,9 @@ def test_stream_settings_reach_its_container_as_serving_stream_env(chart: helm.C
     assert not [name for name in env_of(app) if name.startswith("SERVING_STREAM_")]
     assert stream["securityContext"] == app["securityContext"]
     assert stream["resources"] == app["resources"]
-    if STREAM_PENDING:
-        pytest.skip(STREAM_PENDING)
     settings = Settings.from_env(serving_env(stream), cores=2)
-    assert settings.stream_source == URLS["source"]  # type: ignore[attr-defined]
-    assert settings.stream_max_attempts == 5  # type: ignore[attr-defined]
+    assert settings.stream_source == URLS["source"]
+    assert settings.stream_max_attempts == 5
 
 
 def test_stream_urls_from_secrets_are_references_never_values(chart: helm.Chart) -> None:
@@ -239,11 +235,6 @@ def test_stream_names_fit_what_kubernetes_allows(chart: helm.Chart) -> None:
     ]
     assert len(names) == 3
     assert all(len(name) <= 63 for name in names), names
-
-
-def test_the_stream_command_exists() -> None:
-    if "stream" not in serving_core_commands():
-        pytest.skip("serving-core has no `stream` command in this checkout yet (issue 26)")
 
 
 # --- KEDA: rabbitmq for an amqp:// source, redis-streams for a redis:// one ---------

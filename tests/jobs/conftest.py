@@ -23,7 +23,7 @@ def redis_url() -> Iterator[str]:
         yield url
 
 
-@pytest.fixture(params=["sqlite", "redis"])
+@pytest.fixture(params=["sqlite", pytest.param("redis", marks=pytest.mark.e2e)])
 def make_queue(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[MakeQueue]:
     """Opens queues on one backend; every queue a test opens shares one queue name."""
     url = request.getfixturevalue("redis_url") if request.param == "redis" else ""

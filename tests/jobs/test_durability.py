@@ -5,6 +5,7 @@ keeps its jobs across a SIGKILL and a restart."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -36,10 +37,8 @@ os.kill(os.getpid(), signal.SIGKILL)
 @pytest.mark.parametrize("backend", ["sqlite", "redis"])
 def test_a_job_accepted_by_a_process_killed_right_after_is_taken_later(backend, tmp_path):
     name = f"kill-{uuid.uuid4().hex[:8]}"
-    with redis_server() as url:
-        settings = Settings(
-            jobs_url=url if backend == "redis" else "", jobs_path=str(tmp_path / "q.db")
-        )
+    with redis_server() if backend == "redis" else contextlib.nullcontext("") as url:
+        settings = Settings(jobs_url=url, jobs_path=str(tmp_path / "q.db"))
         command = [
             sys.executable,
             "-c",

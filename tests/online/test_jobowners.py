@@ -47,7 +47,7 @@ def started() -> Iterator[Callable[..., tuple[Any, Any]]]:
         service.stop()
 
 
-@pytest.fixture(params=["sqlite", "redis"])
+@pytest.fixture(params=["sqlite", pytest.param("redis", marks=pytest.mark.e2e)])
 def backend(request: pytest.FixtureRequest) -> dict[str, str]:
     if request.param == "sqlite":
         return {}

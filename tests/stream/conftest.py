@@ -49,7 +49,7 @@ def rabbitmq() -> Iterator[RabbitMQServer]:
         yield running
 
 
-@pytest.fixture(params=list(BROKERS))
+@pytest.fixture(params=[pytest.param(name, marks=pytest.mark.e2e) for name in BROKERS])
 def broker(request: pytest.FixtureRequest) -> Iterator[Broker]:
     with BROKERS[request.param](request) as running:
         yield running

@@ -29,6 +29,7 @@ def produce(url: str, count: int) -> None:
     client.close()
 
 
+@pytest.mark.e2e
 def test_a_source_reads_body_id_and_headers_and_counts_its_lag(url: str) -> None:
     produce(url, 5)
     source = open_source(f"{url}?stream=in", 3, "a")
@@ -47,6 +48,7 @@ def test_a_source_reads_body_id_and_headers_and_counts_its_lag(url: str) -> None
     client.close()
 
 
+@pytest.mark.e2e
 def test_a_reconnected_consumer_reads_its_own_pending_entries_first(url: str) -> None:
     produce(url, 4)
     source = RedisSource(f"{url}?stream=in", batch_size=2, consumer="a")
@@ -59,6 +61,7 @@ def test_a_reconnected_consumer_reads_its_own_pending_entries_first(url: str) ->
     assert [m.id for m in source.take(2, 0.1)] == ["m-2", "m-3"]
 
 
+@pytest.mark.e2e
 def test_a_dead_consumers_entries_are_claimed_once_idle(url: str) -> None:
     produce(url, 3)
     query = f"{url}?stream=in&group=g&claim_idle_ms=200"
@@ -71,6 +74,7 @@ def test_a_dead_consumers_entries_are_claimed_once_idle(url: str) -> None:
     assert live.lag() == 0
 
 
+@pytest.mark.e2e
 def test_a_sink_adds_id_body_and_headers_and_trims_to_maxlen(url: str) -> None:
     sink = open_sink(f"{url}?stream=out&maxlen=10")
     assert isinstance(sink, RedisSink)
@@ -82,6 +86,7 @@ def test_a_sink_adds_id_body_and_headers_and_trims_to_maxlen(url: str) -> None:
     client.close()
 
 
+@pytest.mark.e2e
 def test_sent_results_are_stored_once_confirmed_and_a_refusal_is_a_broker_error(
     url: str,
 ) -> None:
@@ -106,6 +111,7 @@ def test_sent_results_are_stored_once_confirmed_and_a_refusal_is_a_broker_error(
         client.close()
 
 
+@pytest.mark.e2e
 def test_a_lost_redis_is_a_broker_error() -> None:
     with redis_server() as gone:
         pass

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urljoin
 
+import pytest
 import requests
 
 from tests.conftest import PROBE, make_app
@@ -206,6 +207,7 @@ def click(tools: DevTools, session: str, selector: str) -> None:
     )
 
 
+@pytest.mark.e2e
 def test_docs_page_renders_predict_and_try_it_out_returns_200_offline():
     ARTIFACTS.mkdir(exist_ok=True)
     with gunicorn_server({"SERVING_HANDLER": PROBE, "SERVING_WORKERS": "1"}) as server:
@@ -246,6 +248,7 @@ def test_docs_page_renders_predict_and_try_it_out_returns_200_offline():
         assert '"POST /predict HTTP/1.1" 200' in server.output()
 
 
+@pytest.mark.e2e
 def test_a_real_server_with_docs_disabled_answers_404():
     env = {"SERVING_HANDLER": PROBE, "SERVING_WORKERS": "1", "SERVING_DOCS_ENABLED": "false"}
     with gunicorn_server(env) as server:
