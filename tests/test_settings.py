@@ -116,7 +116,7 @@ def test_non_serving_variables_are_ignored():
         ("SERVING_BIND", "unix:", "names no socket path"),
         ("SERVING_LOG_LEVEL", "loud", "is not one of"),
         # A backend's URL needs a scheme here; its store, broker or queue checks the
-        # rest (tests/cache/test_backend.py, tests/stream/test_backend.py,
+        # rest (tests/cache/test_stores.py, tests/stream/test_brokers.py,
         # tests/jobs/test_backends.py).
         ("SERVING_CACHE_URL", "cache:6379", "is not a URL; use SCHEME://"),
         ("SERVING_STREAM_SOURCE", "queue", "is not a URL; use SCHEME://"),
@@ -280,7 +280,7 @@ def test_a_bad_body_limit_or_proxy_names_itself(name, value, expected):
 
 
 def test_the_job_queue_url_says_what_an_empty_one_means():
-    # Not the cache's wording (tests/cache/test_backend.py): empty is the SQLite file here.
+    # Not the cache's wording (tests/cache/test_stores.py): empty is the SQLite file here.
     with pytest.raises(SettingsError) as info:
         Settings.from_env({"SERVING_JOBS_URL": "jobs.db"}, cores=1)
     assert "leave it empty for the SQLite file at SERVING_JOBS_PATH" in str(info.value)
