@@ -15,7 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -130,9 +130,14 @@ def base_env(overrides: Mapping[str, str]) -> dict[str, str]:
 
 @contextlib.contextmanager
 def gunicorn_server(
-    overrides: Mapping[str, str], *, ready_timeout_s: float = 90.0, wait_ready: bool = True
+    overrides: Mapping[str, str],
+    *,
+    ready_timeout_s: float = 90.0,
+    wait_ready: bool = True,
+    args: Sequence[str] = (),
 ) -> Iterator[Server]:
-    """Run ``serving-core serve`` with ``overrides`` on a free port; yields once /readyz is 200."""
+    """Run ``serving-core serve [ARGS]`` with ``overrides`` on a free port; yields once
+    /readyz is 200."""
     require_marker("e2e", "serving-core serve")
     overrides = dict(overrides)
     port = free_port()
@@ -143,7 +148,7 @@ def gunicorn_server(
         # Its own job queue file: the default one is shared by the whole machine.
         overrides.setdefault("SERVING_JOBS_PATH", str(Path(tmp) / "jobs.db"))
         log_path = Path(tmp) / "server.log"
-        process = spawn("serve", overrides, log_path)
+        process = spawn("serve", overrides, log_path, args)
         server = Server(process, bind, url, log_path)
         try:
             if wait_ready:
@@ -160,12 +165,14 @@ def gunicorn_server(
             stop(process, quick=True)
 
 
-def spawn(command: str, overrides: Mapping[str, str], log_path: Path) -> subprocess.Popen[bytes]:
-    """``serving-core COMMAND`` in a process group of its own (``stop`` ends it whole),
+def spawn(
+    command: str, overrides: Mapping[str, str], log_path: Path, args: Sequence[str] = ()
+) -> subprocess.Popen[bytes]:
+    """``serving-core COMMAND [ARGS]`` in a process group of its own (``stop`` ends it whole),
     stdout and stderr into ``log_path``."""
     with log_path.open("wb") as log:
         return subprocess.Popen(
-            [str(SERVING_CORE), command],
+            [str(SERVING_CORE), command, *args],
             cwd=ROOT,
             env=base_env(overrides),
             stdout=log,

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import importlib.metadata
 import os
 import sys
 from collections.abc import Sequence
@@ -26,21 +28,26 @@ def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="serving-core", description="Serve a handler.py with batching and gunicorn."
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser(
-        "serve", help="serve SERVING_HANDLER with gunicorn (settings from SERVING_* variables)"
-    )
-    commands.add_parser(
-        "worker",
-        help="run SERVING_HANDLER over its job queue (POST /jobs), in batches; "
-        "/healthz and /metrics on SERVING_BIND",
-    )
-    commands.add_parser(
-        "stream",
-        help="run SERVING_HANDLER over SERVING_STREAM_SOURCE's messages (RabbitMQ or Redis "
-        "Streams), in batches, results to SERVING_STREAM_SINK; /healthz and /metrics on "
-        "SERVING_BIND",
-    )
+    for verb, help_ in (
+        ("serve", "serve the handler with gunicorn (settings from SERVING_* variables)"),
+        (
+            "worker",
+            "run the handler over its job queue (POST /jobs), in batches; "
+            "/healthz and /metrics on SERVING_BIND",
+        ),
+        (
+            "stream",
+            "run the handler over SERVING_STREAM_SOURCE's messages, in batches, results to "
+            "SERVING_STREAM_SINK; /healthz and /metrics on SERVING_BIND",
+        ),
+    ):
+        commands.add_parser(verb, help=help_).add_argument(
+            "handler",
+            nargs="?",
+            help="handler.py path, its folder, or module[:Class] (default: SERVING_HANDLER)",
+        )
     check = commands.add_parser(
         "check", help="load a handler, run its sample request, print the output"
     )
@@ -74,6 +81,9 @@ def _run(args: argparse.Namespace) -> int:
         return init.main(args.name, Path(args.dir))
     try:
         settings = Settings.from_env(os.environ)
+        if getattr(args, "handler", None) and args.command != "check":
+            # As SERVING_HANDLER would: the same parser checks it.
+            settings = dataclasses.replace(settings, handler=args.handler)
     except SettingsError as exc:
         raise Failure(str(exc)) from exc
     if args.command == "healthcheck":
@@ -93,6 +103,13 @@ def _run(args: argparse.Namespace) -> int:
     from serving_core.commands import serve
 
     return serve.main(settings)
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("serving-core")
+    except importlib.metadata.PackageNotFoundError:  # run from a checkout, not installed
+        return "unknown"
 
 
 def _consume(command: str, settings: Settings) -> int:

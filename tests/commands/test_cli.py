@@ -5,8 +5,11 @@ import subprocess
 import textwrap
 
 import pytest
+import requests
 
 from tests.servers import ROOT, SERVING_CORE, base_env, gunicorn_server
+
+STREAM_ENDS = ("SOURCE", "SINK", "DEAD_LETTER")
 
 
 def check(*args):
@@ -80,6 +83,14 @@ def test_check_reports_invalid_params():
     [
         (["healthcheck"], {"SERVING_WORKERS": "zero"}, "SERVING_WORKERS='zero' is not an integer"),
         (["serve"], {"SERVING_HANDLER": "nowhere"}, "handler module 'nowhere' was not found"),
+        # The verb's argument wins over SERVING_HANDLER, for serve, worker and stream.
+        (["serve", "elsewhere"], {}, "handler module 'elsewhere' was not found"),
+        (["worker", "elsewhere"], {}, "handler module 'elsewhere' was not found"),
+        (
+            ["stream", "elsewhere"],
+            {f"SERVING_STREAM_{end}": "redis://127.0.0.1:1/0?stream=s" for end in STREAM_ENDS},
+            "handler module 'elsewhere' was not found",
+        ),
         (["check", "handlers/echo", "--params", "{"], {}, "--params is not JSON: "),
         (["check", "handlers/echo", "--params", "[1]"], {}, "must be a JSON object"),
     ],
@@ -115,6 +126,24 @@ def test_healthcheck_follows_the_bind_tcp_or_unix_socket(tmp_path, unix):
     assert "404" in missing.stderr
     down = healthcheck({"SERVING_BIND": server.bind})
     assert down.returncode == 1
+
+
+def test_version_names_the_installed_package():
+    result = subprocess.run(
+        [str(SERVING_CORE), "--version"], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert result.stdout.startswith("serving-core ")
+    assert result.stdout.split()[1][0].isdigit()
+
+
+@pytest.mark.example("echo")
+@pytest.mark.e2e
+def test_serve_takes_the_handler_as_its_argument():
+    with gunicorn_server(
+        {"SERVING_HANDLER": "nowhere", "SERVING_WORKERS": "1"}, args=["handlers/echo"]
+    ) as server:
+        answer = requests.post(f"{server.url}/predict", json={"text": "hi"}, timeout=10)
+    assert answer.json() == {"echo": {"text": "hi"}}
 
 
 def healthcheck(env, *args):
