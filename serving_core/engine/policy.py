@@ -24,6 +24,8 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from serving_core.engine.costmodel import CostModel
+from serving_core.engine.engine import Engine
+from serving_core.settings import BatchPolicy, Settings
 
 
 class QueuedItem(Protocol):
@@ -37,10 +39,20 @@ class QueuedItem(Protocol):
 class Policy:
     name = "base"
 
-    def __init__(self, *, max_batch_size: int, max_wait_s: float, cost: CostModel) -> None:
+    def __init__(
+        self,
+        *,
+        max_batch_size: int,
+        max_wait_s: float,
+        cost: CostModel,
+        open_connections: Callable[[], int | None] = lambda: None,
+    ) -> None:
+        """``open_connections``: the client connections that could still send a
+        request (``None``: unknown); a policy may ignore it."""
         self.max_batch_size = max_batch_size
         self.max_wait_s = max_wait_s
         self.cost = cost
+        self._open_connections = open_connections
 
     def dispatch_at(self, queue: Sequence[QueuedItem], now: float) -> float:
         """Monotonic time at which to run what is queued; ``<= now`` means now."""
@@ -165,9 +177,13 @@ class Adaptive(Policy):
         cost: CostModel,
         open_connections: Callable[[], int | None] = lambda: None,
     ) -> None:
-        super().__init__(max_batch_size=max_batch_size, max_wait_s=max_wait_s, cost=cost)
+        super().__init__(
+            max_batch_size=max_batch_size,
+            max_wait_s=max_wait_s,
+            cost=cost,
+            open_connections=open_connections,
+        )
         self.arrivals = ArrivalGaps()
-        self._open_connections = open_connections
         self._answered = -math.inf  # when the last batch ended
 
     def arrived(self, now: float) -> None:
@@ -196,19 +212,42 @@ class Adaptive(Policy):
         return max(now, at)
 
 
+# The policies by SERVING_BATCH_POLICY's name. The names themselves are the
+# settings' ``BatchPolicy`` (the contract layer imports no engine);
+# tests/engine/test_policy.py checks that the two agree.
+POLICIES: dict[BatchPolicy, type[Policy]] = {"adaptive": Adaptive, "fixed": FixedWindow}
+
+
 def make_policy(
-    name: str,
+    name: BatchPolicy,
     *,
     max_batch_size: int,
     max_wait_ms: float,
     open_connections: Callable[[], int | None] = lambda: None,
 ) -> Policy:
-    cost = CostModel()
-    if name == "fixed":
-        return FixedWindow(max_batch_size=max_batch_size, max_wait_s=max_wait_ms / 1000, cost=cost)
-    return Adaptive(
+    try:
+        kind = POLICIES[name]
+    except KeyError:
+        raise ValueError(
+            f"no batch policy {name!r}: use one of {', '.join(sorted(POLICIES))}"
+        ) from None
+    return kind(
         max_batch_size=max_batch_size,
         max_wait_s=max_wait_ms / 1000,
-        cost=cost,
+        cost=CostModel(),
+        open_connections=open_connections,
+    )
+
+
+def policy_for(
+    settings: Settings, engine: Engine, *, open_connections: Callable[[], int | None]
+) -> Policy:
+    """The batching policy of a batcher over ``engine``: the worker's model thread and
+    the shared model process build theirs here, so both follow the same settings."""
+    return make_policy(
+        settings.batch_policy,
+        max_batch_size=engine.max_batch_size,
+        # An unbatched handler runs one request at a time: waiting for a second gains nothing.
+        max_wait_ms=settings.max_wait_ms if engine.batched else 0.0,
         open_connections=open_connections,
     )

@@ -21,7 +21,7 @@ from serving_core.engine.batcher import Batcher
 from serving_core.engine.engine import Engine
 from serving_core.engine.observer import Observer
 from serving_core.engine.pending import Pending
-from serving_core.engine.policy import make_policy
+from serving_core.engine.policy import policy_for
 from serving_core.errors import ModelError, ServingError
 from serving_core.modelprocess.protocol import Answer, Request, recv_frame, send_frame
 from serving_core.settings import Settings
@@ -47,12 +47,7 @@ class ModelServer:
     def __init__(self, engine: Engine, settings: Settings, observer: Observer | None) -> None:
         self.engine = engine
         self._open: dict[int, int] = {}  # connection id -> its worker's open connections
-        policy = make_policy(
-            settings.batch_policy,
-            max_batch_size=engine.max_batch_size,
-            max_wait_ms=settings.max_wait_ms if engine.batched else 0.0,
-            open_connections=self.open_connections,
-        )
+        policy = policy_for(settings, engine, open_connections=self.open_connections)
         # Every worker's requests share one queue: SERVING_MAX_QUEUE per worker, in all.
         self.batcher = Batcher(
             engine.run,

@@ -32,6 +32,7 @@ from serving_core.settings.private import default_jobs_path
 
 PREFIX = "SERVING_"
 DEFAULT_HANDLER = "handlers/minilm/handler.py"
+# The names SERVING_BATCH_POLICY accepts; engine/policy.py's POLICIES maps each to its class.
 BatchPolicy = Literal["adaptive", "fixed"]
 ModelProcessMode = Literal["auto", "per-worker", "shared"]
 LogLevel = Literal["debug", "info", "warning", "error", "critical"]

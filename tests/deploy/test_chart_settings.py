@@ -5,8 +5,9 @@ own Settings accepts."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
-from typing import Any
+from typing import Any, get_args, get_type_hints
 
 import helm_python as helm
 import pytest
@@ -134,6 +135,7 @@ def test_rendered_env_is_what_serving_core_accepts(chart: helm.Chart) -> None:
     settings = Settings.from_env(serving_env, cores=2)
     assert settings.workers == 3
     assert settings.worker_class == "gthread"
+    assert settings.batch_policy == "fixed"
     assert settings.worker_connections == 250
     assert settings.threads == 48
     assert settings.max_wait_ms == 2.5
@@ -211,6 +213,30 @@ def test_workers_threads_and_handler_are_left_to_serving_core_by_default(
     assert "SERVING_THREADS" not in env
     assert "SERVING_HANDLER" not in env
     assert (env["SERVING_DEVICE"], env["SERVING_DTYPE"]) == ("cpu", "float32")
+
+
+def test_the_batch_policy_is_left_to_serving_core_by_default(chart: helm.Chart) -> None:
+    # Settings' default is the one place it is said; the chart does not repeat it.
+    assert chart.values["serving"]["batchPolicy"] == ""
+    for container in serving_core_containers(render(chart, tagged({"batch": BATCH}))):
+        assert "SERVING_BATCH_POLICY" not in env_of(container), container["name"]
+
+
+def test_each_choice_the_schema_offers_is_one_serving_core_accepts(chart: helm.Chart) -> None:
+    # A `serving` value with an enum is a Settings field with a Literal type: the same
+    # names, plus "" where the chart leaves the variable to serving-core's default.
+    schema = json.loads((CHART / "values.schema.json").read_text())["properties"]["serving"]
+    types = get_type_hints(Settings)
+    checked = {}
+    for key, _, env, _ in SETTINGS_TABLE:
+        enum = schema["properties"][key].get("enum")
+        if enum is None:
+            continue
+        choices = set(get_args(types[env.removeprefix(PREFIX).lower()]))
+        unset = {""} if chart.values["serving"][key] == "" else set()
+        checked[key] = set(enum) == choices | unset
+    assert "batchPolicy" in checked
+    assert [key for key, same in checked.items() if not same] == []
 
 
 def test_extra_env_and_env_from_reach_the_app(chart: helm.Chart) -> None:

@@ -3,11 +3,22 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import get_args
 
 import pytest
 
 from serving_core.engine.costmodel import CostModel
-from serving_core.engine.policy import Adaptive, ArrivalGaps, FixedWindow
+from serving_core.engine.engine import Engine
+from serving_core.engine.policy import (
+    POLICIES,
+    Adaptive,
+    ArrivalGaps,
+    FixedWindow,
+    make_policy,
+    policy_for,
+)
+from serving_core.handler import Handler
+from serving_core.settings import BatchPolicy, Settings
 
 
 @dataclass
@@ -172,3 +183,60 @@ def test_a_burst_after_a_pause_still_counts_as_fast():
         t += 0.080
     rate.arrived(t)  # the first of the next burst
     assert rate.expected_gap_s(t) <= 0.001
+
+
+# --- which policy: SERVING_BATCH_POLICY's names and the engine's table -----------
+
+
+def test_every_policy_name_the_settings_accept_has_a_policy_and_no_other():
+    # Settings parses SERVING_BATCH_POLICY against BatchPolicy; POLICIES builds them.
+    assert set(POLICIES) == set(get_args(BatchPolicy))
+    assert {name: kind.name for name, kind in POLICIES.items()} == {n: n for n in POLICIES}
+
+
+def test_an_unknown_policy_name_is_refused_naming_the_known_ones():
+    with pytest.raises(ValueError, match="no batch policy 'greedy': use one of adaptive, fixed"):
+        make_policy("greedy", max_batch_size=4, max_wait_ms=5)
+
+
+class Batched(Handler):
+    def predict_batch(self, items):
+        return items
+
+
+class Single(Handler):
+    def predict(self, item):
+        return item
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_policy_for_builds_the_settings_policy_with_their_window(name):
+    settings = Settings.from_env(
+        {"SERVING_BATCH_POLICY": name, "SERVING_MAX_WAIT_MS": "7"}, cores=2
+    )
+    policy = policy_for(settings, Engine(Batched(), max_batch_size=8), open_connections=lambda: 3)
+    assert type(policy) is POLICIES[name]
+    assert (policy.max_batch_size, policy.max_wait_s) == (8, 0.007)
+
+
+def test_policy_for_an_unbatched_handler_never_waits():
+    settings = Settings.from_env({"SERVING_MAX_WAIT_MS": "7"}, cores=2)
+    policy = policy_for(settings, Engine(Single(), max_batch_size=8), open_connections=lambda: 3)
+    assert (policy.max_batch_size, policy.max_wait_s) == (1, 0.0)
+
+
+def test_policy_for_follows_the_settings_default():
+    settings = Settings.from_env({}, cores=2)
+    policy = policy_for(settings, Engine(Batched(), max_batch_size=8), open_connections=lambda: 3)
+    assert type(policy) is POLICIES[settings.batch_policy]
+
+
+@pytest.mark.parametrize(("connections", "waits"), [(2, False), (3, True)])
+def test_policy_for_hands_the_open_connections_to_the_adaptive_policy(connections, waits):
+    settings = Settings.from_env({"SERVING_BATCH_POLICY": "adaptive"}, cores=2)
+    engine = Engine(Batched(), max_batch_size=8)
+    policy = policy_for(settings, engine, open_connections=lambda: connections)
+    policy.cost = linear_cost()
+    last = burst(policy)
+    queue = [Item(last, 10.0), Item(last, 10.0)]
+    assert (policy.dispatch_at(queue, now=last) > last) is waits

@@ -192,7 +192,8 @@ int64 because Helm reads every number as a float (1048576 would print as
 1.048576e+06). "auto" entries are left unset at 0 so serving-core resolves
 them from the container's CPU limit; "optional" ones are left unset when empty
 (the handler: the image's own SERVING_HANDLER, set from its HANDLER_DIR build
-argument, is what runs). An optional entry with a "secret" key reads its value
+argument, is what runs; the batch policy: serving-core's default, which the
+chart does not repeat). An optional entry with a "secret" key reads its value
 from that Secret ({name, key} under `serving`) when the plain value is empty:
 a Redis URL carries its password. With SERVING_BIND and SERVING_METRICS_DIR
 below, these are every field of serving_core.settings.Settings
@@ -207,7 +208,7 @@ threads: {env: SERVING_THREADS, kind: auto}
 maxBatchSize: {env: SERVING_MAX_BATCH_SIZE, kind: int}
 lendCores: {env: SERVING_LEND_CORES, kind: string}
 maxWaitMs: {env: SERVING_MAX_WAIT_MS, kind: number}
-batchPolicy: {env: SERVING_BATCH_POLICY, kind: string}
+batchPolicy: {env: SERVING_BATCH_POLICY, kind: optional}
 maxQueue: {env: SERVING_MAX_QUEUE, kind: auto}
 requestTimeoutSeconds: {env: SERVING_REQUEST_TIMEOUT_S, kind: number}
 maxBodyBytes: {env: SERVING_MAX_BODY_BYTES, kind: int}

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from serving_core.engine.batcher import Batcher
 from serving_core.engine.engine import Engine
 from serving_core.engine.observer import Observer
-from serving_core.engine.policy import make_policy
+from serving_core.engine.policy import policy_for
 from serving_core.online.runner.queued import QueuedRunner
 from serving_core.runtime import Runtime
 from serving_core.settings import Settings
@@ -23,12 +23,7 @@ class LocalRunner(QueuedRunner):
         open_connections: Callable[[], int | None],
         runtime: Runtime,
     ) -> None:
-        self.policy = make_policy(
-            settings.batch_policy,
-            max_batch_size=engine.max_batch_size,
-            max_wait_ms=settings.max_wait_ms if engine.batched else 0.0,
-            open_connections=open_connections,
-        )
+        self.policy = policy_for(settings, engine, open_connections=open_connections)
         self.batcher = Batcher(
             engine.run,
             policy=self.policy,
