@@ -335,6 +335,13 @@ Checks that JSON Schema cannot express; each message says what to change.
 {{- end }}
 {{- end }}
 {{- end }}
+{{- $n := .Values.nginx }}
+{{- $spool := int64 (include "serving-core.nginxBytes" $n.bodySpoolSize) }}
+{{- $tmp := int64 (include "serving-core.quantityBytes" .Values.tmpSizeLimit) }}
+{{- if and (gt $spool 0) (ge $spool $tmp) }}
+{{- $written := ternary $n.bodySpoolSize (printf "%d" $spool) (kindIs "string" $n.bodySpoolSize) }}
+{{- fail (printf "nginx.bodySpoolSize (%s, %d bytes) does not fit under tmpSizeLimit (%s, %d bytes), the size of nginx's /tmp, where it spools those bodies beside its other temporary files: lower nginx.bodySpoolSize or raise tmpSizeLimit (nginx's sizes are binary: 128m is 128Mi, under 256Mi)" $written $spool .Values.tmpSizeLimit $tmp) }}
+{{- end }}
 {{- /* Every SERVING_* variable is a serving-core setting the chart already
 sets (from `serving`, or SERVING_BIND / SERVING_METRICS_DIR); any other name
 makes Settings refuse to start, so refuse it here, at install time. */}}
@@ -672,6 +679,30 @@ template:
       {{- with concat .Values.extraVolumes $b.extraVolumes }}
       {{- toYaml . | nindent 6 }}
       {{- end }}
+{{- end }}
+
+{{/*
+Sizes in bytes, to compare them. nginxBytes: nginx.bodySpoolSize, a number of
+bytes or an nginx size, whose k, m and g are binary in either case (as
+nginx/entrypoint.sh reads NGINX_BODY_SPOOL_BYTES). quantityBytes: a Kubernetes
+quantity as values.schema.json takes them (Ki, Mi, Gi binary; k, M, G
+decimal), e.g. tmpSizeLimit. Digits are read in base 10, as both do.
+*/}}
+{{- define "serving-core.nginxBytes" -}}
+{{- if kindIs "string" . }}
+{{- $units := dict "" 1 "k" 1024 "m" 1048576 "g" 1073741824 }}
+{{- $unit := regexFind "[a-z]$" (lower .) }}
+{{- if not (hasKey $units $unit) }}{{ fail (printf "%s is not an nginx size: write bytes, or a number and k, m or g" .) }}{{ end }}
+{{- mul (atoi (trimSuffix $unit (lower .))) (get $units $unit) }}
+{{- else }}{{ int64 . }}
+{{- end }}
+{{- end }}
+
+{{- define "serving-core.quantityBytes" -}}
+{{- $units := dict "" 1 "Ki" 1024 "Mi" 1048576 "Gi" 1073741824 "k" 1000 "M" 1000000 "G" 1000000000 }}
+{{- $unit := regexFind "[a-zA-Z]+$" (toString .) }}
+{{- if not (hasKey $units $unit) }}{{ fail (printf "%s: the chart reads a size as a number and Ki, Mi, Gi, k, M or G" .) }}{{ end }}
+{{- mul (atoi (trimSuffix $unit (toString .))) (get $units $unit) }}
 {{- end }}
 
 {{/*
