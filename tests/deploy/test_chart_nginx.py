@@ -144,7 +144,10 @@ def test_nginx_upstream_max_conns_can_be_set_or_turned_off(chart: helm.Chart) ->
 def test_nginx_body_spool_size_reaches_its_environment(
     chart: helm.Chart, set_to: int | str | None, expected: str
 ) -> None:
-    values = tagged({} if set_to is None else {"nginx": {"bodySpoolSize": set_to}})
+    # A /tmp that holds the largest (test_chart_spool.py checks the two together).
+    values = tagged({"tmpSizeLimit": "2Gi"})
+    if set_to is not None:
+        values["nginx"] = {"bodySpoolSize": set_to}
     nginx = env_of(containers(find(render(chart, values), "Deployment"))["nginx"])
     assert nginx["NGINX_BODY_SPOOL_BYTES"] == expected
 

@@ -55,6 +55,8 @@ BAD_VALUES = [
     # Kubernetes' quantity, not the nginx size the entrypoint reads.
     ({"nginx": {"bodySpoolSize": "128Mi"}}, "at '/nginx/bodySpoolSize'"),
     ({"nginx": {"bodySpoolSize": -1}}, "at '/nginx/bodySpoolSize'"),
+    # Kubernetes' decimal kilo is k: the API server refuses 256K.
+    ({"tmpSizeLimit": "256K"}, "at '/tmpSizeLimit'"),
     (
         {"tolerations": [{"key": "nvidia.com/gpu", "opertor": "Exists"}]},
         "at '/tolerations/0': additional properties 'opertor' not allowed",

@@ -169,6 +169,14 @@ ServiceMonitor relabels them from the metrics Service's name (the app's job,
 {{- end }}
 
 {{/*
+The scheme of a URL ("" if it has none): what picks a backend's branch
+(streamSchemes, jobsSchemes).
+*/}}
+{{- define "serving-core.urlScheme" -}}
+{{- if contains "://" (. | default "") }}{{ regexReplaceAll "://.*$" . "" }}{{ end }}
+{{- end }}
+
+{{/*
 Fixed paths shared by the templates. gunicorn listens on a unix socket in an
 emptyDir that only the app and nginx containers mount: nothing else in the
 cluster can reach gunicorn past nginx.
@@ -327,6 +335,13 @@ Checks that JSON Schema cannot express; each message says what to change.
 {{- $_ := set $taken (toString $port) $name }}
 {{- end }}
 {{- end }}
+{{- end }}
+{{- $n := .Values.nginx }}
+{{- $spool := int64 (include "serving-core.nginxBytes" $n.bodySpoolSize) }}
+{{- $tmp := int64 (include "serving-core.quantityBytes" .Values.tmpSizeLimit) }}
+{{- if and (gt $spool 0) (ge $spool $tmp) }}
+{{- $written := ternary $n.bodySpoolSize (printf "%d" $spool) (kindIs "string" $n.bodySpoolSize) }}
+{{- fail (printf "nginx.bodySpoolSize (%s, %d bytes) does not fit under tmpSizeLimit (%s, %d bytes), the size of nginx's /tmp, where it spools those bodies beside its other temporary files: lower nginx.bodySpoolSize or raise tmpSizeLimit (nginx's sizes are binary: 128m is 128Mi, under 256Mi)" $written $spool .Values.tmpSizeLimit $tmp) }}
 {{- end }}
 {{- /* Every SERVING_* variable is a serving-core setting the chart already
 sets (from `serving`, or SERVING_BIND / SERVING_METRICS_DIR); any other name
@@ -667,104 +682,28 @@ template:
       {{- end }}
 {{- end }}
 
-
 {{/*
-SERVING_JOBS_ENABLED of the pods: serving.jobsEnabled when set (true or
-false), else worker.enabled: POST /jobs is on exactly when this release runs
-workers for it. A null in values.yaml reaches the templates as a missing key.
+Sizes in bytes, to compare them. nginxBytes: nginx.bodySpoolSize, a number of
+bytes or an nginx size, whose k, m and g are binary in either case (as
+nginx/entrypoint.sh reads NGINX_BODY_SPOOL_BYTES). quantityBytes: a Kubernetes
+quantity as values.schema.json takes them (Ki, Mi, Gi binary; k, M, G
+decimal), e.g. tmpSizeLimit. Digits are read in base 10, as both do.
 */}}
-{{- define "serving-core.jobsEnabled" -}}
-{{- $value := .Values.serving.jobsEnabled }}
-{{- if kindIs "bool" $value }}{{ $value }}{{ else }}{{ .Values.worker.enabled }}{{ end }}
-{{- end }}
-
-{{/*
-Worker names. "<fullname>-worker" fits (fullname is at most 55 characters);
-its metrics Service needs "-worker-metrics", so it cuts the full name further.
-*/}}
-{{- define "serving-core.workerName" -}}
-{{- printf "%s-worker" (include "serving-core.fullname" .) }}
-{{- end }}
-
-{{- define "serving-core.workerMetricsName" -}}
-{{- printf "%s-worker-metrics" (include "serving-core.fullname" . | trunc 48 | trimSuffix "-") }}
-{{- end }}
-
-{{/*
-The Redis stream of the worker's queue, as serving_core/jobs/redis/queue.py
-names it: the queue (the handler's name) in braces, a Redis Cluster hash tag.
-*/}}
-{{- define "serving-core.workerStream" -}}
-{{- printf "serving-core:jobs:{%s}:stream" .Values.worker.queue }}
-{{- end }}
-
-{{/*
-How KEDA reaches the queue's Redis, as a YAML map of the trigger's connection
-metadata: worker.keda.address or addressFromEnv when set, else host:port,
-database and TLS taken from a plain serving.jobsUrl; with jobsUrlSecret (a
-URL KEDA cannot read) the keda values say it. Every value is a string: KEDA's
-trigger metadata is map[string]string.
-*/}}
-{{- define "serving-core.kedaConnection" -}}
-{{- $k := .Values.worker.keda }}
-{{- $url := .Values.serving.jobsUrl }}
-{{- $parsed := dict }}
-{{- if and $url (or (hasPrefix "redis://" $url) (hasPrefix "rediss://" $url)) }}
-{{- $parsed = urlParse $url }}
-{{- end }}
-{{- if $k.address }}
-address: {{ $k.address | quote }}
-{{- else if $k.addressFromEnv }}
-addressFromEnv: {{ $k.addressFromEnv | quote }}
-{{- else if $parsed.host }}
-address: {{ ternary $parsed.host (printf "%s:6379" $parsed.host) (contains ":" $parsed.host) | quote }}
-{{- end }}
-{{- with $k.usernameFromEnv }}
-usernameFromEnv: {{ . | quote }}
-{{- end }}
-{{- with $k.passwordFromEnv }}
-passwordFromEnv: {{ . | quote }}
-{{- end }}
-{{- if $parsed.host }}
-databaseIndex: {{ trimPrefix "/" $parsed.path | default "0" | quote }}
-enableTLS: {{ eq $parsed.scheme "rediss" | toString | quote }}
-{{- else }}
-databaseIndex: {{ int64 $k.databaseIndex | toString | quote }}
-enableTLS: {{ $k.enableTLS | toString | quote }}
+{{- define "serving-core.nginxBytes" -}}
+{{- if kindIs "string" . }}
+{{- $units := dict "" 1 "k" 1024 "m" 1048576 "g" 1073741824 }}
+{{- $unit := regexFind "[a-z]$" (lower .) }}
+{{- if not (hasKey $units $unit) }}{{ fail (printf "%s is not an nginx size: write bytes, or a number and k, m or g" .) }}{{ end }}
+{{- mul (atoi (trimSuffix $unit (lower .))) (get $units $unit) }}
+{{- else }}{{ int64 . }}
 {{- end }}
 {{- end }}
 
-{{/*
-The worker's rules beyond the schema; each message says what to change.
-*/}}
-{{- define "serving-core.validateWorker" -}}
-{{- $w := .Values.worker }}
-{{- $s := .Values.serving }}
-{{- $k := $w.keda }}
-{{- if and $w.enabled (not $s.jobsUrl) (not $s.jobsUrlSecret.name) }}
-{{- fail "worker.enabled needs a job queue every pod shares: set serving.jobsUrl (redis://HOST:6379/0) or serving.jobsUrlSecret.name (a Secret whose key holds that URL). Without one each pod keeps its own SQLite queue, and the workers would never see the jobs the server's pods accept" }}
-{{- end }}
-{{- if and $k.enabled (not $w.enabled) }}
-{{- fail "worker.keda.enabled scales the worker Deployment: set worker.enabled too" }}
-{{- end }}
-{{- if and $k.enabled (not $w.queue) }}
-{{- fail "worker.keda.enabled needs worker.queue, the name of the handler the image runs (its Handler class's `name`, e.g. all-minilm-l6-v2): KEDA watches the Redis stream serving-core:jobs:{<queue>}:stream" }}
-{{- end }}
-{{- if and $k.enabled (gt (int $k.minReplicaCount) (int $k.maxReplicaCount)) }}
-{{- fail (printf "worker.keda.minReplicaCount (%d) is larger than worker.keda.maxReplicaCount (%d)" (int $k.minReplicaCount) (int $k.maxReplicaCount)) }}
-{{- end }}
-{{- if and $k.address $k.addressFromEnv }}
-{{- fail "worker.keda.address and worker.keda.addressFromEnv are both set: keep one" }}
-{{- end }}
-{{- if $k.enabled }}
-{{- $connection := include "serving-core.kedaConnection" . | fromYaml }}
-{{- if and (not $connection.address) (not $connection.addressFromEnv) (not $k.authenticationRef) }}
-{{- fail "worker.keda.enabled needs the queue's Redis as KEDA reaches it (host:port, not a URL): set worker.keda.address (e.g. redis-master.queue.svc:6379), worker.keda.addressFromEnv (an env var of the worker holding host:port) or worker.keda.authenticationRef (a TriggerAuthentication with the address); only a plain redis:// or rediss:// serving.jobsUrl gives it by itself" }}
-{{- end }}
-{{- if and $s.jobsUrl (regexMatch "^rediss?://[^@/]*:[^@/]*@" $s.jobsUrl) (not $k.passwordFromEnv) (not $k.authenticationRef) }}
-{{- fail "serving.jobsUrl carries a password, which KEDA cannot take from the URL: move the URL to a Secret (serving.jobsUrlSecret), put the password in an env var of the worker (extraEnv from the Secret) and name it in worker.keda.passwordFromEnv (or use worker.keda.authenticationRef)" }}
-{{- end }}
-{{- end }}
+{{- define "serving-core.quantityBytes" -}}
+{{- $units := dict "" 1 "Ki" 1024 "Mi" 1048576 "Gi" 1073741824 "k" 1000 "M" 1000000 "G" 1000000000 }}
+{{- $unit := regexFind "[a-zA-Z]+$" (toString .) }}
+{{- if not (hasKey $units $unit) }}{{ fail (printf "%s: the chart reads a size as a number and Ki, Mi, Gi, k, M or G" .) }}{{ end }}
+{{- mul (atoi (trimSuffix $unit (toString .))) (get $units $unit) }}
 {{- end }}
 
 {{/*

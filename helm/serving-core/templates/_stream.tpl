@@ -80,13 +80,6 @@ unix: redis
 {{- end }}
 
 {{/*
-The scheme of a URL ("" if it has none).
-*/}}
-{{- define "serving-core.urlScheme" -}}
-{{- if contains "://" (. | default "") }}{{ regexReplaceAll "://.*$" . "" }}{{ end }}
-{{- end }}
-
-{{/*
 The broker KEDA watches: stream.keda.broker, else the broker of a plain
 stream.source's scheme (streamSchemes); empty if neither.
 */}}
