@@ -1,5 +1,5 @@
 """A Redis URL's rules, as redis-py applies them when it first connects: the cache's
-store (``cache/redis.py``) and the job queue's backend (``jobs/redis/backend.py``)
+store (``cache/redisstore.py``) and the job queue's backend (``jobs/redis/backend.py``)
 both check theirs here, at start-up, before a model loads."""
 
 from __future__ import annotations
