@@ -17,8 +17,13 @@ percentiles and goodput against the offered rate, the bare limit as a line)
 to bench/figures/overload-latency.png (``bench/plots.py``); ``--plot-only``
 redraws it without measuring.
 
-Each round measures the bare-model limit again first (``bare_model.Bare``)
-and divides that round's goodput by it; the last line gives the medians.
+The limit (``bare_model.Bare``): a selection pass picks the best of the six
+cells once; its figures are printed, never divided by, since the best of six
+noisy cells is biased upward. Each round then measures that cell afresh right
+before and right after itself and divides its goodput by the mean of the two,
+as ``served.py`` does. The server cannot be stopped mid-round to measure, as
+``jobs.py`` stops its worker (``interleave.py``): the open loop would count the
+pause as late answers. The last line gives the medians.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench import openloop, plots  # noqa: E402
-from bench.bare_model import Bare  # noqa: E402
+from bench.bare_model import Bare, Cell  # noqa: E402
 from bench.served import wrk  # noqa: E402
 from bench.workload import SENTENCES  # noqa: E402
 from tests.servers import gunicorn_server  # noqa: E402
@@ -61,7 +66,8 @@ def percentile(values: list[float], q: float) -> float:
     )
 
 
-def one_round(url: str, limit: float, times: float, args: argparse.Namespace) -> dict[str, Any]:
+def one_round(url: str, times: float, args: argparse.Namespace) -> dict[str, Any]:
+    """One round's figures; the caller adds the limit and the goodput's ratio to it."""
     capacity = wrk(url, 32, 8)["ok_per_s"]
     rate = times * capacity
     cpu_before, wall_before = time.process_time(), time.monotonic()
@@ -71,11 +77,9 @@ def one_round(url: str, limit: float, times: float, args: argparse.Namespace) ->
     refused = [t for s, t in results if s == 503]
     n = max(1, len(results))
     return {
-        "limit": limit,
         "capacity": capacity,
         "rate": rate,
         "ok_per_s": len(ok) / args.seconds,
-        "ratio": len(ok) / args.seconds / limit,
         "ok_p50_ms": percentile(ok, 50) * 1000,
         "ok_p99_ms": percentile(ok, 99) * 1000,
         "within_deadline": sum(t <= args.timeout_s for t in ok) / max(1, len(ok)),
@@ -89,6 +93,8 @@ def one_round(url: str, limit: float, times: float, args: argparse.Namespace) ->
         "client_cores": client_cores,
     }
 
+
+CELL_S = 3.0  # seconds a measurement of one bare-model cell runs
 
 COLUMNS = [
     # key, header, format
@@ -129,6 +135,8 @@ def main() -> None:
         return
     rows = []
     with Bare() as bare:
+        selection = bare.select(CELL_S)
+        print(selection.describe(), flush=True)
         for policy in args.policy:
             env = {
                 "SERVING_BATCH_POLICY": policy,
@@ -138,13 +146,13 @@ def main() -> None:
             with gunicorn_server(env) as server:
                 wrk(server.url, 8, 3)  # warm-up
                 for times in args.times:
-                    rows += _run(server.url, bare, policy, times, args)
+                    rows += _run(server.url, bare, policy, times, args, cell=selection.cell)
     saved = plots.save_rows("overload", rows)
     print("\n".join(f"wrote {p}" for p in [saved, *plots.plot_file(saved)]))
 
 
 def _run(
-    url: str, bare: Bare, policy: str, times: float, args: argparse.Namespace
+    url: str, bare: Bare, policy: str, times: float, args: argparse.Namespace, *, cell: Cell
 ) -> list[dict[str, Any]]:
     print(
         f"\nopen loop at {times:g}x the closed-loop capacity (c=32, measured each round), "
@@ -154,15 +162,21 @@ def _run(
     print("round " + " ".join(f"{h:>{len(f.format(0))}}" for _, h, f in COLUMNS))
     rows = []
     for round_ in range(1, args.rounds + 1):
-        # The limit again right before this round: the VM's speed drifts.
-        row = one_round(url, bare.measure(3.0)["limit_per_s"], times, args)
-        row.update(policy=policy, times=times, round=round_)
+        # The chosen cell afresh on either side of the round: the VM's speed drifts
+        # within one, and the mean weighs a drift on both sides alike.
+        before = bare.measure_cell(cell, CELL_S)
+        row = one_round(url, times, args)
+        after = bare.measure_cell(cell, CELL_S)
+        limit = (before + after) / 2
+        row.update(limit=limit, limit_before=before, limit_after=after)
+        row.update(ratio=row["ok_per_s"] / limit, policy=policy, times=times, round=round_)
         rows.append(row)
         print(f"{round_:>5} " + " ".join(f.format(row[k]) for k, _, f in COLUMNS), flush=True)
     print(
         "median " + " ".join(f.format(statistics.median(r[k] for r in rows)) for k, _, f in COLUMNS)
     )
     print(
+        "limit/s: the chosen cell, the mean of its measurements before and after the round; "
         "200/s and /limit: answered requests (goodput); p50/p99 ms from each request's scheduled "
         "send time; in-dl: answered within the deadline; 503p50/503p99 ms and <10ms: refusals; "
         "other: failed exchanges; stale: idle keep-alive connections the server had closed, "

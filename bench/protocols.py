@@ -5,10 +5,17 @@ One ``serving-core serve`` per handler (gthread workers, as ``SERVING_GRPC_PORT`
 needs; the cache off, so every request reaches the model), driven closed-loop
 at ``--concurrency`` connections: wrk for the two HTTP fronts (post.lua, with
 ``WRK_V2_MODEL`` for V2), ``bench/grpc_load.py`` for gRPC (one channel per
-connection). Each round measures the bare limit again first (``bare_model.Bare``,
-torch: the limit of handlers/minilm) and runs the fronts in a rotated order, so
-that this VM's drift falls on all three alike; the summary gives the median of
-each front's ratios, and gRPC ÷ /predict per round.
+connection). Each round runs the fronts in a rotated order, so that this VM's
+drift falls on all three alike; the summary gives the median of each front's
+ratios, and gRPC ÷ /predict per round.
+
+The limit (``bare_model.Bare``, torch: the limit of handlers/minilm): a
+selection pass picks the best of the six cells once; its figures are printed,
+never divided by, since the best of six noisy cells is biased upward. That cell
+is measured afresh before each round and after each front's run, and a run is
+divided by the mean of the measurements on either side of it (as ``served.py``
+does). The server is not stopped during a run to measure, as ``jobs.py`` stops
+its worker (``interleave.py``): the closed-loop load would count the pause.
 
     .venv/bin/python bench/protocols.py [--handlers minilm minilm-onnx] [--rounds 3]
         [--seconds 10] [--concurrency 32]
@@ -40,6 +47,7 @@ from bench.served import wrk  # noqa: E402
 from tests.servers import free_port, gunicorn_server  # noqa: E402
 
 FRONTS = ["predict", "v2-rest", "grpc"]
+CELL_S = 3.0  # seconds a measurement of one bare-model cell runs
 
 
 def grpc_load(target: str, model: str, connections: int, seconds: float) -> dict[str, Any]:
@@ -73,11 +81,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     rows: list[dict[str, Any]] = []
-    print(
-        f"{'handler':>12} {'round':>5} {'front':>8} {'limit/s':>8} {'ok/s':>8} {'ratio':>6} "
-        f"{'p50 ms':>8} {'p99 ms':>8} {'errors':>6}"
-    )
     with Bare() as bare:
+        selection = bare.select(CELL_S)
+        print(selection.describe(), flush=True)
+        print(
+            f"{'handler':>12} {'round':>5} {'front':>8} {'limit/s':>8} {'ok/s':>8} {'ratio':>6} "
+            f"{'p50 ms':>8} {'p99 ms':>8} {'errors':>6}"
+        )
         for handler in args.handlers:
             grpc_port = free_port()
             env = {
@@ -92,12 +102,16 @@ def main() -> None:
                 for front in FRONTS:  # warm-up: the cost model and the allocator settle
                     drive(front, server, model, 8, 3)
                 for round_ in range(1, args.rounds + 1):
-                    limit = bare.measure(3.0)["limit_per_s"]
+                    before = bare.measure_cell(selection.cell, CELL_S)
                     shift = (round_ - 1) % len(FRONTS)
                     for front in FRONTS[shift:] + FRONTS[:shift]:
                         row = drive(front, server, model, args.concurrency, args.seconds)
+                        after = bare.measure_cell(selection.cell, CELL_S)
+                        limit = (before + after) / 2
                         row.update(handler=handler, round=round_, front=front, limit=limit)
+                        row.update(limit_before=before, limit_after=after)
                         row["ratio"] = row["ok_per_s"] / limit
+                        before = after
                         rows.append(row)
                         print(
                             f"{handler:>12} {round_:>5} {front:>8} {limit:>8.1f} "

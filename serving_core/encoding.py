@@ -1,16 +1,15 @@
 """JSON in and out of the wire, with orjson.
 
-The standard library's encoder costs ~150 us for a 384-float embedding;
-orjson ~7 us, about 3% of a MiniLM request's CPU saved. orjson also writes
-numpy arrays (a handler may return ``tensor.numpy()`` rows; float32 prints
-its shortest round-tripping form, half the bytes of a Python float list).
+orjson encodes an embedding in a small fraction of the standard library's time,
+CPU that every request would otherwise spend on the worker's hub. It also writes
+numpy arrays (a handler may return ``tensor.numpy()`` rows; float32 prints its
+shortest round-tripping form, half the bytes of a Python float list).
 NaN and infinity have no JSON form: orjson writes them as ``null``, as
 JavaScript's ``JSON.stringify`` does.
 
 A request body is also held to a nesting depth and a string length
 (``loads_limited``), checked without a second pass over the parsed objects,
-which would cost twice the parse (a 1 MiB body of small objects: ~22 ms to
-parse, ~48 ms more to walk):
+which would cost more than the parse itself on a large body of small objects:
 
 - depth: a body with no more ``[`` and ``{`` than ``max_depth`` cannot nest
   deeper, and is parsed as it is (most bodies). A body under 16 KiB has its
@@ -82,7 +81,7 @@ def _loads_to_depth(data: bytes, max_depth: int) -> Any:
     wrappers = ORJSON_MAX_DEPTH - max_depth
     # A body cannot nest deeper than it has brackets (those in strings count too,
     # which only errs on the safe side): most bodies skip the wrappers, which
-    # cost ~100 us at the default depth of 64, against 0.3 us for the parse.
+    # cost far more than parsing a small body does.
     if wrappers <= 0 or data.count(b"[") + data.count(b"{") <= max_depth:
         return orjson.loads(data)
     if len(data) <= SCAN_DEPTH_BELOW_BYTES:
@@ -110,8 +109,8 @@ def _loads_to_depth(data: bytes, max_depth: int) -> Any:
 
 
 _BLANK_ESCAPES = ((b"\\\\", b"__"), (b'\\"', b"__"))
-# Below this size the brackets are counted out (~6 us a KiB); above it the
-# wrappers' fixed ~100-170 us is the cheaper (measured on the 2-core VM).
+# Below this size counting the brackets out (a cost per byte) is the cheaper; above
+# it the wrappers' fixed cost is (bench/README.md, "The request path's own CPU").
 SCAN_DEPTH_BELOW_BYTES = 16 * 1024
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 

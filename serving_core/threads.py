@@ -8,14 +8,14 @@ usable cores after fork. ``serve``, ``batch`` and ``worker`` all do this.
 Touches torch only when the handler imported it.
 
 Lending: with W workers on C cores each has C // W torch threads, so a lone
-request runs on one core while the others sit idle (MiniLM: 12 ms on one
-core, 8.5 on two). ``CoreLending`` keeps, in memory shared by the master and
-its forks, which processes are idle and since when; before each batch a
-process adds the shares of the peers idle for ``LEND_AFTER_S`` to its own.
-Under load nobody is idle that long, so every process keeps its share and
-no core is oversubscribed; a peer that wakes while its cores are lent runs
-beside the borrower for the rest of that one batch. Our own, since torch and
-OpenMP only know one process's threads.
+request runs on one core while the others sit idle, though torch would run it
+sooner on more (docs/serving.md, "Workers and threads"). ``CoreLending``
+keeps, in memory shared by the master and its forks, which processes are idle
+and since when; before each batch a process adds the shares of the peers idle
+for ``LEND_AFTER_S`` to its own. Under load nobody is idle that long, so every
+process keeps its share and no core is oversubscribed; a peer that wakes while
+its cores are lent runs beside the borrower for the rest of that one batch. Our
+own, since torch and OpenMP only know one process's threads.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ One ``Cache`` serves one handler build. Its key is the handler's name,
 version and revision (``SERVING_MODEL_REVISION``), the caller when entries
 are per API key, and the canonical parameters (``key``); its entries are
 the outputs as orjson bytes, in each worker's memory or in a shared store
-(``backend``). A numpy array comes back from the cache as a list of numbers,
+(``stores``). A numpy array comes back from the cache as a list of numbers,
 which encodes to the same JSON body.
 
 Identical concurrent misses share one model call (``single_flight``):

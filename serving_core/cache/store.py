@@ -2,8 +2,8 @@
 
 A store holds opaque bytes under string keys, each for ``ttl_s`` seconds. It
 raises ``StoreError`` for any failure; ``Cache`` turns that into a miss and a
-counted error, never a failed request. Each worker's memory (``memory``) when
-SERVING_CACHE_URL is empty; else the store its scheme picks (``backend``).
+counted error, never a failed request. Each worker's memory (``memorystore``)
+when SERVING_CACHE_URL is empty; else the store its scheme picks (``stores``).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 ``STORES`` maps a scheme to the module of its store, imported only when a URL
 of that scheme is used. A store's module has the functions of ``Backend``: it
 checks its own URL and opens the store. An empty URL is each worker's memory
-(``memory.MemoryStore``). Another store is one module and one line here; the
+(``memorystore.MemoryStore``). Another store is one module and one line here; the
 chart's schema is checked against this table (tests/deploy/test_chart_schemes.py).
 """
 

@@ -64,9 +64,9 @@ class Batcher:
         # How a submit wakes the model thread. None: at once, by each submit. The
         # gevent worker passes its hub's ``run_callback``: every request of one
         # turn of the hub's loop is queued first, then one wake-up tells the model
-        # thread about all of them. A wake-up per request cost a futex call and a
-        # GIL hand-over each (the echo's largest cost), and the adaptive policy,
-        # waiting for more, was woken only to wait again.
+        # thread about all of them. A wake-up per request costs a futex call and a
+        # GIL hand-over each (the echo's largest cost), and wakes the adaptive
+        # policy, waiting for more, only to wait again.
         self.defer_wake: Callable[[Callable[[], None]], object] | None = None
         self._wake_pending = False
 

@@ -15,7 +15,7 @@ from collections import deque
 from serving_core.engine.pending import Pending
 
 # At most how often a refusal asks every queued client's socket whether it hung
-# up (``peek``): ~1.5 µs a socket, so at 10x overload a few percent of a core.
+# up (``peek``): a system call a socket, so a storm's refusals must not each pay it.
 PEEK_EVERY_S = 0.005
 
 
@@ -68,8 +68,8 @@ class WaitQueue:
     def peek(self, now: float) -> int:
         """Ask each queued client's connection whether it hung up; the gone now marked.
         The watch reports a hang-up a turn of the hub late, and not before an item
-        has waited WATCH_AFTER_S: a storm's last closed clients still filled the
-        queue when the next newcomer came."""
+        has waited WATCH_AFTER_S, so a storm's last closed clients can still fill the
+        queue when the next newcomer comes."""
         if now - self.peeked_at < PEEK_EVERY_S:
             return 0
         self.peeked_at = now

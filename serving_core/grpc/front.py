@@ -1,7 +1,7 @@
 """One worker's gRPC server: the V2 service, grpc.health.v1 and reflection, on
 SERVING_GRPC_PORT with SO_REUSEPORT, so that every worker listens on the same
 port and the kernel spreads connections over them, as gunicorn's socket does
-for HTTP. Started after the worker's service (``process.hooks.post_fork``),
+for HTTP. Started after the worker's service (``process.hooks.Hooks.post_fork``),
 so a call lands on this worker's batcher.
 
 Its thread pool is the worker's SERVING_THREADS, and so is the most calls it

@@ -16,7 +16,7 @@ number that already makes the answer the 1 s floor, so it reads at most
 ``needed * window_s`` index entries (``COUNT_MAX``) however fast the queue drains.
 
 Nothing finished within the window (no worker, or one stuck on a long batch)
-leaves nothing to go by: the answer is the old fixed 1 s. The rate is the
+leaves nothing to go by: the answer is the 1 s floor. The rate is the
 window's average, not the latest burst: workers finish whole batches at once.
 """
 

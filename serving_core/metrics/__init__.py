@@ -1,6 +1,6 @@
 """Prometheus metrics, correct across gunicorn workers.
 
-- ``core``: the service's metrics (``Metrics``), the batcher's and the cache's observer;
+- ``metrics``: the service's metrics (``Metrics``), the batcher's and the cache's observer;
 - ``tally``: the model thread's histograms, added up in memory between writes;
 - ``directory``: prometheus-client's multiprocess mode, the files every process
   writes and ``/metrics`` sums;

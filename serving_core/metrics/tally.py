@@ -11,14 +11,13 @@ class Tally:
 
     In multiprocess mode each ``observe`` writes twice to a memory-mapped file,
     under a lock, and prometheus-client has no call that observes many values
-    at once. The model thread observed three histograms per batch, six writes
-    (``Metrics.batch``: 5.7 us a call; 0.87 with tallies, both measured in
-    multiprocess mode), per request for an unbatched handler. A tally counts in
-    plain Python instead and, on flush, adds each
-    bucket's count and the sum through the histogram's own values. ``_sum``,
-    ``_buckets`` and ``_upper_bounds`` are prometheus-client's internals
-    (pinned in requirements.txt); tests/test_metrics.py checks that a flushed
-    tally writes what ``observe`` would have. Not thread-safe: its owner locks.
+    at once. The model thread observes three histograms per batch: six writes
+    under a lock per request for an unbatched handler. A tally counts in plain
+    Python instead and, on flush, adds each bucket's count and the sum through
+    the histogram's own values. ``_sum``, ``_buckets`` and ``_upper_bounds``
+    are prometheus-client's internals (pinned in requirements.txt);
+    tests/test_metrics.py checks that a flushed tally writes what ``observe``
+    would have. Not thread-safe: its owner locks.
     """
 
     def __init__(self, histogram: Any) -> None:

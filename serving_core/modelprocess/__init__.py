@@ -4,7 +4,7 @@
              fork; nothing touches CUDA here) → fork the HTTP workers, and
              ``supervisor.ModelProcess`` forks the model process; a watcher thread
              forks it again whenever it dies
-    model    ``server.run_model_process``: ``setup_worker()`` (the handler moves its
+    model    ``main.run_model_process``: ``setup_worker()`` (the handler moves its
              model to the device: CUDA is initialised here only) → a ``Batcher``
              over the ``Engine``, with the same policy, admission and deadlines as a
              worker's → the sample as warm-up → listen on a Unix socket: a reader

@@ -1,1 +1,2 @@
-"""One worker's request path without Flask: admission, deadlines and the model runner."""
+"""One worker's request path without Flask: the front door, admission, deadlines, the
+model runner and ``/jobs``."""

@@ -16,20 +16,20 @@
 
 The drain is the app's, on SIGTERM, and not a preStop hook's: every
 orchestrator (Kubernetes, Docker, systemd) sends SIGTERM, so the same
-behaviour holds everywhere, and a hook that paused before SIGTERM left
+behaviour holds everywhere, and a hook that paused before SIGTERM would leave
 ``/readyz`` at 200 for the whole pause. The chart gives the app container no
 preStop and lets nginx's preStop sleep ``serving.drainSeconds`` so that both
 stop accepting together.
 
 Signals around fork. A new worker installs gunicorn's handlers only after
 ``post_fork`` (setup_worker, the warm-up) and its loop's start-up; until then it
-runs the master's handler, which put a signal into the worker's copy of the
+runs the master's handler, which puts a signal into the worker's copy of the
 master's queue, where nothing reads it. A SIGTERM sent in that window (a test
 stopping a server just after its workers said "ready", a pod deleted while a
-worker is replaced) was lost: the worker then served on, and the master waited
-its whole graceful timeout before killing it. The master now blocks TERM, INT
-and QUIT while it forks; the worker unblocks them once its own handlers are in
-place, and a signal sent meanwhile is handled then.
+worker is replaced) would be lost: the worker would serve on, and the master
+wait its whole graceful timeout before killing it. So the master blocks TERM,
+INT and QUIT while it forks; the worker unblocks them once its own handlers are
+in place, and a signal sent meanwhile is handled then.
 """
 
 from __future__ import annotations

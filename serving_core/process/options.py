@@ -35,7 +35,7 @@ def gunicorn_options(settings: Settings, hooks: Hooks, name: str) -> dict[str, A
         "loglevel": settings.log_level,
         "accesslog": "-",
         "errorlog": "-",
-        # The same line as before, without gunicorn's per-request atoms dict.
+        # gunicorn's access line, written without its per-request atoms dict.
         "logger_class": "serving_core.process.accesslog."
         + ("JsonAccessLogger" if settings.log_format == "json" else "AccessLogger"),
         "when_ready": hooks.when_ready,

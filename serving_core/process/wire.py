@@ -2,10 +2,8 @@
 
 - One send per response: gunicorn sends the status line and headers in one
   ``send`` and the body in another, so each response is two syscalls, two
-  TCP segments and two wake-ups of the reader (nginx, or the client). The
-  headers now wait for the first body bytes and leave with them. Measured
-  with the echo handler, one worker, concurrency 32: 2,550 -> 2,730
-  requests/s; the worker's CPU per request did not move beyond noise.
+  TCP segments and two wake-ups of the reader (nginx, or the client). Here the
+  headers wait for the first body bytes and leave with them.
 - gunicorn's own protocol errors (a malformed request line, headers too large)
   are written before any app runs, as HTML; here they are JSON like every
   other error.

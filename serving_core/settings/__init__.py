@@ -5,6 +5,7 @@
   that picks a backend only needs a scheme here: the backend checks the rest);
   ``grpcport``: SERVING_GRPC_PORT's rules with the rest;
 - ``secrets``: ``masked``, a URL without its password, for every message and log;
+- ``redisurl``: a Redis URL's rules, checked by the cache's store and the job queue;
 - ``private``: the default private directory (the SQLite queue's);
 - ``doc``: writes ``docs/settings.md``'s table from ``Settings``.
 """

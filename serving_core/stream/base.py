@@ -1,12 +1,12 @@
 """A stream's ends: a ``MessageSource`` of messages and a ``MessageSink`` for results.
 
-Delivery is at-least-once: the worker acks a message to its source only after
-the sink has confirmed the message's result (or its dead letter). A worker
+Delivery is at-least-once: the consumer acks a message to its source only after
+the sink has confirmed the message's result (or its dead letter). A consumer
 that dies holding unacked messages loses none: the broker hands them out again
 (RabbitMQ on the channel's close; Redis Streams through the consumer group's
 pending entries, claimed once idle). Another broker (Kafka, say) is one more
-module with a ``MessageSource`` and a ``MessageSink`` and the functions of ``backend.Broker``,
-and its schemes' lines in ``brokers.BROKERS``.
+module with a ``MessageSource``, a ``MessageSink`` and the functions of
+``brokers.Broker``, and its schemes' lines in ``brokers.BROKERS``.
 """
 
 from __future__ import annotations

@@ -1,1 +1,2 @@
-"""The Open Inference Protocol (V2): its tensors, and one model answering it through ``Service``."""
+"""The Open Inference Protocol (V2): its tensors, and one model answering it through the
+front door (``online.door``)."""

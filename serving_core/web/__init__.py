@@ -1,1 +1,2 @@
-"""The HTTP layer (Flask): app and routes, params, access (keys, CORS), OpenAPI, docs page."""
+"""The HTTP layer (Flask): the app and its routes (``/predict``, ``/jobs``, V2), the front
+door's Flask side, params, who may call (keys, CORS), OpenAPI and the docs page."""

@@ -3,7 +3,7 @@ request through it (``routes.Predict``, ``v2routes``' infer):
 
 - ``head``: what the request says before its body is read: its id and arrival
   (``incoming``), its own timeout (``X-Request-Timeout``), its length, its
-  caller (``access``) and gunicorn's client socket;
+  caller (``guard``) and gunicorn's client socket;
 - ``answer_headers``: what an answer leaves behind: the batch size, in the
   environ for the access line (``logfields``), and ``X-Cache`` when the door
   says the client may know.

@@ -64,8 +64,8 @@ def bound_chunked(limit: int) -> None:
     and a 413 once it passes ``limit``, as a Content-Length over it gets.
 
     werkzeug's limit on such a stream stops reading at the limit and returns what it
-    read: a 2 MB JSON body became a 400 "malformed JSON at column 1048577", a
-    form a shorter form that was served. A server must never act on a cut body.
+    read: a 2 MB JSON body becomes a 400 "malformed JSON at column 1048577", a
+    form a shorter form that is served. A server must never act on a cut body.
     Read, it goes on as a body of known length, so every reader of it (JSON, forms,
     multipart) sees exactly what was sent. After the keys check: a caller without
     a key never has its body read.

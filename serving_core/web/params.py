@@ -67,7 +67,7 @@ def _body(request: Request) -> bytes:
     """The whole body. With a Content-Length within the limit, from a server that ends
     the body's stream itself (gunicorn sets ``wsgi.input_terminated``): one read of
     ``wsgi.input``. werkzeug's limit wrapper would read it in 64 KiB steps, each
-    through a new zeroed buffer (~25 us of a small request's CPU). Anything else
+    through a new zeroed buffer, a cost every small request pays. Anything else
     (chunked, over the limit) goes through werkzeug, which refuses what it must."""
     environ = request.environ
     length = request.content_length

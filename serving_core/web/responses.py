@@ -53,12 +53,12 @@ def json_response(data: Any, code: int, headers: Any = None) -> Response:
         )
         return error_response(exc)
     # content_type, not mimetype: the same header (JSON takes no charset), without
-    # werkzeug working it out for every response (4.4 -> 2.5 us a Response).
+    # werkzeug working it out again for every response.
     response = Response(body, status=code, content_type=JSON)
     if headers:
         if type(headers) is dict:
             # One add per header: ``extend`` walks any mapping through a generic
-            # multi-item iterator, half again the cost of building the response.
+            # multi-item iterator, which costs more than one add per header.
             add = response.headers.add
             for name, value in headers.items():
                 add(name, value)

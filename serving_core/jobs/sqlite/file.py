@@ -8,9 +8,8 @@ power cut). Its cost is an fsync of the WAL at every commit: each submit waits
 for the disk. A worker's consumers commit with NORMAL (``durable=False``):
 their takes and results survive a killed process, and a power cut can only
 undo some of them, which hands those jobs out again when their leases run out
-(at-least-once, as for a killed consumer). Their two fsyncs a batch (8 ms each
-here, for a commit of 16 MiniLM results) left a consumer's core idle for a
-sixth of its batch.
+(at-least-once, as for a killed consumer). Two fsyncs a batch would leave a
+consumer's core idle for a large share of its batch.
 
 The file is private: made mode 0600 before SQLite opens it (its ``-wal`` and
 ``-shm`` files take the database's mode), and the default directory
@@ -97,11 +96,10 @@ def use_wal(db: sqlite3.Connection) -> None:
     """Switch ``db`` to WAL, waiting up to ``BUSY_TIMEOUT_S`` for another process.
 
     Changing the journal mode takes an exclusive lock for which SQLite does not
-    call the busy handler: when a server's workers opened a new file at once,
-    one failed at once with "database is locked" (half of 300 tries with
-    three processes), and gunicorn stopped the server ("Worker failed to
-    boot"). So this retries; once the file is in WAL mode it stays so, and the
-    statement no longer needs that lock.
+    call the busy handler: when a server's workers open a new file at once, one
+    can fail at once with "database is locked", and gunicorn stops the server
+    ("Worker failed to boot"). So this retries; once the file is in WAL mode it
+    stays so, and from then on the statement does not need that lock.
     """
     deadline = time.monotonic() + BUSY_TIMEOUT_S
     while True:

@@ -93,7 +93,7 @@ def stored(db: sqlite3.Connection, queue: str) -> int:
     row = db.execute("SELECT jobs FROM stored WHERE queue = ?", (queue,)).fetchone()
     if row is not None:
         return int(row[0])
-    # A file from before the count, or a new queue: count once.
+    # A file whose tables predate the count, or a new queue: count once.
     (count,) = db.execute("SELECT count(*) FROM jobs WHERE queue = ?", (queue,)).fetchone()
     db.execute("INSERT INTO stored (queue, jobs) VALUES (?, ?)", (queue, count))
     return int(count)

@@ -6,13 +6,13 @@ the one change that is not (adding a column) checks and alters inside one
 
 ``auto_vacuum = INCREMENTAL`` is set before the first table exists (SQLite
 reads it only then): the purge then hands freed pages back to the file system
-in bounded steps (``PRAGMA incremental_vacuum(N)``). A full ``VACUUM`` was the
+in bounded steps (``PRAGMA incremental_vacuum(N)``). A full ``VACUUM`` is the
 other choice and is worse for a live queue: it rewrites the whole file under
 an exclusive lock (every submit and take waits) and needs the file's size
-again in free disk. A file made before this keeps ``auto_vacuum = NONE``: its
-freed pages are reused by new rows, so it stays at its high-water mark;
-``sqlite3 FILE 'PRAGMA auto_vacuum = INCREMENTAL; VACUUM'`` (with the queue
-stopped) converts it.
+again in free disk. A file whose tables were made without the setting keeps
+``auto_vacuum = NONE``: its freed pages are reused by new rows, so it stays at
+its high-water mark; ``sqlite3 FILE 'PRAGMA auto_vacuum = INCREMENTAL; VACUUM'``
+(with the queue stopped) converts it.
 """
 
 from __future__ import annotations

@@ -26,8 +26,8 @@ def watch_client(sock: Any, on_gone: Callable[[], None]) -> ClientWatch:
 
     The peek and ``on_gone`` run in the callback itself, not in a greenlet it
     spawns: a greenlet would run only after the rest of the loop's turn, and a
-    newcomer woken in that turn was refused by a queue its gone predecessors
-    still filled. So ``on_gone`` must be cheap and must not wait
+    newcomer woken in that turn would be refused by a queue its gone predecessors
+    still fill. So ``on_gone`` must be cheap and must not wait
     (``Batcher.hung_up`` marks the item).
 
     The io watcher starts only once the request has waited ``WATCH_AFTER_S``:

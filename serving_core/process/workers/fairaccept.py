@@ -1,21 +1,20 @@
 """Fair accepting: gevent workers share new connections out between them.
 
 A busy hub loops back to its listener faster than an idle worker wakes up, so
-a burst of new connections could all land on one worker (8 of 8 in one of 12
-bursts measured), and with keep-alive they stay there, halving the service.
-Workers count their open connections in memory shared with the master; one
-that is full (one more connection would put it above an equal share of them
-all, rounded up) stops accepting, letting the others take what is pending,
-until it is no longer full or ``ACCEPT_PAUSE_MAX_S`` has passed (a stuck or
-restarting sibling never stalls it longer).
+a burst of new connections can all land on one worker, and with keep-alive they
+stay there, halving the service. Workers count their open connections in
+memory shared with the master; one that is full (one more connection would put
+it above an equal share of them all, rounded up) stops accepting, letting the
+others take what is pending, until it is no longer full or
+``ACCEPT_PAUSE_MAX_S`` has passed (a stuck or restarting sibling never stalls
+it longer).
 
-Exactly an equal share, not "an equal share plus one": wrk's 32 connections
-on 2 workers split 15/17 in 15 of 20 starts with that slack, and the worker
-with 17 runs batches of 16 and 1 (SERVING_MAX_BATCH_SIZE=16) while its
-sibling's model waits for 15; with the exact bound every start split 16/16,
-and c=32 rounds that would have split 15/17 served ~4% more (bench/README.md,
-"Fair accepting"). The full worker pauses before it takes one too many, not
-after, so a burst's last connection cannot overshoot.
+Exactly an equal share, not "an equal share plus one": with that slack 32
+keep-alive connections on 2 workers mostly split 15/17, and the worker with 17
+runs batches of 16 and 1 (SERVING_MAX_BATCH_SIZE=16) while its sibling's model
+waits for 15, for as long as the connections stay; the exact bound splits them
+16/16 (bench/README.md, "Fair accepting"). The full worker pauses before it
+takes one too many, not after, so a burst's last connection cannot overshoot.
 
 The master calls ``share_connections`` before the first fork and
 ``worker_exited`` for each dead worker; a worker takes its slot with

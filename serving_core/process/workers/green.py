@@ -6,11 +6,10 @@ four OS threads (the poller, a pool thread, the model thread and back), and
 every crossing is a GIL hand-off and a context switch; a worker's 64 request
 threads also fight the model thread for the GIL. Here one OS thread (the
 gevent hub) parses, validates and answers every request of the worker as
-greenlets, and the model thread is the only other thread. Measured on the
-2-core VM: a worker's CPU per echo request ~700 -> ~390 us; MiniLM at
-concurrency 32, back to back, 0.76 -> 0.80 x the bare-model limit; at 2x
-capacity, 277 -> 318 answered requests/s (single runs), since a refusal costs
-a greenlet, not a thread.
+greenlets, and the model thread is the only other thread. So a request costs
+the worker less CPU, more of each core is left to the model, and under
+overload more is answered, since a refusal costs a greenlet, not a thread
+(bench/README.md, "Served throughput and latency").
 
 What differs from ``gunicorn -k gevent``:
 
@@ -127,9 +126,9 @@ class GreenWorker(DrainingWorker, GeventWorker):  # type: ignore[misc]
             # Let the other connections' greenlets run before this one reads its next
             # request. A request that never waits (a cache hit) yields nowhere, and on
             # a fast keep-alive client the next request is already in the socket, so
-            # the read does not yield either: without this, one connection kept the
-            # hub while the others' requests waited up to seconds (wrk c=32 on cached
-            # answers: p99 1.1 s, timeouts).
+            # the read does not yield either: without this, one connection keeps the
+            # hub while the others' requests wait up to seconds (cached answers at
+            # c=32 time out).
             gevent.sleep(0)
 
 

@@ -55,7 +55,7 @@ class GreenFuture(Future[Any]):
 
     # A gevent Waiter per greenlet waiting in result(): usually one, but the
     # cache's single flight hands one future to every identical request, and
-    # one slot left all but the last of them waiting for their deadline.
+    # one slot would leave all but the last of them waiting for their deadline.
     waiters: list[Any] | None = None
 
     def __init__(self) -> None:
@@ -68,9 +68,8 @@ class GreenFuture(Future[Any]):
     def result(self, timeout: float | None = None) -> Any:
         if not self.done() and (timeout is None or timeout > 0):
             # A Waiter, switched to from the hub by the wake-up or by the timer: a
-            # gevent Event would add a callback round and a Timeout object per wait
-            # (~15 -> ~10 us of CPU a wait and wake-up, measured). Nothing else runs
-            # on the hub between the check above and the wait.
+            # gevent Event would add a callback round and a Timeout object to every
+            # wait. Nothing else runs on the hub between the check above and the wait.
             waiter = Waiter()
             waiters = self.waiters
             if waiters is None:

@@ -3,8 +3,8 @@ kept for new connections.
 
 A gevent worker holds at most ``SERVING_WORKER_CONNECTIONS`` connections, and
 gunicorn puts no clock on reading a request body: ~1,000 clients that send
-their headers and then dribble or stall the body used to hold every
-connection of a worker, and it accepted nobody else. Two rules here:
+their headers and then dribble or stall the body would hold every connection
+of a worker, which would then accept nobody else. Two rules here:
 
 - Every read of a request's body runs under what is left of
   ``SERVING_BODY_TIMEOUT_S``, counted from when gunicorn handed the request
