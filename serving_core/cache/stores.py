@@ -1,7 +1,7 @@
 """The inference cache's shared stores, by the scheme of SERVING_CACHE_URL.
 
 ``STORES`` maps a scheme to the module of its store, imported only when a URL
-of that scheme is used. A store's module has the functions of ``Backend``: it
+of that scheme is used. A store's module has the functions of ``StoreBackend``: it
 checks its own URL and opens the store. An empty URL is each worker's memory
 (``memorystore.MemoryStore``). Another store is one module and one line here; the
 chart's schema is checked against this table (tests/deploy/test_chart_schemes.py).
@@ -24,7 +24,7 @@ STORES: dict[str, str] = {
 VARIABLE = "SERVING_CACHE_URL"
 
 
-class Backend(Protocol):
+class StoreBackend(Protocol):
     """What a module of ``STORES`` provides. ``check`` raises ``ValueError`` saying what
     is wrong with the URL and how to fix it, starting with the URL ``masked`` and
     quoted (``repr``), which ``check`` here prefixes with the variable; it connects
@@ -35,7 +35,7 @@ class Backend(Protocol):
     def open_store(self, url: str, ttl_s: float) -> Store: ...
 
 
-def backend(url: str) -> Backend:
+def backend(url: str) -> StoreBackend:
     """The module of ``url``'s store; ``ValueError`` naming SERVING_CACHE_URL if none."""
     scheme, sep, _ = url.partition("://")
     if not sep or scheme not in STORES:
@@ -45,7 +45,7 @@ def backend(url: str) -> Backend:
             f"cache store; use a URL of one of {schemes}, or leave it empty for each "
             "worker's memory"
         )
-    return cast(Backend, importlib.import_module(STORES[scheme]))
+    return cast(StoreBackend, importlib.import_module(STORES[scheme]))
 
 
 def check(url: str) -> None:

@@ -13,7 +13,7 @@ from serving_core.metrics.metrics import CONTENT_TYPE, Metrics
 from serving_core.online.door import FrontDoor
 from serving_core.online.jobsapi import JobsApi, status_url
 from serving_core.online.service import Service
-from serving_core.web import front
+from serving_core.web import headers
 from serving_core.web.guard import ApiKeys, caller
 from serving_core.web.incoming import REQUEST_ID_OK, this_request
 from serving_core.web.params import JsonLimits, request_params
@@ -27,8 +27,8 @@ class Predict(Resource):  # type: ignore[misc]
 
     def post(self) -> tuple[dict[str, Any], int, dict[str, str]]:
         req = this_request()
-        answered = self.door.predict(front.head(req), lambda: request_params(req, self.limits))
-        return answered.output, 200, front.answer_headers(req, self.door, answered)
+        answered = self.door.predict(headers.head(req), lambda: request_params(req, self.limits))
+        return answered.output, 200, headers.answer_headers(req, self.door, answered)
 
     def view(self) -> Response:
         return json_response(*self.post())

@@ -21,7 +21,7 @@ from serving_core.online.door import Answered, FrontDoor
 from serving_core.v2 import request as v2request
 from serving_core.v2.model import Model, Outputs
 from serving_core.v2.tensors import to_json, to_raw
-from serving_core.web import front
+from serving_core.web import headers
 from serving_core.web.incoming import this_request
 from serving_core.web.params import JsonLimits, json_object
 from serving_core.web.responses import json_response
@@ -61,8 +61,8 @@ def add_routes(app: Flask, model: Model, door: FrontDoor, limits: JsonLimits) ->
             header, binary = _split(req.get_data(cache=False), req.headers.get(HEADER_LENGTH))
             return v2request.parse(json_object(header, limits), binary)
 
-        parsed, answered = door.enter(front.head(req), read, model.answer)
-        return _response(model, parsed, answered, front.answer_headers(req, door, answered))
+        parsed, answered = door.enter(headers.head(req), read, model.answer)
+        return _response(model, parsed, answered, headers.answer_headers(req, door, answered))
 
     app.add_url_rule("/v2", "v2_server", server_metadata)
     app.add_url_rule("/v2/health/live", "v2_live", live)

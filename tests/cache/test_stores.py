@@ -12,7 +12,7 @@ import pytest
 
 from serving_core.cache import stores
 from serving_core.cache.redisstore import RedisStore
-from serving_core.cache.stores import STORES, Backend
+from serving_core.cache.stores import STORES, StoreBackend
 from tests.servers import SERVING_CORE, base_env
 
 
@@ -65,7 +65,7 @@ def test_opening_a_store_checks_its_url_first() -> None:
 def test_each_store_module_has_the_backends_functions(module: str) -> None:
     store = importlib.import_module(module)
     for name in ("check", "open_store"):
-        wanted = inspect.signature(getattr(Backend, name))
+        wanted = inspect.signature(getattr(StoreBackend, name))
         found = inspect.signature(getattr(store, name))
         assert list(found.parameters) == list(wanted.parameters)[1:], (module, name)
 
