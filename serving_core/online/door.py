@@ -90,47 +90,45 @@ class FrontDoor:
         the caller's job (a repeat, such as a cache hit, shares the first one's job)."""
         service = self.service
         cache = service.cache
-        output: Output
         batch_size: int | None = None
+
+        def compute(alone: Callable[[], bool] = lambda: True) -> Output:
+            nonlocal batch_size
+            computed = service.compute(
+                params,
+                request_id=head.request_id,
+                arrival=head.arrival,
+                timeout_s=head.timeout_s,
+                client=head.client,
+                alone=alone,
+            )
+            batch_size = computed.batch_size
+            output: Output = computed.output  # Service.compute's: the finished answer
+            return output
+
+        output: Output
         if cache is not None:
             # A hit answers what a miss would: parameters the schema refuses get
             # the same 400, whatever an entry (another build's, a batch's) holds.
             service.engine.validate(params)
         entries_of = (head.caller or None) if self._cache_per_key else None
         if cache is not None and (key := cache.key_for(params, entries_of)) is not None:
-
-            def compute() -> Output:
-                nonlocal batch_size
-                output: Output
-                output, batch_size = service.compute(
-                    params,
-                    request_id=head.request_id,
-                    arrival=head.arrival,
-                    timeout_s=head.timeout_s,
-                    client=head.client,
-                    alone=lambda: not cache.followed(key),
-                )
-                return output
-
             # A request waiting for an identical one in flight waits no longer
             # than its own deadline.
             wait_s = service.deadline(head.arrival, head.timeout_s) - time.monotonic()
             try:
-                output, served = cache.single_flight(key, compute, timeout_s=max(0.0, wait_s))
+                output, served = cache.single_flight(
+                    key,
+                    lambda: compute(alone=lambda: not cache.followed(key)),
+                    timeout_s=max(0.0, wait_s),
+                )
             except TimeoutError:
                 raise DeadlineExceeded(
                     "no answer within the deadline (an identical request in flight had none "
                     "yet); retry later or ask for a longer timeout"
                 ) from None
         else:
-            output, batch_size = service.compute(
-                params,
-                request_id=head.request_id,
-                arrival=head.arrival,
-                timeout_s=head.timeout_s,
-                client=head.client,
-            )
-            served = None
+            output, served = compute(), None
         output = service.jobs.follow_up(output, params, head.request_id, head.caller)
         return Answered(output, served, batch_size)
 

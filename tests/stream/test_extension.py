@@ -15,6 +15,9 @@ import pytest
 
 from tests.servers import SERVING_CORE, base_env, free_port, spawn, stop, wait_for
 
+# Runs the real serving-core stream: out of make test-fast.
+pytestmark = pytest.mark.e2e
+
 ROOT = Path(__file__).resolve().parents[2]
 TABLE = "BROKERS: dict[str, str] = {\n"
 LINE = '    "toy": "serving_core.stream.toy",\n'
