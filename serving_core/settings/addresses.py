@@ -46,9 +46,9 @@ def url(accepts: str, empty: str) -> Parser[str]:
     return Parser(parse, accepts)
 
 
-# The schemes of jobs/backends.py's table (tests/jobs/test_backends.py compares them).
+# Which backends, and what each URL names, are the backends' own (docs/jobs.md).
 JOBS_URL = url(
-    "empty, or a job queue backend's `sqlite://`, `redis://`, `rediss://` or `unix://` URL",
+    "empty, or a job queue backend's URL ([the queues](jobs.md#the-queues))",
     empty="the SQLite file at SERVING_JOBS_PATH",
 )
 CACHE_URL = url("empty, or a store's URL, e.g. `redis://HOST:6379/0`", empty="each worker's memory")

@@ -16,7 +16,6 @@ from serving_core.jobs import backends
 from serving_core.jobs.backends import BACKENDS, backend_for, open_queue
 from serving_core.jobs.base import StoreRefused
 from serving_core.settings import Settings
-from serving_core.settings.addresses import JOBS_URL
 from tests.conftest import PROBE
 from tests.servers import ROOT, base_env, free_port, stop, wait_for
 
@@ -31,8 +30,9 @@ def test_every_scheme_names_a_module_with_the_backend_interface(scheme):
         assert callable(getattr(backend, name)), name
 
 
-def test_the_settings_doc_names_the_schemes_of_the_table():
-    named = {scheme for scheme in BACKENDS if f"`{scheme}://`" in JOBS_URL.accepts}
+def test_the_queues_doc_names_the_schemes_of_the_table():
+    queues = (ROOT / "docs/jobs.md").read_text().split("## The queues", 1)[1].split("\n## ")[0]
+    named = {scheme for scheme in BACKENDS if f"`{scheme}://" in queues}
     assert named == set(BACKENDS) - {""}
 
 
