@@ -37,10 +37,26 @@ def tree(tmp_path: Path) -> Path:
     return tmp_path / "tree"
 
 
+# The test's own handler: the examples (handlers/echo) may be deleted by a template's owner.
+ECHO = """
+from serving_core import Handler
+
+
+class Echo(Handler):
+    name = "echo"
+
+    def predict_batch(self, items):
+        return [{"echo": item} for item in items]
+"""
+
+
 def env(tree: Path, queues: Path, port: int) -> dict[str, str]:
+    handler = queues / "handler.py"
+    handler.parent.mkdir(parents=True, exist_ok=True)
+    handler.write_text(ECHO)
     return {
         "PYTHONPATH": str(tree),
-        "SERVING_HANDLER": str(ROOT / "handlers" / "echo" / "handler.py"),
+        "SERVING_HANDLER": str(handler),
         "SERVING_BIND": f"127.0.0.1:{port}",
         "SERVING_METRICS_DIR": str(queues / "metrics"),
         "SERVING_STREAM_SOURCE": f"toy://{queues / 'in'}",
