@@ -7,31 +7,11 @@ from typing import Any
 
 import pytest
 
-from serving_core import Handler
 from serving_core.context import Context
 from serving_core.engine.engine import Engine
 from serving_core.errors import ServingError
 from serving_core.loops.isolation import isolate
-
-
-class Failing(Handler):
-    """Fails every batch that holds a ``poison`` item, and ``flaky`` ones' first run."""
-
-    name = "failing"
-
-    def __init__(self) -> None:
-        self.batches: list[list[int]] = []
-        self.failed_once: set[int] = set()
-
-    def predict_batch(self, items: list[Any]) -> list[Any]:
-        self.batches.append([item["n"] for item in items])
-        if any(item.get("poison") for item in items):
-            raise RuntimeError("poisoned")
-        for item in items:
-            if item.get("flaky") and item["n"] not in self.failed_once:
-                self.failed_once.add(item["n"])
-                raise RuntimeError("flaky")
-        return [{"n": item["n"]} for item in items]
+from tests.loops.flaky import Flaky
 
 
 @pytest.mark.parametrize(
@@ -55,7 +35,7 @@ def test_a_model_failures_items_run_again_alone(
     batches: list[list[int]],
     runs: list[int],
 ) -> None:
-    handler = Failing()
+    handler = Flaky()
     engine = Engine(handler, max_batch_size=8)
     contexts = [Context(str(p["n"])) for p in params]
     first = engine.predict_many(params, contexts)

@@ -13,26 +13,7 @@ from serving_core.engine.engine import Engine
 from serving_core.loops.stream import Ends, StreamLoop
 from serving_core.metrics.stream import StreamMetrics
 from serving_core.stream.base import Message
-
-
-class Flaky(Handler):
-    """Fails every batch that holds a ``poison`` item, and the first run of ``flaky`` ones."""
-
-    name = "flaky"
-
-    def __init__(self) -> None:
-        self.batches: list[list[int]] = []
-        self.failed_once: set[int] = set()
-
-    def predict_batch(self, items: list[Any]) -> list[Any]:
-        self.batches.append([item["n"] for item in items])
-        if any(item.get("poison") for item in items):
-            raise RuntimeError("poisoned")
-        for item in items:
-            if item.get("flaky") and item["n"] not in self.failed_once:
-                self.failed_once.add(item["n"])
-                raise RuntimeError("flaky")
-        return [{"double": 2 * item["n"]} for item in items]
+from tests.loops.flaky import Flaky
 
 
 def loop(handler: Handler) -> StreamLoop:
