@@ -40,8 +40,10 @@ class GrpcFront:
         service: Service,
         metrics: Metrics | None = None,
         allows: Callable[[str | None], bool] | None = None,
+        identify: Callable[[str], str] | None = None,
     ) -> None:
-        """``allows``: whether a presented API key is one (None: no keys are set)."""
+        """``allows``: whether a presented API key is one; ``identify``: a key's caller
+        identity (both None: no keys are set)."""
         host = settings.bind.rpartition(":")[0]
         self.address = f"{host}:{settings.grpc_port}"
         self.server = grpc.server(
@@ -57,7 +59,7 @@ class GrpcFront:
         )
         add_servicer = pb_grpc.add_GRPCInferenceServiceServicer_to_server
         door = FrontDoor(service)
-        servicer = InferenceServicer(Model(door), door, metrics)
+        servicer = InferenceServicer(Model(door), door, metrics, identify)
         add_servicer(servicer, self.server)  # type: ignore[no-untyped-call]
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)

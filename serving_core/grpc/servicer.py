@@ -14,12 +14,14 @@ import logging
 import math
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 import grpc
 
 from serving_core.errors import DeadlineExceeded, NotReady, Overloaded, ServingError
 from serving_core.grpc import accesslog, codec
+from serving_core.grpc.keys import presented
 from serving_core.grpc.proto import grpc_predict_v2_pb2 as pb
 from serving_core.grpc.proto import grpc_predict_v2_pb2_grpc as pb_grpc
 from serving_core.metrics.metrics import Metrics
@@ -68,10 +70,20 @@ def abort(ctx: grpc.ServicerContext, error: ServingError) -> NoReturn:
 
 
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
-    def __init__(self, model: Model, door: FrontDoor, metrics: Metrics | None = None) -> None:
+    def __init__(
+        self,
+        model: Model,
+        door: FrontDoor,
+        metrics: Metrics | None = None,
+        identify: Callable[[str], str] | None = None,
+    ) -> None:
+        """``identify``: the caller identity of an API key (``web.guard.caller_of``, handed
+        in by ``process``), so that a call's cache entries are its key's own, as on HTTP;
+        None when the API has no keys."""
         self.model = model
         self.door = door
         self.metrics = metrics
+        self.identify = identify
 
     def ServerLive(self, request: Any, ctx: grpc.ServicerContext) -> Any:
         return pb.ServerLiveResponse(live=True)
@@ -134,12 +146,14 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         e.g. a cache hit)."""
         model = self.model
         model.find(request.model_name, request.model_version or None)
-        # No length (grpc refused a message over SERVING_MAX_BODY_BYTES unread), no
-        # caller (keys are checked by the interceptor, and the cache is shared).
+        # No length: grpc refused a message over SERVING_MAX_BODY_BYTES unread. The key
+        # was checked by the interceptor (``keys.KeyCheck``); here it names the caller.
+        key = presented(ctx.invocation_metadata()) if self.identify is not None else None
         head = Head(
             request_id=request_id,
             arrival=arrival,
             timeout_s=ctx.time_remaining(),  # None: the client set no deadline
+            caller=self.identify(key) if self.identify is not None and key else "",
         )
         parsed, answered = self.door.enter(head, lambda: codec.request(request), model.answer)
         reply = codec.response(model.name, model.version, parsed.id, answered.output)

@@ -93,12 +93,15 @@ class Hooks:
     def _start_grpc(self, worker: Any) -> None:
         # Imported here, after fork: grpcio's threads must not exist in the master.
         from serving_core.grpc.front import GrpcFront
-        from serving_core.web.guard import ApiKeys
+        from serving_core.web.guard import ApiKeys, caller_of
 
         settings = self.settings
         keys = ApiKeys(settings.api_keys, settings.api_keys_file)  # the HTTP front's check
         allows = keys.allows if keys else None
-        front = self.grpc = GrpcFront(settings, self.service, self.metrics, allows)
+        # The HTTP front's identity of a key too: a caller's cache entries are its own
+        # on both fronts (SERVING_CACHE_PER_KEY).
+        identify = caller_of if keys else None
+        front = self.grpc = GrpcFront(settings, self.service, self.metrics, allows, identify)
         front.start()
 
         def drain() -> None:
