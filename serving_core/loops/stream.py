@@ -33,7 +33,14 @@ from serving_core.engine.engine import Engine
 from serving_core.errors import ServingError
 from serving_core.loops.isolation import isolate
 from serving_core.metrics.stream import StreamMetrics
-from serving_core.stream.base import BrokerError, Message, MessageSink, MessageSource, Outgoing
+from serving_core.stream.base import (
+    BrokerError,
+    Message,
+    MessageSink,
+    MessageSource,
+    Outgoing,
+    PartitionedSource,
+)
 from serving_core.threads import held
 
 log = logging.getLogger("serving_core.loops.stream")
@@ -44,6 +51,9 @@ TAKE_WAIT_S = 1.0  # how long a take blocks: the longest a stop request waits to
 BACKOFF_FIRST_S = 0.5
 BACKOFF_MAX_S = 30.0
 LAG_EVERY_S = 1.0  # the lag gauge is read from the broker at most this often
+# A dead letter's header holding its error's type, for readers that route on headers
+# (the body holds the whole error).
+ERROR_HEADER = "error"
 
 
 @dataclass
@@ -76,7 +86,8 @@ class Batch:
             "input": message.body.decode(errors="replace"),
             "attempts": runs,
         }
-        self.dead.append(Outgoing(message.id, encoding.dumps(body), message.headers))
+        headers = {**message.headers, ERROR_HEADER: kind}
+        self.dead.append(Outgoing(message.id, encoding.dumps(body), headers, message.key))
         self.reasons[why] = self.reasons.get(why, 0) + 1
 
 
@@ -208,7 +219,8 @@ class StreamLoop:
                 why = "failed" if result.status >= 500 else "invalid"
                 batch.dead_letter(message, str(error["type"]), str(error["message"]), ran, why)
             else:
-                batch.results.append(Outgoing(message.id, encoding.dumps(result), message.headers))
+                output = encoding.dumps(result)
+                batch.results.append(Outgoing(message.id, output, message.headers, message.key))
         return batch
 
     def _observe_lag(self, source: MessageSource) -> None:
@@ -219,6 +231,9 @@ class StreamLoop:
         lag = source.lag()
         if lag is not None:
             self.metrics.lag.set(lag)
+        if isinstance(source, PartitionedSource):
+            for partition, waiting in source.partition_lags().items():
+                self.metrics.partition_lag.labels(partition).set(waiting)
 
     def _pause(self, seconds: float) -> None:
         """Sleep, but wake for a stop request (a SIGTERM while the broker is away)."""

@@ -48,5 +48,15 @@ class StreamMetrics:
             multiprocess_mode="livemax",
             registry=r,
         )
+        # Kafka's: each consumer holds some partitions, so each says its own (and 0 for
+        # one it gave up, so that the max over live consumers is the holder's).
+        self.partition_lag = Gauge(
+            "serving_stream_partition_lag",
+            "Messages waiting in a partition of the source (Kafka: the high watermark "
+            "less the offset to commit next), as the consumer holding it last read it.",
+            ["partition"],
+            multiprocess_mode="livemax",
+            registry=r,
+        )
         for reason in ("invalid", "failed", "exhausted"):
             self.dead_lettered.labels(reason)

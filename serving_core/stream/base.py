@@ -4,16 +4,17 @@ Delivery is at-least-once: the consumer acks a message to its source only after
 the sink has confirmed the message's result (or its dead letter). A consumer
 that dies holding unacked messages loses none: the broker hands them out again
 (RabbitMQ on the channel's close; Redis Streams through the consumer group's
-pending entries, claimed once idle). Another broker (Kafka, say) is one more
-module with a ``MessageSource``, a ``MessageSink`` and the functions of
-``brokers.Broker``, and its schemes' lines in ``brokers.BROKERS``.
+pending entries, claimed once idle; Kafka through the consumer group's
+committed offsets). Another broker is one more module with a ``MessageSource``,
+a ``MessageSink`` and the functions of ``brokers.Broker``, and its schemes'
+lines in ``brokers.BROKERS``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 
 class BrokerError(Exception):
@@ -32,6 +33,9 @@ class Message:
     # (quorum queues' x-delivery-count + 1; XPENDING's delivery count).
     deliveries: int = 1
     tag: object = None  # the source's own handle for the ack (delivery tag, entry id)
+    # The partitioning key (Kafka's): the result goes out under it, so that a reader
+    # of the results keeps the inputs' order per key. None where the broker has none.
+    key: bytes | None = None
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,7 @@ class Outgoing:
     id: str
     body: bytes
     headers: dict[str, str] = field(default_factory=dict)
+    key: bytes | None = None  # the input's key (``Message.key``)
 
 
 class MessageSource(Protocol):
@@ -59,6 +64,17 @@ class MessageSource(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class PartitionedSource(Protocol):
+    """A source split into partitions that each consumer holds some of (Kafka's): its
+    ``lag`` cannot say the whole source's, so it says its own partitions'."""
+
+    def partition_lags(self) -> dict[str, int]:
+        """Messages waiting per partition this consumer holds (``TOPIC/N``), and 0 for
+        those it has given up since it last said."""
+        ...
 
 
 class MessageSink(Protocol):

@@ -22,6 +22,8 @@ BROKERS: dict[str, str] = {
     "redis": "serving_core.stream.redis_streams",  # Redis Streams
     "rediss": "serving_core.stream.redis_streams",
     "unix": "serving_core.stream.redis_streams",
+    "kafka": "serving_core.stream.kafka",  # Kafka (confluent-kafka)
+    "kafkas": "serving_core.stream.kafka",
 }
 
 SOURCE = "SERVING_STREAM_SOURCE"
