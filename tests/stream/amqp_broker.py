@@ -20,6 +20,9 @@ class AmqpBroker:
     ``AmqpBroker(server, prefix)`` uses a running one (its queues named apart by
     ``prefix``) and leaves it running."""
 
+    counts_deliveries = True
+    client_reconnects = False
+
     def __init__(self, server: RabbitMQServer | None = None, prefix: str = "") -> None:
         self._server = server
         self._own = None if server else rabbitmq_server()
@@ -69,7 +72,7 @@ class AmqpBroker:
     def _channel(self) -> _Channel:
         return _Channel(self.server.url)
 
-    def produce(self, items: list[Item]) -> None:
+    def produce(self, items: list[Item], *, one_batch: bool = False) -> None:
         """Persistent messages with their message_id and headers, every one confirmed."""
         sink = AmqpSink(f"{self.server.url}?routing_key={self.queue}")
         try:

@@ -9,8 +9,10 @@ from typing import Protocol
 
 import pytest
 
+from tests.kafka_server import s3_server
 from tests.rabbitmq_server import RabbitMQServer, rabbitmq_server
 from tests.stream.amqp_broker import AmqpBroker
+from tests.stream.kafka_broker import KafkaBroker
 from tests.stream.redis_broker import Item, RedisBroker
 
 
@@ -20,10 +22,19 @@ class Broker(Protocol):
     source_url: str
     sink_url: str
     dead_url: str
+    # Whether the broker counts a message's deliveries (Kafka keeps no count).
+    counts_deliveries: bool
+    # Whether its client reconnects by itself (librdkafka), so that a consumer that lost
+    # the broker does not open its ends again (serving_stream_reconnects_total).
+    client_reconnects: bool
 
     def __enter__(self) -> Broker: ...
     def __exit__(self, *exc: object) -> None: ...
-    def produce(self, items: list[Item]) -> None: ...
+    def produce(self, items: list[Item], *, one_batch: bool = False) -> None:
+        """``one_batch``: where the broker splits a source (Kafka's partitions), keep
+        them together, so that one consumer's take can hold them all."""
+        ...
+
     def results(self) -> list[Item]: ...
     def dead(self) -> list[Item]: ...
     def lag(self) -> int: ...
@@ -36,10 +47,17 @@ def _amqp(request: pytest.FixtureRequest) -> contextlib.AbstractContextManager[B
     return AmqpBroker(server, prefix=f"t{uuid.uuid4().hex[:8]}-")
 
 
+def _kafka(request: pytest.FixtureRequest) -> contextlib.AbstractContextManager[Broker]:
+    # One S3 server for the session; each test its own broker, bucket and topics.
+    s3: str = request.getfixturevalue("s3")
+    return KafkaBroker(s3)
+
+
 # A broker more is one entry more (its class in tests/stream/BROKER_broker.py).
 BROKERS: dict[str, Callable[[pytest.FixtureRequest], contextlib.AbstractContextManager[Broker]]] = {
     "redis": lambda request: RedisBroker(),
     "amqp": _amqp,
+    "kafka": _kafka,
 }
 
 
@@ -47,6 +65,12 @@ BROKERS: dict[str, Callable[[pytest.FixtureRequest], contextlib.AbstractContextM
 def rabbitmq() -> Iterator[RabbitMQServer]:
     with rabbitmq_server() as running:
         yield running
+
+
+@pytest.fixture(scope="session")
+def s3() -> Iterator[str]:
+    with s3_server() as endpoint:
+        yield endpoint
 
 
 @pytest.fixture(params=[pytest.param(name, marks=pytest.mark.e2e) for name in BROKERS])

@@ -28,6 +28,9 @@ CLAIM_IDLE_MS = 2000
 class RedisBroker:
     """Streams ``in`` (a consumer group's), ``out`` and ``dead`` on one redis-server."""
 
+    counts_deliveries = True
+    client_reconnects = False
+
     def __init__(self) -> None:
         self._stack = contextlib.ExitStack()
         self._server: contextlib.AbstractContextManager[str] | None = None
@@ -67,7 +70,7 @@ class RedisBroker:
         self._stop()
         self._start()
 
-    def produce(self, items: list[Item]) -> None:
+    def produce(self, items: list[Item], *, one_batch: bool = False) -> None:
         pipe = self._client.pipeline(transaction=False)
         for message_id, body, headers in items:
             fields: dict[Any, Any] = {**headers, "id": message_id, "body": body}

@@ -54,11 +54,32 @@ def ends(**changed: str) -> tuple[str, str, str]:
         ({"sink": "redis://r/0?stream=s&maxlen=many"}, "maxlen='many' is not a whole number"),
         ({"source": "redis://r/0?stream=s&claim_idle_ms=1m"}, "claim_idle_ms='1m' is not"),
         (
-            {"sink": "kafka://k:9092/t"},
-            "SERVING_STREAM_SINK='kafka://k:9092/t': kafka:// names "
+            {"sink": "nats://k:4222/t"},
+            "SERVING_STREAM_SINK='nats://k:4222/t': nats:// names "
             "no broker serving-core streams with; use a URL of one of amqp://, amqps://, "
-            "redis://, rediss://, unix://",
+            "redis://, rediss://, unix://, kafka://, kafkas://",
         ),
+        (
+            {"source": "kafka://k/t"},
+            "SERVING_STREAM_SOURCE='kafka://k/t' names no brokers as HOST:PORT[,HOST:PORT...]",
+        ),
+        ({"source": "kafka://k:9092/"}, "'' is not a topic name"),
+        ({"source": "kafka://k:9092/a b"}, "'a b' is not a topic name"),
+        ({"source": "kafka://k:9092/t?group="}, "group= is empty"),
+        ({"source": "kafka://k:9092/t?group=a&group=b"}, "group= is given twice"),
+        ({"sink": "kafka://k:9092/t?group.id=g"}, "group.id= is set by group=; leave it out"),
+        ({"sink": "kafka://k:9092/t?enable.auto.commit=true"}, "enable.auto.commit= is set by"),
+        ({"sink": "kafka://k:9092/t?Linger=5"}, "'Linger' is not a librdkafka property"),
+        (
+            {"dead": "kafka://u:hunter2@k:9092/t?lingerr.ms=5"},
+            "SERVING_STREAM_DEAD_LETTER='kafka://u:***@k:9092/t?lingerr.ms=5': librdkafka "
+            'refuses the URL\'s properties (No such configuration property: "lingerr.ms")',
+        ),
+        (
+            {"source": "kafka://k:9092/t?sasl.password=hunter2&session.timeout.ms=soon"},
+            'Invalid value for configuration property "session.timeout.ms"',
+        ),
+        ({"source": "kafka://:hunter2@k:9092/t"}, "the user info is USER:PASS@ (SASL)"),
         ({"source": "redis:/r?stream=s"}, "no scheme names no broker"),
     ],
 )
@@ -78,6 +99,8 @@ def test_a_bad_end_is_refused_by_its_broker_naming_the_variable(
         "redis://h/0?stream=s&maxlen=100",
         "rediss://[::1]:6380/1?stream=s&group=g&claim_idle_ms=5000",
         "unix:///run/redis.sock?stream=s",
+        "kafka://k1:9092,k2:9092/t.1?group=g&session.timeout.ms=10000&linger.ms=5",
+        "kafkas://u:p%40ss@k:9093/t?sasl.mechanism=SCRAM-SHA-512",
     ],
 )
 def test_the_urls_the_brokers_take_are_taken(url: str) -> None:
@@ -93,13 +116,14 @@ def test_each_broker_module_has_the_brokers_functions(module: str) -> None:
         assert list(found.parameters) == list(wanted.parameters)[1:], (module, name)
 
 
-def test_a_redis_user_never_imports_pika() -> None:
+def test_a_redis_user_never_imports_pika_nor_confluent_kafka() -> None:
     code = (
         "import sys\n"
         "from serving_core.stream import brokers\n"
         f"brokers.check('{REDIS}?stream=a', '{REDIS}?stream=b', '{REDIS}?stream=c')\n"
         "brokers.open_sink('redis://127.0.0.1:1/0?stream=b').close()\n"
         "assert 'pika' not in sys.modules, 'pika was imported'\n"
+        "assert 'confluent_kafka' not in sys.modules, 'confluent_kafka was imported'\n"
     )
     root = Path(__file__).resolve().parents[2]
     subprocess.run([sys.executable, "-c", code], check=True, cwd=root, timeout=60)

@@ -182,13 +182,18 @@ def test_a_consumer_killed_mid_batch_loses_nothing_and_its_batch_runs_again(
     broker: Broker, tmp_path: Path
 ) -> None:
     gate = tmp_path / "gate"
-    broker.produce([gated(gate, 0), *numbers(7, start=1)])
+    broker.produce([gated(gate, 0), *numbers(7, start=1)], one_batch=True)
     with stream_worker(broker, tmp_path) as (process, url, log_path):
         killed, size = taken(gate)
         assert size == 8  # the whole batch was in hand
         os.kill(killed, signal.SIGKILL)
         gate.touch()
-        wait_for(lambda: len(broker.results()) >= 8, lambda: f"8 results:\n{log_path.read_text()}")
+        # Over Kafka, once the killed consumer's session has timed out (6 s here).
+        wait_for(
+            lambda: len(broker.results()) >= 8,
+            lambda: f"8 results:\n{log_path.read_text()}",
+            POLL_TIMEOUT_S,
+        )
         wait_for(lambda: broker.lag() == 0, "the batch acked")
         redelivered = metric(url, "serving_stream_redelivered_total")
         assert process.poll() is None
@@ -197,7 +202,8 @@ def test_a_consumer_killed_mid_batch_loses_nothing_and_its_batch_runs_again(
     # The killed consumer published nothing; its respawned successor ran every message.
     pids = {result["body"]["pid"] for results in seen.values() for result in results}
     assert killed not in pids
-    assert redelivered == 8
+    # Kafka keeps no delivery count: its redelivery is a first delivery to the successor.
+    assert redelivered == (8 if broker.counts_deliveries else 0)
 
 
 def test_a_restarted_broker_is_reconnected_to_and_nothing_is_lost(
@@ -208,9 +214,11 @@ def test_a_restarted_broker_is_reconnected_to_and_nothing_is_lost(
     with stream_worker(broker, tmp_path, SERVING_WORKERS="2") as (process, url, log_path):
         consumers = requests.get(url + "/healthz", timeout=5).json()["pids"]
         holder, _ = taken(gate)
-        # One consumer holds its gated batch unacked, and over AMQP up to two batches
-        # more (prefetch is three times the batch size); the other works off the rest.
-        wait_for(results_at_least(broker, 300 - 3 * 8), "the ungated messages' results")
+        # One consumer holds its gated batch unacked, over AMQP up to two batches more
+        # (prefetch is three times the batch size), over Kafka its partitions' messages
+        # (half of them, with two consumers over four partitions); the other works off
+        # the rest.
+        wait_for(results_at_least(broker, 100), "the ungated messages' results")
         broker.restart()
         gate.touch()  # the holder publishes to a broker that is gone, or back
         broker.produce(numbers(300, start=300))
@@ -224,7 +232,10 @@ def test_a_restarted_broker_is_reconnected_to_and_nothing_is_lost(
         after = requests.get(url + "/healthz", timeout=5).json()["pids"]
         assert process.poll() is None
     assert set(by_id(broker.results())) == {f"m-{i}" for i in range(600)}
-    assert reconnects >= 1
+    if broker.client_reconnects:  # librdkafka reconnects by itself: the ends stay open
+        assert "Connection refused" in log_path.read_text()
+    else:
+        assert reconnects >= 1
     assert after == consumers  # reconnected in place: no consumer died, none was forked
     assert holder in consumers
     assert "exited" not in log_path.read_text()
@@ -261,7 +272,7 @@ def test_poison_and_invalid_messages_are_dead_lettered_with_their_errors_and_the
     # The model's exception stays in the worker's log, under the message's id.
     assert letter["error"]["type"] == "model_error"
     assert "request id poison" in letter["error"]["message"]
-    assert headers == {"trace": "p"}
+    assert headers == {"trace": "p", "error": "model_error"}
     assert dead["not-json"][0]["error"]["type"] == "invalid_json"
     assert dead["not-json"][0]["input"] == "{nope"
     assert dead["not-json"][0]["attempts"] == 0
@@ -274,7 +285,7 @@ def test_sigterm_finishes_the_batch_in_hand_then_the_worker_exits(
     broker: Broker, tmp_path: Path
 ) -> None:
     gate = tmp_path / "gate"
-    broker.produce([gated(gate, 0), *numbers(7, start=1)])
+    broker.produce([gated(gate, 0), *numbers(7, start=1)], one_batch=True)
     with stream_worker(broker, tmp_path) as (process, _url, log_path):
         _, size = taken(gate)
         assert size == 8
