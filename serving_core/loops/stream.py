@@ -224,6 +224,11 @@ class StreamLoop:
         return batch
 
     def _observe_lag(self, source: MessageSource) -> None:
+        if isinstance(source, PartitionedSource):
+            # Read from the consumer's own state, not the broker: after every take, so
+            # that the gauge is current while a batch runs.
+            for partition, waiting in source.partition_lags().items():
+                self.metrics.partition_lag.labels(partition).set(waiting)
         now = time.monotonic()
         if now < self._lag_at:
             return
@@ -231,9 +236,6 @@ class StreamLoop:
         lag = source.lag()
         if lag is not None:
             self.metrics.lag.set(lag)
-        if isinstance(source, PartitionedSource):
-            for partition, waiting in source.partition_lags().items():
-                self.metrics.partition_lag.labels(partition).set(waiting)
 
     def _pause(self, seconds: float) -> None:
         """Sleep, but wake for a stop request (a SIGTERM while the broker is away)."""

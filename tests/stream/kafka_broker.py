@@ -51,9 +51,10 @@ class KafkaBroker:
     counts_deliveries = False  # Kafka keeps no delivery count (docs/streams.md)
     client_reconnects = True
 
-    def __init__(self, s3: str, partitions: int = PARTITIONS["in"]) -> None:
+    def __init__(self, s3: str) -> None:
         self.server = KafkaServer(s3)
-        self.partitions = {**PARTITIONS, "in": partitions}
+        self.partitions = dict(PARTITIONS)
+        self.client: dict[str, str] = {"bootstrap.servers": self.server.bootstrap}
         base = f"kafka://{self.server.bootstrap}"
         self.source_url = f"{base}/in?group={GROUP}&{SESSION}"
         self.sink_url = f"{base}/out"
@@ -64,13 +65,11 @@ class KafkaBroker:
 
     def __enter__(self) -> KafkaBroker:
         self.server.start()
-        admin = AdminClient({"bootstrap.servers": self.server.bootstrap})
+        admin = AdminClient(self.client)
         topics = [NewTopic(name, count, 1) for name, count in self.partitions.items()]
         for future in admin.create_topics(topics).values():
             future.result(30)
-        self._producer = Producer(
-            {"bootstrap.servers": self.server.bootstrap, "enable.idempotence": True}
-        )
+        self._producer = Producer({**self.client, "enable.idempotence": True})
         return self
 
     def __exit__(
@@ -121,13 +120,7 @@ class KafkaBroker:
         """Every record of ``topic`` so far, in order within each partition."""
         reader = self._readers.get(topic)
         if reader is None:
-            reader = Consumer(
-                {
-                    "bootstrap.servers": self.server.bootstrap,
-                    "group.id": "tests-reader",
-                    "enable.auto.commit": False,
-                }
-            )
+            reader = Consumer({**self.client, "group.id": "reader", "enable.auto.commit": False})
             count = self.partitions[topic]
             reader.assign([TopicPartition(topic, p, 0) for p in range(count)])
             self._readers[topic], self._read[topic] = reader, []
@@ -145,7 +138,7 @@ class KafkaBroker:
 
     def committed(self) -> dict[int, int]:
         """The group's committed offset per partition of ``in`` (-1001: none yet)."""
-        probe = Consumer({"bootstrap.servers": self.server.bootstrap, "group.id": GROUP})
+        probe = Consumer({**self.client, "group.id": GROUP})
         try:
             wanted = [TopicPartition("in", p) for p in range(self.partitions["in"])]
             return {tp.partition: tp.offset for tp in probe.committed(wanted, timeout=10)}

@@ -154,3 +154,39 @@ def test_the_stream_command_refuses_a_bad_end_before_the_handler_loads(tmp_path:
     )
     assert "the handler was imported" not in ran.stderr + ran.stdout
     assert "hunter2" not in ran.stderr
+
+
+@pytest.mark.parametrize(
+    ("url", "security"),
+    [
+        ("kafka://k:9092/t", {}),
+        ("kafkas://k:9093/t", {"security.protocol": "SSL"}),
+        (
+            "kafka://svc:p%40ss@k:9092/t",
+            {
+                "security.protocol": "SASL_PLAINTEXT",
+                "sasl.mechanism": "PLAIN",
+                "sasl.username": "svc",
+                "sasl.password": "p@ss",
+            },
+        ),
+        (
+            "kafkas://svc:pw@k:9093/t?sasl.mechanism=SCRAM-SHA-512",
+            {
+                "security.protocol": "SASL_SSL",
+                "sasl.mechanism": "SCRAM-SHA-512",
+                "sasl.username": "svc",
+                "sasl.password": "pw",
+            },
+        ),
+    ],
+)
+def test_a_kafka_urls_scheme_and_user_info_are_librdkafkas_security_properties(
+    url: str, security: dict[str, str]
+) -> None:
+    from serving_core.stream.kafka.config import parse
+
+    end = parse(url, "a Kafka source")
+    assert {k: v for k, v in end.config.items() if k != "bootstrap.servers"} == security
+    assert "pw" not in end.shown
+    assert "p%40ss" not in end.shown
