@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import base64
 import fnmatch
 import os
 import re
@@ -19,6 +20,8 @@ from docker.utils.build import exclude_paths
 
 from serving_core.pipeline.config import read as read_pipeline
 from serving_core.settings import PREFIX, Settings
+from serving_core.stream import brokers
+from serving_core.stream.kafka import config as kafka_config
 from tests.container import bases
 from tests.container.dockerfile import Instruction, Stage, expand, parse
 from tests.servers import ROOT, served_handler_dir
@@ -263,10 +266,17 @@ def test_nginx_and_the_app_read_the_same_limits() -> None:
 # --- the job queue: Redis and `serving-core worker` beside the app ---------------
 
 
+# Services whose image cannot run on a read-only root filesystem, and why.
+WRITABLE_ROOT = {
+    "kafka": "apache/kafka's launcher renders server.properties into /opt/kafka/config "
+    "and logs to /opt/kafka/logs, both in the image",
+}
+
+
 @pytest.mark.parametrize("service", sorted(compose()["services"]))
 def test_every_service_runs_read_only_without_capabilities(service: str) -> None:
     spec = compose()["services"][service]
-    assert spec["read_only"] is True
+    assert spec.get("read_only", False) is (service not in WRITABLE_ROOT)
     assert spec["tmpfs"] == ["/tmp"]
     assert spec["cap_drop"] == ["ALL"]
     assert spec["security_opt"] == ["no-new-privileges:true"]
@@ -304,7 +314,7 @@ def test_the_app_and_worker_start_after_redis_is_healthy() -> None:
     for service in ("app", "worker"):
         assert services[service]["depends_on"]["redis"]["condition"] == "service_healthy"
     redis = services["redis"]
-    assert redis["image"] == "redis:7-alpine"
+    assert re.fullmatch(r"redis:7\.\d+\.\d+-alpine", redis["image"])
     assert redis["healthcheck"]["test"] == ["CMD", "redis-cli", "ping"]
     # The queue's accepted jobs survive a restart: append-only file on a volume.
     # (tests/jobs/redis/test_durability.py runs this command's flags.)
@@ -636,3 +646,63 @@ def test_rabbitmq_is_checked_by_its_own_diagnostics_and_keeps_its_data() -> None
     assert "rabbitmq-data" in compose()["volumes"]
     stream = compose()["services"]["stream"]
     assert "/healthz" in stream["healthcheck"]["test"]
+
+
+# --- stream serving over Kafka in compose (profile stream-kafka) ------------------
+
+
+def test_the_stream_kafka_profile_leaves_the_other_stacks_as_they_were() -> None:
+    services = compose()["services"]
+    kafka = {n for n, spec in services.items() if spec.get("profiles") == ["stream-kafka"]}
+    assert kafka == {"kafka", "stream-kafka"}
+    for name in set(services) - kafka:
+        assert not set(services[name].get("depends_on", {})) & kafka, name
+    for name in kafka:
+        assert "ports" not in services[name]
+        for network in services[name]["networks"]:
+            assert compose()["networks"][network].get("internal") is True, network
+
+
+def test_the_kafka_stream_worker_runs_the_apps_image_over_the_kafka_service() -> None:
+    services = compose()["services"]
+    app, stream, kafka = services["app"], services["stream-kafka"], services["kafka"]
+    assert (stream["image"], stream["build"]) == (app["image"], app["build"])
+    assert stream["command"] == ["serving-core", "stream"]
+    environment = {k: str(v) for k, v in stream["environment"].items()}
+    advertised = kafka["environment"]["KAFKA_ADVERTISED_LISTENERS"]
+    (broker,) = re.findall(r"PLAINTEXT://([^,]+)", advertised)
+    topics = {}
+    for name in ("SOURCE", "SINK", "DEAD_LETTER"):
+        url = environment[f"SERVING_STREAM_{name}"]
+        end = kafka_config.parse(url, name)
+        # The broker as the kafka service advertises it, on a network both share.
+        assert end.config["bootstrap.servers"] == broker, name
+        assert "security.protocol" not in end.config, name
+        topics[name] = end.topic
+    assert topics == {"SOURCE": "sentences", "SINK": "embeddings", "DEAD_LETTER": "sentences.dead"}
+    brokers.check(
+        environment["SERVING_STREAM_SOURCE"],
+        environment["SERVING_STREAM_SINK"],
+        environment["SERVING_STREAM_DEAD_LETTER"],
+    )
+    assert set(stream["networks"]) & set(kafka["networks"])
+    assert stream["depends_on"]["kafka"]["condition"] == "service_healthy"
+    assert "/healthz" in stream["healthcheck"]["test"]
+    Settings.from_env(environment, cores=2)
+
+
+def test_kafka_is_one_kraft_node_checked_by_its_own_scripts_and_keeps_its_log() -> None:
+    kafka = compose()["services"]["kafka"]
+    assert re.fullmatch(r"apache/kafka:\d+\.\d+\.\d+", kafka["image"])
+    env = kafka["environment"]
+    assert set(env["KAFKA_PROCESS_ROLES"].split(",")) == {"broker", "controller"}
+    (voter,) = env["KAFKA_CONTROLLER_QUORUM_VOTERS"].split(",")
+    assert voter.startswith(f"{env['KAFKA_NODE_ID']}@")
+    # One broker: internal topics (the group's committed offsets) cannot ask for more.
+    assert env["KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR"] == "1"
+    # kafka-storage.sh formats the log with the cluster id: a base64 UUID.
+    assert len(base64.urlsafe_b64decode(env["CLUSTER_ID"] + "==")) == 16
+    assert kafka["healthcheck"]["test"][1].startswith("/opt/kafka/bin/")
+    (volume,) = kafka["volumes"]
+    assert volume.split(":") == ["kafka-data", env["KAFKA_LOG_DIRS"]]
+    assert "kafka-data" in compose()["volumes"]

@@ -113,4 +113,28 @@ RABBITMQ_METADATA = {
     "excludeUnacknowledged",
     "unsafeSsl",
 }
-TRIGGER_METADATA = {"redis-streams": REDIS_STREAMS_METADATA, "rabbitmq": RABBITMQ_METADATA}
+# The kafka scaler's documented metadata keys (keda.sh/docs/2.17/scalers/apache-kafka).
+KAFKA_METADATA = {
+    "bootstrapServers",
+    "consumerGroup",
+    "topic",
+    "lagThreshold",
+    "activationLagThreshold",
+    "offsetResetPolicy",
+    "allowIdleConsumers",
+    "scaleToZeroOnInvalidOffset",
+    "excludePersistentLag",
+    "limitToPartitionsWithLag",
+    "version",
+    "partitionLimitation",
+    "sasl",
+    "saslTokenProvider",
+    "tls",
+    "unsafeSsl",
+    "awsRegion",
+}
+TRIGGER_METADATA = {
+    "redis-streams": REDIS_STREAMS_METADATA,
+    "rabbitmq": RABBITMQ_METADATA,
+    "kafka": KAFKA_METADATA,
+}

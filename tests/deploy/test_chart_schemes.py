@@ -160,7 +160,7 @@ def test_no_stream_template_branches_on_a_scheme_outside_the_map() -> None:
 def test_a_plain_source_of_each_scheme_picks_its_brokers_trigger(
     chart: helm.Chart, scheme: str
 ) -> None:
-    url = f"{scheme}://broker.stream.svc/0?queue=in&stream=in"
+    url = f"{scheme}://broker.stream.svc:9999/0?queue=in&stream=in"
     keda = {"enabled": True, "authenticationRef": "keda-auth", "stream": "in", "queueName": "in"}
     values = tagged({"stream": {"enabled": True, "keda": keda}})
     values["stream"].update(source=url, sink=url, deadLetter=url)

@@ -18,6 +18,9 @@ import pytest
 import yaml
 
 from serving_core.settings import PREFIX, Settings
+from serving_core.stream import brokers
+from serving_core.stream.kafka import config as kafka_config
+from serving_core.stream.kafka.source import SOURCE_DEFAULTS
 from tests.deploy.chart import (
     CHART,
     KUBE_VERSIONS,
@@ -395,6 +398,146 @@ def test_kedas_crd_refuses_a_broken_stream_trigger(
         SCALED_OBJECT.validate(scaled)
 
 
+# --- KEDA: kafka for a kafka:// or kafkas:// source -------------------------------
+
+KAFKA_BROKERS = "kafka-0.kafka.svc:9093,kafka-1.kafka.svc:9093"
+KAFKA = f"kafkas://serving:{PASSWORD}@{KAFKA_BROKERS}"
+KAFKA_URLS = {
+    "source": f"{KAFKA}/sentences?group=minilm&sasl.mechanism=SCRAM-SHA-512",
+    "sink": f"{KAFKA}/embeddings?sasl.mechanism=SCRAM-SHA-512",
+    "deadLetter": f"{KAFKA}/sentences.dead?sasl.mechanism=SCRAM-SHA-512",
+}
+# What the kafka trigger always says unless told otherwise.
+KAFKA_DEFAULTS = {
+    "consumerGroup": "serving-core",
+    "lagThreshold": "64",
+    "activationLagThreshold": "0",
+    "offsetResetPolicy": "earliest",
+    "allowIdleConsumers": "false",
+    "limitToPartitionsWithLag": "false",
+    "excludePersistentLag": "false",
+}
+
+
+@pytest.mark.parametrize(
+    ("source", "keda", "expected"),
+    [
+        (
+            "kafka://kafka-0.kafka.svc:9092,kafka-1.kafka.svc:9092/sentences",
+            {},
+            {"bootstrapServers": "kafka-0.kafka.svc:9092,kafka-1.kafka.svc:9092"},
+        ),
+        (
+            KAFKA_URLS["source"],
+            {"authenticationRef": "kafka-keda", "target": 500, "activationTarget": 10},
+            {
+                "bootstrapServers": KAFKA_BROKERS,
+                "consumerGroup": "minilm",
+                "lagThreshold": "500",
+                "activationLagThreshold": "10",
+                "sasl": "scram_sha512",
+                "tls": "enable",
+            },
+        ),
+        (
+            # The security properties in the query, as librdkafka names them.
+            f"kafka://{KAFKA_BROKERS}/sentences?security.protocol=SASL_SSL"
+            f"&sasl.username=serving&sasl.password={PASSWORD}&auto.offset.reset=latest",
+            {"authenticationRef": "kafka-keda"},
+            {
+                "bootstrapServers": KAFKA_BROKERS,
+                "offsetResetPolicy": "latest",
+                "sasl": "plaintext",
+                "tls": "enable",
+            },
+        ),
+        (
+            f"kafkas://{KAFKA_BROKERS}/sentences?auto.offset.reset=smallest",
+            {"allowIdleConsumers": True, "excludePersistentLag": True},
+            {
+                "bootstrapServers": KAFKA_BROKERS,
+                "allowIdleConsumers": "true",
+                "excludePersistentLag": "true",
+                "tls": "enable",
+            },
+        ),
+    ],
+    ids=["plain-host-list", "scram-over-tls", "sasl-in-the-query", "tls-idle-consumers"],
+)
+def test_a_plain_kafka_source_gives_keda_its_brokers_topic_group_and_security(
+    chart: helm.Chart, source: str, keda: dict[str, Any], expected: dict[str, str]
+) -> None:
+    values = with_stream(**KAFKA_URLS, keda={"enabled": True, **keda})
+    values["stream"]["source"] = source
+    docs = render(chart, values)
+    validate(docs, "1.33")
+    kafka = trigger(docs)
+    assert kafka["type"] == "kafka"
+    assert kafka["metadata"] == KAFKA_DEFAULTS | {"topic": "sentences"} | expected
+    assert kafka.get("authenticationRef") == (
+        {"name": keda["authenticationRef"]} if "authenticationRef" in keda else None
+    )
+
+
+def test_a_kafka_password_reaches_the_stream_container_and_nothing_else(
+    chart: helm.Chart,
+) -> None:
+    values = with_stream(**KAFKA_URLS, keda={"enabled": True, "authenticationRef": "kafka-keda"})
+    texts = rendered_text(chart, values)
+    assert any(path.endswith("/stream-scaledobject.yaml") for path in texts)
+    for path, text in texts.items():
+        assert (PASSWORD in text) == path.endswith("/stream.yaml"), path
+    # The user name neither: KEDA takes both from the TriggerAuthentication.
+    assert "serving" not in yaml.safe_dump(trigger(render(chart, values))["metadata"])
+
+
+def test_a_kafka_source_from_a_secret_takes_kedas_values(chart: helm.Chart) -> None:
+    docs = render(chart, VALUE_SETS["values-stream-kafka"])
+    for kube_version in KUBE_VERSIONS:
+        validate(docs, kube_version)
+    keda = VALUE_SETS["values-stream-kafka"]["stream"]["keda"]
+    assert trigger(docs) == {
+        "type": "kafka",
+        "metadata": KAFKA_DEFAULTS
+        | {
+            "bootstrapServers": keda["bootstrapServers"],
+            "topic": "sentences",
+            "consumerGroup": "minilm",
+            "lagThreshold": "256",
+            "sasl": "scram_sha512",
+            "tls": "enable",
+        },
+        "authenticationRef": {"name": "kafka-keda"},
+    }
+    spec = find(docs, "ScaledObject", "stream")["spec"]
+    assert (spec["minReplicaCount"], spec["maxReplicaCount"]) == (1, 6)
+
+
+def example_urls(example: str) -> dict[str, str]:
+    """The URLs the example's `kubectl create secret` makes, its shell variables expanded."""
+    shell = dict(re.findall(r"^#   (\w+)='([^']*)'$", example, re.MULTILINE))
+    urls = dict(re.findall(r'--from-literal=([-a-z]+)="([^"]+)"', example))
+    return {key: re.sub(r"\$(\w+)", lambda m: shell[m[1]], url) for key, url in urls.items()}
+
+
+def test_the_kafka_examples_urls_are_what_the_worker_and_keda_take() -> None:
+    urls = example_urls((CHART / "examples" / "values-stream-kafka.yaml").read_text())
+    assert set(urls) == {"source", "sink", "dead-letter"}
+    brokers.check(urls["source"], urls["sink"], urls["dead-letter"])
+    source = kafka_config.parse(urls["source"], "a Kafka source")
+    keda = VALUE_SETS["values-stream-kafka"]["stream"]["keda"]
+    assert (source.topic, source.group) == (keda["topic"], keda["consumerGroup"])
+    assert source.config["bootstrap.servers"] == keda["bootstrapServers"]
+    assert source.config["security.protocol"] == "SASL_SSL"
+    assert source.config["sasl.mechanism"] == "SCRAM-SHA-512"
+
+
+def test_keda_resets_offsets_as_the_worker_does() -> None:
+    # KEDA counts an uncommitted partition's lag by offsetResetPolicy; the worker
+    # starts there by auto.offset.reset. The chart's earliest is the worker's default.
+    assert SOURCE_DEFAULTS["auto.offset.reset"] == KAFKA_DEFAULTS["offsetResetPolicy"]
+
+
 # --- refusals -----------------------------------------------------------------------
 
 STREAM_REFUSALS = [
@@ -490,6 +633,87 @@ STREAM_REFUSALS = [
         {"extraEnv": [{"name": "SERVING_STREAM_SINK", "value": URLS["sink"]}]},
         "extraEnv sets SERVING_STREAM_SINK, which the chart sets from stream.sink",
     ),
+    (
+        {"stream": {"enabled": True, **SECRETS, "keda": {"enabled": True, "broker": "kafka"}}},
+        "stream.keda.enabled needs the Kafka brokers: set stream.keda.bootstrapServers",
+    ),
+    (
+        {
+            "stream": {
+                "enabled": True,
+                **SECRETS,
+                "keda": {"enabled": True, "broker": "kafka", "bootstrapServers": "kafka:9092"},
+            }
+        },
+        "stream.keda.enabled needs the Kafka topic (letters, digits, '.', '_', '-'), not \"\": "
+        "set stream.keda.topic",
+    ),
+    (
+        {"stream": {"enabled": True, **KAFKA_URLS, "keda": {"enabled": True}}},
+        "stream.keda.enabled with a SASL Kafka source (sasl scram_sha512) needs KEDA's username "
+        "and password, which the chart never copies out of a URL or a Secret: set "
+        "stream.keda.authenticationRef",
+    ),
+    (
+        {
+            "stream": {
+                "enabled": True,
+                **KAFKA_URLS,
+                "source": "kafka://kafka-0:9092,kafka-1/sentences",
+                "keda": {"enabled": True},
+            }
+        },
+        "stream.source's brokers (kafka-0:9092,kafka-1) are not HOST:PORT[,HOST:PORT...]: "
+        "give each its port",
+    ),
+    (
+        {
+            "stream": {
+                "enabled": True,
+                **KAFKA_URLS,
+                "source": f"kafka://serving:{PASSWORD}@kafka:9092",
+                "keda": {"enabled": True},
+            }
+        },
+        "stream.source is not kafka[s]://[USER:PASS@]HOST:PORT[,HOST:PORT...]/TOPIC",
+    ),
+    (
+        {
+            "stream": {
+                "enabled": True,
+                **KAFKA_URLS,
+                "source": "kafka://kafka:9092/in?auto.offset.reset=error",
+                "keda": {"enabled": True},
+            }
+        },
+        "stream.source's auto.offset.reset=error has no KEDA offsetResetPolicy: use earliest",
+    ),
+    (
+        {
+            "stream": {
+                "enabled": True,
+                **KAFKA_URLS,
+                "source": "kafka://kafka:9092/in?security.protocol=SASL_SSL&sasl.mechanism=AWS_MSK_IAM",
+                "keda": {"enabled": True, "authenticationRef": "kafka-keda"},
+            }
+        },
+        "stream.source's sasl.mechanism=AWS_MSK_IAM has no KEDA sasl mode",
+    ),
+    (
+        {
+            "stream": {
+                "enabled": True,
+                **KAFKA_URLS,
+                "source": "kafka://kafka:9092/in",
+                "keda": {
+                    "enabled": True,
+                    "allowIdleConsumers": True,
+                    "limitToPartitionsWithLag": True,
+                },
+            }
+        },
+        "stream.keda.allowIdleConsumers and stream.keda.limitToPartitionsWithLag are both true",
+    ),
 ]
 
 
@@ -507,7 +731,10 @@ def test_stream_rules_beyond_the_schema_stop_the_render_saying_what_to_change(
         ({"stream": {"source": "http://rabbitmq:15672"}}, "at '/stream/source'"),
         ({"stream": {"enable": True}}, "at '/stream': additional properties 'enable' not allowed"),
         ({"stream": {"maxAttempts": 0}}, "at '/stream/maxAttempts'"),
-        ({"stream": {"keda": {"broker": "kafka"}}}, "at '/stream/keda/broker'"),
+        ({"stream": {"keda": {"broker": "nats"}}}, "at '/stream/keda/broker'"),
+        ({"stream": {"keda": {"bootstrapServers": "kafka"}}}, "at '/stream/keda/bootstrapServers'"),
+        ({"stream": {"keda": {"topic": "a topic"}}}, "at '/stream/keda/topic'"),
+        ({"stream": {"keda": {"sasl": "PLAIN"}}}, "at '/stream/keda/sasl'"),
         ({"stream": {"keda": {"redisMetric": "streamLength"}}}, "at '/stream/keda/redisMetric'"),
         ({"stream": {"keda": {"hostFromEnv": "RABBITMQ-HOST"}}}, "at '/stream/keda/hostFromEnv'"),
         ({"stream": {"sinkSecret": {"nmae": "x"}}}, "at '/stream/sinkSecret'"),

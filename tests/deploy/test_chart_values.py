@@ -39,6 +39,7 @@ WALK_STREAM = {
     "deadLetter": "amqp://serving:pw@rabbitmq.stream.svc:5672/%2F?exchange=&routing_key=dead",
 }
 WALK_REDIS_SOURCE = "redis://redis.stream.svc:6379/0?stream=sentences"
+WALK_KAFKA_SOURCE = "kafka://kafka.stream.svc:9092/sentences"
 # Values that matter only with others, by path prefix: each leaf under a prefix is
 # rendered with these values both before and after it changes (a context that
 # sets the leaf to the walk's sample, such as an `enabled`, is left out).
@@ -98,6 +99,22 @@ WALK_CONTEXTS: list[tuple[str, dict[str, Any]]] = [
             {"stream": {"source": WALK_REDIS_SOURCE, "keda": {"address": "redis:6379"}}},
         )
         for key in ("databaseIndex", "enableTLS")
+    ],
+    *[
+        # The kafka trigger's own values: with a Kafka source (a SASL mode needs the
+        # TriggerAuthentication with the credentials).
+        (
+            f"stream.keda.{key}",
+            {"stream": {"source": WALK_KAFKA_SOURCE, "keda": {"authenticationRef": "kafka"}}},
+        )
+        for key in (
+            "bootstrapServers",
+            "topic",
+            "sasl",
+            "allowIdleConsumers",
+            "limitToPartitionsWithLag",
+            "excludePersistentLag",
+        )
     ],
     ("ingress.", {"ingress": {"enabled": True}}),
     ("autoscaling.", {"autoscaling": {"enabled": True}}),
@@ -246,6 +263,8 @@ WALK_SAMPLES: dict[str, Any] = {
     "stream.keda.address": "redis.other.svc:6379",
     "stream.keda.passwordFromEnv": "REDIS_PASSWORD",
     "stream.keda.authenticationRef": "rabbitmq-auth",
+    "stream.keda.bootstrapServers": "kafka-0.other.svc:9092,kafka-1.other.svc:9092",
+    "stream.keda.topic": "other-topic",
 }
 # Leaves that change nothing by themselves, with the reason.
 WALK_EXCEPTIONS: dict[str, str] = {

@@ -304,3 +304,16 @@ def test_every_workflow_that_runs_helm_sets_it_up_through_the_one_action(name: s
     (version,) = re.findall(r"alpine/helm:(\S+)", (SETUP_HELM / "Dockerfile").read_text())
     assert "HELM_VERSION" not in text
     assert version not in text
+
+
+def test_dependabot_watches_the_images_compose_pulls_each_pinned_to_a_version() -> None:
+    services = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
+    pulled = {name: spec["image"] for name, spec in services.items() if "build" not in spec}
+    assert pulled
+    for name, image in pulled.items():
+        # A version Dependabot can move (MAJOR.MINOR.PATCH, then the image's variant),
+        # not a floating tag such as redis:7-alpine that changes under the same name.
+        assert re.fullmatch(r"[\w./-]+:\d+\.\d+\.\d+(-[\w.-]+)?", image), f"{name}: {image}"
+    dependabot = yaml.safe_load((GITHUB / "dependabot.yml").read_text())
+    compose = [u for u in dependabot["updates"] if u["package-ecosystem"] == "docker-compose"]
+    assert any("/" in [u.get("directory"), *u.get("directories", [])] for u in compose)

@@ -77,6 +77,8 @@ amqps: amqp
 redis: redis
 rediss: redis
 unix: redis
+kafka: kafka
+kafkas: kafka
 {{- end }}
 
 {{/*
@@ -100,15 +102,17 @@ RabbitMQ, mode QueueLength over AMQP: the messages waiting in the queue, not
 those already in a consumer's prefetch (KEDA's http protocol would count those
 too, but needs the management port and its password). Redis: the group's
 pending entries (XPENDING: delivered, not yet acked) or its lag (not yet
-delivered, Redis 7+).
+delivered, Redis 7+). Kafka: the consumer group's lag ("serving-core.kafkaTrigger",
+in _stream-kafka.tpl).
 */}}
 {{- define "serving-core.streamTrigger" -}}
 {{- $k := .Values.stream.keda }}
 {{- $source := .Values.stream.source }}
-{{- $parsed := dict }}
-{{- if $source }}{{ $parsed = urlParse $source }}{{ end }}
-{{- $query := include "serving-core.urlQuery" ($parsed.query | default "") | fromYaml }}
 {{- $broker := include "serving-core.streamBroker" . }}
+{{- $parsed := dict }}
+{{- /* A Kafka URL's host list is not urlParse's: kafkaSource reads it. */}}
+{{- if and $source (ne $broker "kafka") }}{{ $parsed = urlParse $source }}{{ end }}
+{{- $query := include "serving-core.urlQuery" ($parsed.query | default "") | fromYaml }}
 {{- if eq $broker "amqp" }}
 type: rabbitmq
 metadata:
@@ -142,6 +146,10 @@ metadata:
   databaseIndex: {{ int64 $k.databaseIndex | toString | quote }}
   enableTLS: {{ $k.enableTLS | toString | quote }}
   {{- end }}
+{{- else if eq $broker "kafka" }}
+type: kafka
+metadata:
+  {{- include "serving-core.kafkaTrigger" . | nindent 2 }}
 {{- end }}
 {{- with $k.authenticationRef }}
 authenticationRef:
@@ -188,7 +196,7 @@ The stream worker's rules beyond the schema; each message says what to change.
 {{- fail (printf "stream.keda.broker is %s, but stream.source is a %s:// URL: clear stream.keda.broker (the chart reads it from the URL) or fix it" $k.broker $scheme) }}
 {{- end }}
 {{- if not $broker }}
-{{- fail "stream.keda.enabled needs the source's kind, which the chart cannot read from a Secret: set stream.keda.broker to amqp (RabbitMQ) or redis (Redis Streams)" }}
+{{- fail "stream.keda.enabled needs the source's kind, which the chart cannot read from a Secret: set stream.keda.broker to amqp (RabbitMQ), redis (Redis Streams) or kafka (Kafka)" }}
 {{- end }}
 {{- $trigger := include "serving-core.streamTrigger" . | fromYaml }}
 {{- if eq $broker "amqp" }}
@@ -208,6 +216,8 @@ The stream worker's rules beyond the schema; each message says what to change.
 {{- if and (regexMatch "^[a-z]+://[^@/]*:[^@/]*@" $st.source) (not $k.passwordFromEnv) (not $k.authenticationRef) }}
 {{- fail "stream.source carries a password, which KEDA cannot take from the URL: move the URL to a Secret (stream.sourceSecret), put the password in an env var of the stream container (extraEnv from the Secret) and name it in stream.keda.passwordFromEnv (or use stream.keda.authenticationRef)" }}
 {{- end }}
+{{- else if eq $broker "kafka" }}
+{{- include "serving-core.validateKafka" . }}
 {{- end }}
 {{- end }}
 {{- end }}
