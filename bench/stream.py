@@ -1,9 +1,10 @@
 """``serving-core stream`` with MiniLM over each broker: messages/s against the bare-model
 limit, and the end-to-end latency of a paced stream.
 
-For each backend (a real redis-server, a real rabbitmq-server, as tests/stream runs
-them), one ``serving-core stream`` (the default workers and batch size) reads
-sentences from the broker and publishes their embeddings back to it:
+For each backend (a real redis-server, a real rabbitmq-server, a Kafka-protocol
+broker (Tansu over moto's S3), as tests/stream runs them), one ``serving-core
+stream`` (the default workers and batch size) reads sentences from the broker and
+publishes their embeddings back to it:
 
 - **throughput**, in rounds: ``--messages`` sentences produced at once;
   messages/s is that count over the worker's running time, from the first
@@ -21,13 +22,14 @@ sentences from the broker and publishes their embeddings back to it:
   each message stamped with its send time; the bench polls the results every
   few ms and takes seen - sent, so the p50 includes up to one poll interval.
 
-    .venv/bin/python bench/stream.py [--backends redis amqp] [--messages 3000]
+    .venv/bin/python bench/stream.py [--backends redis amqp kafka] [--messages 3000]
         [--rounds 3] [--paced 0.5] [--seconds 10] [--slice-s 3]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -36,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,12 +52,21 @@ import redis  # noqa: E402
 from bench.bare_model import Bare, Cell, Selection  # noqa: E402
 from bench.interleave import run_interleaved  # noqa: E402
 from bench.workload import SENTENCES  # noqa: E402
+from tests.kafka_server import s3_server  # noqa: E402
 from tests.servers import free_port, spawn, stop, wait_for  # noqa: E402
 from tests.stream.amqp_broker import AmqpBroker  # noqa: E402
+from tests.stream.kafka_broker import KafkaBroker  # noqa: E402
 from tests.stream.redis_broker import RedisBroker  # noqa: E402
 
+
+@contextlib.contextmanager
+def kafka_broker() -> Iterator[KafkaBroker]:
+    with s3_server() as s3, KafkaBroker(s3) as broker:
+        yield broker
+
+
 # Each starts its own server, as tests/stream does (the tests share one RabbitMQ node).
-BROKERS: dict[str, Any] = {"redis": RedisBroker, "amqp": AmqpBroker}
+BROKERS: dict[str, Any] = {"redis": RedisBroker, "amqp": AmqpBroker, "kafka": kafka_broker}
 
 POLL_S = 0.005  # the latency phase's poll of the results
 CELL_S = 3.0  # each bare-model cell's measurement
@@ -63,7 +75,8 @@ CELL_S = 3.0  # each bare-model cell's measurement
 class Results:
     """How many results a broker holds, and which arrived since the last look, cheaply:
     the stream's XLEN and XREAD from the last id; the queue's depth (a passive declare)
-    and a drain. A poll must not cost the server the CPU it is measured on."""
+    and a drain; the topic read on by a reader that keeps its place. A poll must not
+    cost the server the CPU it is measured on."""
 
     def __init__(self, backend: str, broker: Any) -> None:
         self.backend, self.broker = backend, broker
@@ -71,7 +84,7 @@ class Results:
         self.taken = 0
         if backend == "redis":
             self.client = redis.Redis.from_url(broker.sink_url.split("?")[0])
-        else:
+        elif backend == "amqp":
             import pika
 
             self.connection = pika.BlockingConnection(pika.URLParameters(broker.server.url))
@@ -80,6 +93,8 @@ class Results:
     def count(self) -> int:
         if self.backend == "redis":
             return int(self.client.xlen("out"))
+        if self.backend == "kafka":
+            return len(self.broker.records("out"))
         depth = self.channel.queue_declare(self.broker.results_queue, passive=True)
         return self.taken + int(depth.method.message_count or 0)
 
@@ -92,14 +107,15 @@ class Results:
                     self.last_id = entry_id.decode()
                     ids.append(fields[b"id"].decode())
             return ids
-        items = self.broker.results()  # drains the results queue, keeps what it took
+        # Drains the results queue (reads the topic on), and keeps what it took.
+        items = self.broker.results()
         new, self.taken = items[self.taken :], len(items)
         return [item[0] for item in new]
 
     def close(self) -> None:
         if self.backend == "redis":
             self.client.close()
-        else:
+        elif self.backend == "amqp":
             self.connection.close()
 
 
@@ -205,7 +221,13 @@ def run_backend(
             "SERVING_METRICS_DIR": str(Path(tmp) / "metrics"),
             # The production default claim_idle_ms (a minute), not the tests' 2 s: a
             # consumer stopped for a cell's measurement would have its entries claimed.
-            "SERVING_STREAM_SOURCE": re.sub(r"&claim_idle_ms=\d+", "", broker.source_url),
+            # Kafka's default session timeout too, not the tests' 6 s: a consumer stopped
+            # for a cell would have its partitions moved.
+            "SERVING_STREAM_SOURCE": re.sub(
+                r"&(claim_idle_ms|session\.timeout\.ms|heartbeat\.interval\.ms)=\d+",
+                "",
+                broker.source_url,
+            ),
             "SERVING_STREAM_SINK": broker.sink_url,
             "SERVING_STREAM_DEAD_LETTER": broker.dead_url,
         }
@@ -238,7 +260,7 @@ def run_backend(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backends", nargs="+", default=["redis", "amqp"])
+    parser.add_argument("--backends", nargs="+", default=["redis", "amqp", "kafka"])
     parser.add_argument("--messages", type=int, default=3000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--paced", type=float, default=0.5, help="of the measured rate")

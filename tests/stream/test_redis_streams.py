@@ -123,7 +123,7 @@ def test_a_lost_redis_is_a_broker_error() -> None:
 
 def test_an_unknown_scheme_names_the_setting() -> None:
     with pytest.raises(ValueError, match="SERVING_STREAM_DEAD_LETTER"):
-        open_sink("kafka://broker:9092?topic=x", "SERVING_STREAM_DEAD_LETTER")
+        open_sink("nats://broker:4222?subject=x", "SERVING_STREAM_DEAD_LETTER")
 
 
 def test_the_stream_command_refuses_to_start_without_its_ends() -> None:
