@@ -62,9 +62,11 @@ def s3_server() -> Iterator[str]:
 @dataclass
 class KafkaServer:
     """A Tansu broker on ``port`` over ``bucket`` of the S3 at ``s3``; ``restart``
-    stops it and starts another on the same port and bucket."""
+    stops it and starts another on the same port and bucket. ``s3`` None: in memory,
+    lost when it stops (for bench/stream.py, where the S3 server's own CPU would be
+    counted against the stream worker's)."""
 
-    s3: str
+    s3: str | None
     port: int = field(default_factory=free_port)
     bucket: str = field(default_factory=lambda: f"kafka-{uuid.uuid4().hex[:12]}")
     process: subprocess.Popen[bytes] | None = None
@@ -75,23 +77,25 @@ class KafkaServer:
 
     def start(self) -> None:
         require_marker("e2e", "a Kafka broker (Tansu)")
-        import boto3
-
-        s3 = boto3.client("s3", endpoint_url=self.s3, region_name="us-east-1", **_keys())
-        with contextlib.suppress(s3.exceptions.BucketAlreadyOwnedByYou):
-            s3.create_bucket(Bucket=self.bucket)
         self._log = Path(tempfile.mkdtemp(prefix="serving-kafka-")) / "tansu.log"
-        env = {
-            **ACCESS,
-            "AWS_DEFAULT_REGION": "us-east-1",
-            "AWS_ENDPOINT": self.s3,
-            "AWS_ALLOW_HTTP": "true",
-            "PATH": "/usr/bin:/bin",
-        }
+        env = {"PATH": "/usr/bin:/bin"}
+        storage = "memory://tansu/"
+        if self.s3 is not None:
+            import boto3
+
+            s3 = boto3.client("s3", endpoint_url=self.s3, region_name="us-east-1", **_keys())
+            with contextlib.suppress(s3.exceptions.BucketAlreadyOwnedByYou):
+                s3.create_bucket(Bucket=self.bucket)
+            env |= {
+                **ACCESS,
+                "AWS_DEFAULT_REGION": "us-east-1",
+                "AWS_ENDPOINT": self.s3,
+                "AWS_ALLOW_HTTP": "true",
+            }
+            storage = f"s3://{self.bucket}/"
         listener = f"tcp://127.0.0.1:{self.port}"
         command = [str(tansu_binary()), "broker", "--listener-url", listener]
-        command += ["--advertised-listener-url", listener]
-        command += ["--storage-engine", f"s3://{self.bucket}/"]
+        command += ["--advertised-listener-url", listener, "--storage-engine", storage]
         with self._log.open("ab") as log:
             self.process = subprocess.Popen(
                 command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
@@ -116,7 +120,7 @@ def _keys() -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def kafka_server(s3: str) -> Iterator[KafkaServer]:
+def kafka_server(s3: str | None) -> Iterator[KafkaServer]:
     server = KafkaServer(s3)
     server.start()
     try:

@@ -46,12 +46,13 @@ class Record:
 
 
 class KafkaBroker:
-    """Topics ``in``, ``out`` and ``dead`` on a Tansu broker over ``s3``."""
+    """Topics ``in``, ``out`` and ``dead`` on a Tansu broker over ``s3`` (None: in
+    memory, lost if it stops)."""
 
     counts_deliveries = False  # Kafka keeps no delivery count (docs/streams.md)
     client_reconnects = True
 
-    def __init__(self, s3: str) -> None:
+    def __init__(self, s3: str | None) -> None:
         self.server = KafkaServer(s3)
         self.partitions = dict(PARTITIONS)
         self.client: dict[str, str] = {"bootstrap.servers": self.server.bootstrap}
@@ -116,15 +117,16 @@ class KafkaBroker:
         assert self._producer.flush(30) == 0
         assert not failed, failed[:3]
 
-    def records(self, topic: str) -> list[Record]:
-        """Every record of ``topic`` so far, in order within each partition."""
+    def records(self, topic: str, wait_s: float = READ_WAIT_S) -> list[Record]:
+        """Every record of ``topic`` so far, in order within each partition; ``wait_s``:
+        how long the last read waits for more (0: what the reader has fetched)."""
         reader = self._readers.get(topic)
         if reader is None:
             reader = Consumer({**self.client, "group.id": "reader", "enable.auto.commit": False})
             count = self.partitions[topic]
             reader.assign([TopicPartition(topic, p, 0) for p in range(count)])
             self._readers[topic], self._read[topic] = reader, []
-        while batch := reader.consume(1000, READ_WAIT_S):
+        while batch := reader.consume(1000, wait_s):
             for record in batch:
                 if record.error() is None:
                     self._read[topic].append(_record(record))

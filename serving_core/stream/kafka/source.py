@@ -36,7 +36,13 @@ log = logging.getLogger("serving_core.stream.kafka")
 COMMIT_TIMEOUT_S = 10.0
 # librdkafka's defaults, ours unless the URL says otherwise: start a new group at the
 # topic's beginning (as Redis Streams and RabbitMQ hand out what was there before).
-SOURCE_DEFAULTS = {"auto.offset.reset": "earliest", "enable.partition.eof": False}
+# queued.max.messages.kbytes: fetch ahead 16 MiB, not librdkafka's 64 MiB, per consumer
+# process (a pod runs several).
+SOURCE_DEFAULTS = {
+    "auto.offset.reset": "earliest",
+    "enable.partition.eof": False,
+    "queued.max.messages.kbytes": 16384,
+}
 # Consumer errors that mean the source cannot go on as it is: its ends are opened again.
 FAILED = {
     KafkaError.UNKNOWN_TOPIC_OR_PART,
@@ -65,8 +71,6 @@ class KafkaSource:
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
             "on_commit": self._on_commit,
-            # Fetch a batch's worth ahead, not librdkafka's default of up to 64 MiB.
-            "queued.max.messages.kbytes": end.config.get("queued.max.messages.kbytes", 16384),
         }
         # partition -> the generation of its assignment: a message keeps the one it was
         # taken under, and is committed only while it is still current.
@@ -74,7 +78,6 @@ class KafkaSource:
         self._generations = 0
         self._acked: dict[int, int] = {}  # partition -> the offset to commit next
         self._first: dict[int, int] = {}  # partition -> the first offset taken, till an ack
-        self._committed: dict[int, int] = {}  # ... as last committed
         self._high: dict[int, int] = {}  # partition -> the high watermark last seen
         self._lags: dict[int, int] = {}
         try:
@@ -159,7 +162,6 @@ class KafkaSource:
             if error.args[0].code() == KafkaError._NO_OFFSET:
                 return
             raise BrokerError(f"{self.shown}: cannot commit offsets: {error}") from error
-        self._committed.update(offsets)
 
     def _on_commit(self, error: KafkaError | None, partitions: list[TopicPartition]) -> None:
         """An asynchronous commit's outcome: one that failed leaves its messages to be
