@@ -37,11 +37,15 @@ COMMIT_TIMEOUT_S = 10.0
 # librdkafka's defaults, ours unless the URL says otherwise: start a new group at the
 # topic's beginning (as Redis Streams and RabbitMQ hand out what was there before).
 # queued.max.messages.kbytes: fetch ahead 16 MiB, not librdkafka's 64 MiB, per consumer
-# process (a pod runs several).
+# process (a pod runs several). fetch.wait.max.ms: Kafka answers a fetch as soon as a
+# record arrives, but Kafka-protocol brokers that hold it for the whole wait exist
+# (Tansu, which the tests run: a message to an idle consumer waited up to librdkafka's
+# 500 ms); 100 ms bounds that, for ten empty fetches a second on an idle Kafka.
 SOURCE_DEFAULTS = {
     "auto.offset.reset": "earliest",
     "enable.partition.eof": False,
     "queued.max.messages.kbytes": 16384,
+    "fetch.wait.max.ms": 100,
 }
 # Consumer errors that mean the source cannot go on as it is: its ends are opened again.
 FAILED = {
