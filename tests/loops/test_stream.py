@@ -57,7 +57,11 @@ def test_a_poison_message_runs_max_attempts_times_then_is_a_dead_letter() -> Non
     assert [r.id for r in batch.results] == ["ok"]
     (dead,) = batch.dead
     letter = json.loads(dead.body)
-    assert (dead.id, dead.headers, letter["attempts"]) == ("poison", {"h": "poison", "error": "model_error"}, 3)
+    assert (dead.id, dead.headers, letter["attempts"]) == (
+        "poison",
+        {"h": "poison", "error": "model_error"},
+        3,
+    )
     assert letter["error"]["type"] == "model_error"
     assert json.loads(letter["input"]) == {"n": 9, "poison": True}
     assert handler.batches == [[1, 9], [1], [9], [9]]  # each alone: "ok" succeeds at once
