@@ -6,11 +6,12 @@ offset after the last message acked, once the consumer's results are confirmed
 loses none: once its session times out (``session.timeout.ms``), the group
 rebalances and its partitions' new owners start at the committed offsets.
 
-Rebalances: on a partition's revocation (a consumer joined, left, or was
-stopped) the source commits what was acked, synchronously, before the partition
-moves; messages taken from it and not yet acked are then the new owner's, and
-their late ack here commits nothing (each message carries the generation of its
-partition's assignment). A partition lost outright (a session that timed out)
+Rebalances (incremental: only the partitions that change hands are revoked): on
+a partition's revocation (a consumer joined, left, or was stopped) the source
+commits what was acked, synchronously, before the partition moves; messages
+taken from it and not yet acked are then the new owner's, and their late ack
+here commits nothing (each message carries the generation of its partition's
+assignment). A partition lost outright (a session that timed out)
 commits nothing either. The new owner runs those messages again: a result may
 be published twice, once per delivery, never for an offset that was committed.
 
@@ -41,7 +42,11 @@ COMMIT_TIMEOUT_S = 10.0
 # record arrives, but Kafka-protocol brokers that hold it for the whole wait exist
 # (Tansu, which the tests run: a message to an idle consumer waited up to librdkafka's
 # 500 ms); 100 ms bounds that, for ten empty fetches a second on an idle Kafka.
+# partition.assignment.strategy: incremental rebalances, so that a consumer joining or
+# leaving moves only the partitions that change hands, and the others' consumers go on
+# (with the eager default every member gives up every partition, commits, and waits).
 SOURCE_DEFAULTS = {
+    "partition.assignment.strategy": "cooperative-sticky",
     "auto.offset.reset": "earliest",
     "enable.partition.eof": False,
     "queued.max.messages.kbytes": 16384,
