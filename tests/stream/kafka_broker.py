@@ -54,6 +54,12 @@ class KafkaBroker:
 
     def __init__(self, s3: str | None) -> None:
         self.server = KafkaServer(s3)
+        # The readers' fetch.wait.max.ms. Tansu holds a fetch for the whole wait even
+        # once a record is there (tests/stream/README.md), so bench/stream.py's
+        # latencies, read through ``records``, need a short one; over S3 each fetch
+        # reads moto's S3, and a reader fetching every 10 ms took the CPU the tests'
+        # workers need, so there librdkafka's default.
+        self._fetch_wait_ms = 10 if s3 is None else 500
         self.partitions = dict(PARTITIONS)
         self.client: dict[str, str] = {"bootstrap.servers": self.server.bootstrap}
         base = f"kafka://{self.server.bootstrap}"
@@ -122,15 +128,12 @@ class KafkaBroker:
         how long the last read waits for more (0: what the reader has fetched)."""
         reader = self._readers.get(topic)
         if reader is None:
-            # fetch.wait.max.ms: Tansu holds a fetch for the whole wait, even once a
-            # record is there (tests/stream/README.md); bench/stream.py's latencies
-            # are read through this reader.
             reader = Consumer(
                 {
                     **self.client,
                     "group.id": "reader",
                     "enable.auto.commit": False,
-                    "fetch.wait.max.ms": 10,
+                    "fetch.wait.max.ms": self._fetch_wait_ms,
                 }
             )
             count = self.partitions[topic]
