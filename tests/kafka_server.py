@@ -83,7 +83,13 @@ class KafkaServer:
         if self.s3 is not None:
             import boto3
 
-            s3 = boto3.client("s3", endpoint_url=self.s3, region_name="us-east-1", **_keys())
+            s3 = boto3.client(
+                "s3",
+                endpoint_url=self.s3,
+                region_name="us-east-1",
+                aws_access_key_id=ACCESS["AWS_ACCESS_KEY_ID"],
+                aws_secret_access_key=ACCESS["AWS_SECRET_ACCESS_KEY"],
+            )
             with contextlib.suppress(s3.exceptions.BucketAlreadyOwnedByYou):
                 s3.create_bucket(Bucket=self.bucket)
             env |= {
@@ -113,20 +119,6 @@ class KafkaServer:
 
     def output(self) -> str:
         return self._log.read_text(errors="replace")
-
-
-def _keys() -> dict[str, str]:
-    return {"aws_access_key_id": "test", "aws_secret_access_key": "test"}
-
-
-@contextlib.contextmanager
-def kafka_server(s3: str | None) -> Iterator[KafkaServer]:
-    server = KafkaServer(s3)
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def _wait_port(process: subprocess.Popen[bytes], port: int, log_path: Path, name: str) -> None:

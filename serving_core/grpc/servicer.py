@@ -148,12 +148,14 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         model.find(request.model_name, request.model_version or None)
         # No length: grpc refused a message over SERVING_MAX_BODY_BYTES unread. The key
         # was checked by the interceptor (``keys.KeyCheck``); here it names the caller.
-        key = presented(ctx.invocation_metadata()) if self.identify is not None else None
+        caller = ""
+        if self.identify is not None and (key := presented(ctx.invocation_metadata())):
+            caller = self.identify(key)
         head = Head(
             request_id=request_id,
             arrival=arrival,
             timeout_s=ctx.time_remaining(),  # None: the client set no deadline
-            caller=self.identify(key) if self.identify is not None and key else "",
+            caller=caller,
         )
         parsed, answered = self.door.enter(head, lambda: codec.request(request), model.answer)
         reply = codec.response(model.name, model.version, parsed.id, answered.output)

@@ -134,6 +134,8 @@ class StreamLoop:
         # (a quorum queue's fsync, milliseconds) overlaps the model instead of idling
         # its core. Both stay unacked until then: a crash redelivers both.
         sent: Sent | None = None
+        # Asked once per connection: a Protocol's isinstance is no check for every take.
+        partitioned = ends.source if isinstance(ends.source, PartitionedSource) else None
         while not self.stopping():
             # With a batch awaiting its confirms, take what is already here and no more:
             # waiting for new messages would hold that batch's acks.
@@ -141,7 +143,7 @@ class StreamLoop:
             if self._failures:
                 log.info("reconnected to the stream's broker after %d failure(s)", self._failures)
                 self._failures = 0
-            self._observe_lag(ends.source)
+            self._observe_lag(ends.source, partitioned)
             if not messages:
                 if sent:
                     self._settle(ends, sent)
@@ -223,11 +225,11 @@ class StreamLoop:
                 batch.results.append(Outgoing(message.id, output, message.headers, message.key))
         return batch
 
-    def _observe_lag(self, source: MessageSource) -> None:
-        if isinstance(source, PartitionedSource):
+    def _observe_lag(self, source: MessageSource, partitioned: PartitionedSource | None) -> None:
+        if partitioned is not None:
             # Read from the consumer's own state, not the broker: after every take, so
             # that the gauge is current while a batch runs.
-            for partition, waiting in source.partition_lags().items():
+            for partition, waiting in partitioned.partition_lags().items():
                 self.metrics.partition_lag.labels(partition).set(waiting)
         now = time.monotonic()
         if now < self._lag_at:

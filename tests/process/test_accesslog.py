@@ -20,6 +20,7 @@ from gunicorn.config import Config
 from serving_core.online.door import Answered, FrontDoor, Head
 from serving_core.process.accesslog import JsonAccessLogger
 from tests.conftest import make_app
+from tests.v2.grpc_call import Call
 
 HANDLER = str(Path(__file__).parents[1] / "v2" / "tensors_handler.py")
 RECORDED = 7  # no batch of this handler's is this large (SERVING_MAX_BATCH_SIZE=2)
@@ -113,19 +114,6 @@ def test_a_refused_request_has_no_batch_size(app, lines):
     response, environ = served(app, "/predict", {"values": "not numbers"})
     assert response.status_code == 400
     assert access_line(response, environ, lines)["batch_size"] is None
-
-
-class Call:
-    """A gRPC call's context, as the servicer uses it."""
-
-    def peer(self) -> str:
-        return "ipv4:127.0.0.1:5000"
-
-    def time_remaining(self) -> float | None:
-        return None
-
-    def abort(self, code: Any, details: str) -> None:
-        raise AssertionError(f"aborted: {code} {details}")
 
 
 def test_the_grpc_access_line_has_the_records_batch_size(app, lines):

@@ -60,7 +60,6 @@ class KafkaBroker:
         # reads moto's S3, and a reader fetching every 10 ms took the CPU the tests'
         # workers need, so there librdkafka's default.
         self._fetch_wait_ms = 10 if s3 is None else 500
-        self.partitions = dict(PARTITIONS)
         self.client: dict[str, str] = {"bootstrap.servers": self.server.bootstrap}
         base = f"kafka://{self.server.bootstrap}"
         self.source_url = f"{base}/in?group={GROUP}&{SESSION}"
@@ -73,7 +72,7 @@ class KafkaBroker:
     def __enter__(self) -> KafkaBroker:
         self.server.start()
         admin = AdminClient(self.client)
-        topics = [NewTopic(name, count, 1) for name, count in self.partitions.items()]
+        topics = [NewTopic(name, count, 1) for name, count in PARTITIONS.items()]
         for future in admin.create_topics(topics).values():
             future.result(30)
         self._producer = Producer({**self.client, "enable.idempotence": True})
@@ -136,7 +135,7 @@ class KafkaBroker:
                     "fetch.wait.max.ms": self._fetch_wait_ms,
                 }
             )
-            count = self.partitions[topic]
+            count = PARTITIONS[topic]
             reader.assign([TopicPartition(topic, p, 0) for p in range(count)])
             self._readers[topic], self._read[topic] = reader, []
         while batch := reader.consume(1000, wait_s):
@@ -155,7 +154,7 @@ class KafkaBroker:
         """The group's committed offset per partition of ``in`` (-1001: none yet)."""
         probe = Consumer({**self.client, "group.id": GROUP})
         try:
-            wanted = [TopicPartition("in", p) for p in range(self.partitions["in"])]
+            wanted = [TopicPartition("in", p) for p in range(PARTITIONS["in"])]
             return {tp.partition: tp.offset for tp in probe.committed(wanted, timeout=10)}
         finally:
             probe.close()

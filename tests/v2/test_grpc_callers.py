@@ -14,29 +14,11 @@ from flask import Flask
 
 from serving_core.online.door import FrontDoor
 from tests.conftest import make_app
+from tests.v2.grpc_call import Call
 
 pb = pytest.importorskip("serving_core.grpc.proto.grpc_predict_v2_pb2")
 
 HANDLER = str(Path(__file__).parent / "tensors_handler.py")
-
-
-class Call:
-    """A gRPC call's context, as the servicer uses it: ``key`` in its metadata."""
-
-    def __init__(self, key: str) -> None:
-        self.key = key
-
-    def invocation_metadata(self) -> list[tuple[str, str]]:
-        return [("authorization", f"Bearer {self.key}")]
-
-    def peer(self) -> str:
-        return "ipv4:127.0.0.1:5000"
-
-    def time_remaining(self) -> float | None:
-        return None
-
-    def abort(self, code: Any, details: str) -> None:
-        raise AssertionError(f"aborted: {code} {details}")
 
 
 @pytest.fixture

@@ -13,17 +13,17 @@ result's key. The URL's grammar is ``config``'s.
 
 from __future__ import annotations
 
-from serving_core.stream.kafka.config import parse
+from serving_core.stream.kafka.config import check
 from serving_core.stream.kafka.sink import KafkaSink
 from serving_core.stream.kafka.source import KafkaSource
 
 
 def check_source(url: str) -> None:
-    parse(url, "a Kafka source")
+    check(url, "a Kafka source")
 
 
 def check_sink(url: str) -> None:
-    parse(url, "a Kafka sink")
+    check(url, "a Kafka sink")
 
 
 def open_source(url: str, batch_size: int, consumer: str) -> KafkaSource:

@@ -49,9 +49,17 @@ class KafkaUrl:
     shown: str
 
 
+def check(url: str, what: str) -> KafkaUrl:
+    """``parse``, then librdkafka's own check of the properties, once, at start-up.
+    Connects to nothing: librdkafka checks them without a broker."""
+    end = parse(url, what)
+    _validate(end.config, repr(end.shown), what)
+    return end
+
+
 def parse(url: str, what: str) -> KafkaUrl:
     """The end ``url`` names; ``ValueError`` (starting with the masked URL) saying what to
-    fix. Connects to nothing: librdkafka checks the properties without a broker."""
+    fix."""
     shown = repr(masked(url))
     scheme, sep, rest = url.partition("://")
     if scheme not in SCHEMES or not sep:
@@ -74,7 +82,6 @@ def parse(url: str, what: str) -> KafkaUrl:
     config.update(_security(scheme == "kafkas", userinfo if at else None, shown))
     group, properties = _query(query, shown, what)
     config.update(properties)
-    _validate(config, shown, what)
     return KafkaUrl(topic, group, config, masked(url))
 
 

@@ -34,7 +34,6 @@ from serving_core.stream.kafka.config import parse
 
 log = logging.getLogger("serving_core.stream.kafka")
 
-COMMIT_TIMEOUT_S = 10.0
 # librdkafka's defaults, ours unless the URL says otherwise: start a new group at the
 # topic's beginning (as Redis Streams and RabbitMQ hand out what was there before).
 # queued.max.messages.kbytes: fetch ahead 16 MiB, not librdkafka's 64 MiB, per consumer
@@ -71,7 +70,7 @@ class KafkaSource:
 
     def __init__(self, url: str, *, batch_size: int, consumer: str) -> None:
         end = parse(url, "a Kafka source")
-        self.topic, self.group, self.shown = end.topic, end.group, end.shown
+        self.topic, self.shown = end.topic, end.shown
         config = {
             **SOURCE_DEFAULTS,
             "client.id": consumer or "serving-core",
