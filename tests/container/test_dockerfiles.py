@@ -706,3 +706,14 @@ def test_kafka_is_one_kraft_node_checked_by_its_own_scripts_and_keeps_its_log() 
     (volume,) = kafka["volumes"]
     assert volume.split(":") == ["kafka-data", env["KAFKA_LOG_DIRS"]]
     assert "kafka-data" in compose()["volumes"]
+
+
+def test_the_gpu_override_reserves_gpus_for_every_model_service_and_builds_cuda_torch() -> None:
+    gpu = yaml.safe_load((ROOT / "compose.gpu.yml").read_text())["services"]
+    built = {name for name, service in compose()["services"].items() if "build" in service}
+    model = {name for name in built if not name.startswith("iris") and name != "nginx"}
+    assert set(gpu) == model  # every service that loads the handler's model, no other
+    for service in gpu.values():
+        assert service["build"]["args"]["TORCH_VARIANT"] == "${TORCH_VARIANT:-cu128}"
+        (device,) = service["deploy"]["resources"]["reservations"]["devices"]
+        assert (device["driver"], device["capabilities"]) == ("nvidia", ["gpu"])
