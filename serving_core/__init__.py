@@ -5,6 +5,9 @@ no Flask: a handler module, ``serving-core healthcheck`` (the pods' exec probe)
 and the batch and queue tools stay light. The web app is ``serving_core.web.app``.
 """
 
+from serving_core.generation import Final as Final
+from serving_core.generation import Generation as Generation
+from serving_core.generation import TextGeneration as TextGeneration
 from serving_core.handler import Handler as Handler
 from serving_core.handler import InvalidInput as InvalidInput
 from serving_core.handler import Tensor as Tensor
@@ -24,4 +27,14 @@ def __getattr__(name: str) -> str:
     raise AttributeError(f"module 'serving_core' has no attribute {name!r}")
 
 
-__all__ = ["Handler", "InvalidInput", "Settings", "Tensor", "Tensors", "__version__"]
+__all__ = [
+    "Final",
+    "Generation",
+    "Handler",
+    "InvalidInput",
+    "Settings",
+    "Tensor",
+    "Tensors",
+    "TextGeneration",
+    "__version__",
+]

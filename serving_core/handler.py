@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
+
+from serving_core import generation
+from serving_core.generation import Final, Generation, TextGeneration
 
 Params = dict[str, Any]
 Output = dict[str, Any]
@@ -105,6 +108,9 @@ class Handler:
     #: parameters and the output dict. None: inferred from ``input_schema`` (each
     #: property an input tensor of its name) and from each output's keys.
     tensors: ClassVar[Tensors | None] = None
+    #: A generating handler (``generate`` or ``step``) that generates text: the OpenAI
+    #: and V2 generate routes serve it (``serving_core.generation.TextGeneration``).
+    text: ClassVar[TextGeneration | None] = None
 
     def setup(self) -> None:
         """Load the model; runs once in the master before the workers fork."""
@@ -130,6 +136,28 @@ class Handler:
     def predict_batch(self, items: list[Any]) -> Sequence[Output | InvalidInput]:
         raise NotImplementedError
 
+    # -- a handler that generates (``serving_core.generation`` says how it runs) --
+
+    def generate(self, item: Any) -> Iterator[Output]:
+        """The simple form: yield one request's chunks, in order."""
+        raise NotImplementedError
+
+    def step(self, generations: list[Generation]) -> Sequence[Output | Final | InvalidInput | None]:
+        """The batched form: one model step for every running generation, one answer
+        each, in order: a chunk, None (none this step), ``Final(chunk)`` or
+        ``InvalidInput``. A generation's ``state`` is None at its first step."""
+        raise NotImplementedError
+
+    def collect(self, chunks: list[Output]) -> Output:
+        """The one answer made of a generation's chunks, for ``/predict`` without a
+        stream, jobs, batch runs, the stream worker and pipelines; ``postprocess``
+        then runs on it. Default: strings joined, other fields listed."""
+        return generation.join_chunks(chunks)
+
+    def chat_prompt(self, messages: list[dict[str, Any]]) -> str:
+        """A text generator's prompt for an OpenAI chat's ``messages``."""
+        return generation.chat_prompt(messages)
+
 
 def handler_name(handler: Handler) -> str:
     return handler.name or type(handler).__name__.lower()
@@ -140,7 +168,17 @@ def is_batched(cls: type[Handler]) -> bool:
 
 
 def has_predict(cls: type[Handler]) -> bool:
-    return cls.predict is not Handler.predict or is_batched(cls)
+    return cls.predict is not Handler.predict or is_batched(cls) or is_generating(cls)
+
+
+def is_generating(cls: type[Handler]) -> bool:
+    """Whether it answers in chunks (``generate`` or ``step``)."""
+    return cls.generate is not Handler.generate or steps_together(cls)
+
+
+def steps_together(cls: type[Handler]) -> bool:
+    """Whether it generates in the batched form (``step``), continuous batching."""
+    return cls.step is not Handler.step
 
 
 def call_batch(handler: Handler, items: list[Any]) -> list[Output | InvalidInput]:

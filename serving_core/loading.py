@@ -25,7 +25,7 @@ from typing import Any
 import jsonschema
 
 from serving_core.errors import HandlerError
-from serving_core.handler import Handler, has_predict, is_batched
+from serving_core.handler import Handler, has_predict, is_batched, is_generating
 from serving_core.pipeline.pipeline import load as load_pipeline
 from serving_core.runtime import THREADS, Runtime
 
@@ -71,7 +71,21 @@ def load_handler(
     if not has_predict(cls):
         raise HandlerError(
             f"{source}: {cls.__name__} implements neither predict(params) -> dict nor "
-            "predict_batch(list[dict]) -> list[dict]; implement one of them"
+            "predict_batch(list[dict]) -> list[dict]; implement one of them (or generate "
+            "or step, for a handler that answers in chunks)"
+        )
+    if is_generating(cls) and (
+        cls.concurrent or is_batched(cls) or cls.predict is not Handler.predict
+    ):
+        raise HandlerError(
+            f"{source}: {cls.__name__} generates (generate or step) and also sets concurrent "
+            "or implements predict/predict_batch; a generating handler answers only in chunks: "
+            "keep generate(item) or step(generations), and drop the others"
+        )
+    if cls.text is not None and not is_generating(cls):
+        raise HandlerError(
+            f"{source}: {cls.__name__} sets text = TextGeneration(...) but does not generate; "
+            "implement generate(item) or step(generations), or drop text"
         )
     _check_schema(cls, source)
     try:

@@ -39,7 +39,9 @@ def main(settings: Settings, handler: str, raw_params: str | None) -> int:
         return 0
     if not isinstance(params, dict):
         raise Failure("the request parameters must be a JSON object")
-    engine = Engine(loaded.handler, max_batch_size=settings.max_batch_size)
+    engine = Engine(
+        loaded.handler, max_batch_size=settings.max_batch_size, max_tokens=settings.max_tokens
+    )
     try:
         loaded.handler.setup()
         loaded.handler.setup_worker()

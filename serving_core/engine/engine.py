@@ -26,7 +26,9 @@ import jsonschema
 
 from serving_core import context, threads
 from serving_core.context import Context
+from serving_core.engine.stepper import Stepper, generate_all
 from serving_core.errors import QUOTE_CHARS, InvalidParams, ModelError, ServingError, quote, shorten
+from serving_core.generation import MAX_TOKENS, Generation
 from serving_core.handler import (
     Handler,
     InvalidInput,
@@ -35,6 +37,7 @@ from serving_core.handler import (
     call_batch,
     handler_name,
     is_batched,
+    is_generating,
 )
 
 log = logging.getLogger("serving_core.engine.engine")
@@ -61,15 +64,20 @@ class Engine:
         handler: Handler,
         *,
         max_batch_size: int,
+        max_tokens: int = 256,
         on_failure: Callable[[int], None] | None = None,
     ) -> None:
         self.handler = handler
         self.name = handler_name(handler)
         self.version = handler.version
         self.batched = is_batched(type(handler))
+        # A generating handler's steps (``serving_core.generation``); None: one-shot.
+        self.stepper = Stepper(handler) if is_generating(type(handler)) else None
         # Unbatched handlers run one item at a time: fast tokenizers and many
-        # models are not thread-safe, and predict(item) takes one.
-        self.max_batch_size = max_batch_size if self.batched else 1
+        # models are not thread-safe, and predict(item) takes one. Generations
+        # run SERVING_MAX_BATCH_SIZE at a time in either form: one thread steps them.
+        self.max_batch_size = max_batch_size if self.batched or self.stepper else 1
+        self.max_tokens = max_tokens
         schema = handler.input_schema
         self._validator = (
             None if schema is None else jsonschema.validators.validator_for(schema)(schema)
@@ -102,6 +110,28 @@ class Engine:
             return self.handler.preprocess(params)
         except InvalidInput as exc:
             raise InvalidParams(str(exc)) from exc
+        finally:
+            context.leave(token)
+
+    def token_limit(self, params: Params) -> int:
+        """The request's ``max_tokens``, checked against SERVING_MAX_TOKENS (its default)."""
+        asked = params.get(MAX_TOKENS)
+        if asked is None:
+            return self.max_tokens
+        if isinstance(asked, bool) or not isinstance(asked, int) or asked < 1:
+            raise InvalidParams(f"{MAX_TOKENS} must be a whole number of at least 1; send e.g. 64")
+        if asked > self.max_tokens:
+            raise InvalidParams(
+                f"{MAX_TOKENS} {asked} is more than this server generates for one request "
+                f"({self.max_tokens}, SERVING_MAX_TOKENS); ask for at most that"
+            )
+        return asked
+
+    def collect(self, chunks: list[Output], ctx: Context) -> Output:
+        """A generation's one answer from its chunks (``Handler.collect``)."""
+        token = context.enter(ctx)
+        try:
+            return self.handler.collect(chunks)
         finally:
             context.leave(token)
 
@@ -178,10 +208,12 @@ class Engine:
                 ready.append((i, self.prepare(one, ctx)))
             except Exception as exc:
                 results[i] = self._item_error(exc, ctx, "preprocess")
-        for start in range(0, len(ready), self.max_batch_size):
-            chunk = ready[start : start + self.max_batch_size]
-            ran = self.run([item for _, item in chunk], [contexts[i] for i, _ in chunk])
-            for (i, _), result in zip(chunk, ran.results, strict=True):
+        # Generations go in one pass over them all: one joins as another leaves.
+        size = max(1, len(ready)) if self.stepper is not None else self.max_batch_size
+        for start in range(0, len(ready), size):
+            chunk = ready[start : start + size]
+            ran = self._run_chunk(chunk, params, contexts)
+            for (i, _), result in zip(chunk, ran, strict=True):
                 if isinstance(result, ServingError):
                     results[i] = result
                     continue
@@ -193,6 +225,28 @@ class Engine:
         if len(done) != len(params):
             raise AssertionError("predict_many left an item without a result")
         return done
+
+    def _run_chunk(
+        self, chunk: list[tuple[int, Any]], params: Sequence[Params], contexts: Sequence[Context]
+    ) -> list[Result]:
+        if self.stepper is None:
+            return self.run([item for _, item in chunk], [contexts[i] for i, _ in chunk]).results
+        generations: list[Generation] = []
+        refused: dict[int, ServingError] = {}
+        for i, item in chunk:
+            try:
+                generations.append(Generation(item, contexts[i], self.token_limit(params[i])))
+            except ServingError as exc:
+                refused[i] = exc
+        ran = iter(generate_all(self.stepper, generations, self.max_batch_size))
+        results: list[Result] = []
+        for i, _ in chunk:
+            if i in refused:
+                results.append(refused[i])
+                continue
+            one = next(ran)
+            results.append(one if isinstance(one, ServingError) else self.collect(one, contexts[i]))
+        return results
 
     def _item_error(self, exc: Exception, ctx: Context, hook: str) -> ServingError:
         # A bug in one item's pre/postprocess fails that item, not the whole run

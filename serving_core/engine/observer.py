@@ -41,3 +41,51 @@ class NoObserver:
 
     def flush_in(self) -> float | None:
         return None
+
+
+class GenerationObserver(Protocol):
+    """Receives what the decoder does with generating handlers; metrics implement it."""
+
+    def step(self, size: int, duration_s: float) -> None:
+        """One step of ``size`` generations took ``duration_s``."""
+        ...
+
+    def first_chunk(self, wait_s: float) -> None:
+        """A generation's first chunk, ``wait_s`` after its request arrived."""
+        ...
+
+    def next_chunk(self, gap_s: float) -> None:
+        """A later chunk, ``gap_s`` after the one before it (the inter-token latency)."""
+        ...
+
+    def ended(self, reason: str) -> None:
+        """A generation left: stop, length, error, deadline or gone (its client hung up)."""
+        ...
+
+    def active(self, running: int, waiting: int) -> None:
+        """How many generations run, and how many wait to join."""
+        ...
+
+    def rejected(self, reason: str) -> None: ...
+
+
+class NoGenerationObserver:
+    """A decoder's observer that keeps nothing."""
+
+    def step(self, size: int, duration_s: float) -> None:
+        pass
+
+    def first_chunk(self, wait_s: float) -> None:
+        pass
+
+    def next_chunk(self, gap_s: float) -> None:
+        pass
+
+    def ended(self, reason: str) -> None:
+        pass
+
+    def active(self, running: int, waiting: int) -> None:
+        pass
+
+    def rejected(self, reason: str) -> None:
+        pass

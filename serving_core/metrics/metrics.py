@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from serving_core.metrics import directory
+from serving_core.metrics.generation import GenerationMetrics
 from serving_core.metrics.tally import Tally
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -139,6 +140,8 @@ class Metrics:
         # process answers /metrics.
         self._tallies = (Tally(self.batch_size), Tally(self.batch_duration), Tally(self.queue_wait))
         self._tally_lock = threading.Lock()
+        # A generating handler's (the decoder's observer).
+        self.generation = GenerationMetrics(r)
         self._flush_at = 0.0
         self._pending = False
 
@@ -217,6 +220,7 @@ class Metrics:
 
     def exposition(self) -> bytes:
         self.flush()  # this process's own; the others flush when idle, or within FLUSH_S
+        self.generation.flush()
         if not directory.enabled():
             from prometheus_client import generate_latest
 

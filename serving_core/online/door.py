@@ -29,6 +29,7 @@ from serving_core.cache.cache import CacheResult
 from serving_core.errors import TOO_LARGE, DeadlineExceeded, PayloadTooLarge
 from serving_core.handler import Output, Params
 from serving_core.online.service import Service
+from serving_core.online.streamed import Streamed
 
 T = TypeVar("T")
 Read = TypeVar("Read")
@@ -131,6 +132,21 @@ class FrontDoor:
             output, served = compute(), None
         output = service.jobs.follow_up(output, params, head.request_id, head.caller)
         return Answered(output, served, batch_size)
+
+    def stream(self, head: Head, read: Callable[[], Params]) -> Streamed:
+        """A generating handler's chunks as they come: ``enter`` with ``open_stream``."""
+        return self.enter(head, read, self.open_stream)
+
+    def open_stream(self, params: Params, head: Head) -> Streamed:
+        """The answer step of a stream: no cache (a stream is computed as it is sent), its
+        first event already in, so an error before any chunk is raised here."""
+        return self.service.stream(
+            params,
+            request_id=head.request_id,
+            arrival=head.arrival,
+            timeout_s=head.timeout_s,
+            client=head.client,
+        )
 
     def cache_header(self, answered: Answered[Any]) -> CacheResult | None:
         """What the front may tell the client of how the cache served it (``X-Cache``):

@@ -20,9 +20,9 @@ from serving_core import threads
 from serving_core.cache.cache import Cache, CacheObserver, from_settings
 from serving_core.context import Context
 from serving_core.engine.engine import Engine
-from serving_core.engine.observer import Observer
+from serving_core.engine.observer import GenerationObserver, Observer
 from serving_core.engine.watchdog import Verdict, Watchdog
-from serving_core.errors import DeadlineExceeded
+from serving_core.errors import DeadlineExceeded, InvalidParams
 from serving_core.handler import Output, Params
 from serving_core.loading import LoadedHandler
 from serving_core.online.jobsapi import JobsApi
@@ -35,8 +35,10 @@ from serving_core.online.runner.base import (
     not_loaded,
 )
 from serving_core.online.runner.concurrent import ConcurrentRunner
+from serving_core.online.runner.decoding import DecodingRunner
 from serving_core.online.runner.local import LocalRunner
 from serving_core.online.runner.shared import SharedRunner
+from serving_core.online.streamed import Streamed
 from serving_core.runtime import THREADS, Runtime
 from serving_core.settings import Settings
 
@@ -54,6 +56,7 @@ class Service:
         *,
         observer: Observer | None = None,
         cache_observer: CacheObserver | None = None,
+        generation_observer: GenerationObserver | None = None,
         model_sockets: Sequence[str] = (),
         runtime: Runtime = THREADS,
     ) -> None:
@@ -71,6 +74,8 @@ class Service:
         self.max_batch_size = engine.max_batch_size
         self._observer = observer
         self._cache_observer = cache_observer
+        self._generation_observer = generation_observer
+        self.generates = engine.stepper is not None
         self.model_sockets = list(model_sockets)
         self.runner: Runner = Unstarted()  # chosen in start()
         self.cache: Cache | None = None  # opened in start(): a Redis pool per process
@@ -120,6 +125,17 @@ class Service:
 
     def _runner(self, open_connections: Callable[[], int | None]) -> Runner:
         """The one place that chooses how this worker runs the model."""
+        if self.generates:
+            # In the worker, even with model processes: a stream's events do not
+            # cross the model process's socket.
+            return DecodingRunner(
+                self.engine,
+                max_queue=self.settings.max_queue,
+                generation_timeout_s=self.settings.generation_timeout_s,
+                margin_s=self.settings.hang_margin_s,
+                observer=self._generation_observer,
+                runtime=self.runtime,
+            )
         if self.handler.concurrent:
             return ConcurrentRunner(
                 self.engine, max_queue=self.settings.max_queue, observer=self._observer
@@ -207,10 +223,48 @@ class Service:
         # between its batches its hub still reads, prepares and answers.
         with threads.busy():
             item = self.engine.prepare(params, ctx)
+            runner = self.runner
+            if isinstance(runner, DecodingRunner):
+                ticket = runner.open(
+                    item, ctx, arrival=arrival, max_tokens=self.engine.token_limit(params)
+                )
+                chunks = runner.collect(ticket, self._watch(client, alone))
+                output = self.engine.collect(chunks, ctx)
+                return Computed(self.engine.finish(output, params, ctx), None)
             output, batch_size = self.runner.run(
                 item, ctx, arrival=arrival, watch=self._watch(client, alone)
             )
             return Computed(self.engine.finish(output, params, ctx), batch_size)
+
+    def stream(
+        self,
+        params: Params,
+        *,
+        request_id: str,
+        arrival: float | None = None,
+        timeout_s: float | None = None,
+        client: Any = None,
+    ) -> Streamed:
+        """A generating handler's chunks as they come, its first event already in
+        (``Streamed.start``): an error before any chunk is raised here. Raises
+        ``InvalidParams`` for a handler that does not generate."""
+        runner = self.runner
+        if not isinstance(runner, DecodingRunner):
+            raise InvalidParams(
+                f"{self.name} answers in one piece, not in chunks; ask without a stream "
+                "(no Accept: text/event-stream, no stream: true)"
+            )
+        deadline = self._live_deadline(arrival, timeout_s)
+        arrival = time.monotonic() if arrival is None else arrival
+        ctx = Context(request_id, deadline)
+        item = self.engine.prepare(params, ctx)
+        ticket = runner.open(item, ctx, arrival=arrival, max_tokens=self.engine.token_limit(params))
+        streamed = Streamed(runner, ticket)
+        watch = self._watch(client, lambda: True)
+        if watch is not None:
+            streamed.watching = watch(ticket.cancel)
+        streamed.start()
+        return streamed
 
     def _watch(self, client: Any, alone: Callable[[], bool]) -> WatchGone | None:
         watch_client = self._watch_client
@@ -253,6 +307,7 @@ class Service:
     def metadata(self) -> dict[str, Any]:
         batching: dict[str, Any] = {
             "batched": self.batched,
+            "generates": self.generates,
             "concurrent": self.handler.concurrent,
             "max_batch_size": self.max_batch_size,
             "max_queue": self.settings.max_queue,

@@ -68,6 +68,7 @@ class Prefork:
         engine = Engine(
             self.loaded.handler,
             max_batch_size=self.settings.max_batch_size,
+            max_tokens=self.settings.max_tokens,
             on_failure=metrics.failed,
         )
         return engine, metrics

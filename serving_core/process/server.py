@@ -140,10 +140,14 @@ def build_with_metrics(
     """``build``, and its metrics, which the gRPC front counts its calls in too."""
     observer = Metrics()
     engine = Engine(
-        loaded.handler, max_batch_size=settings.max_batch_size, on_failure=observer.failed
+        loaded.handler,
+        max_batch_size=settings.max_batch_size,
+        max_tokens=settings.max_tokens,
+        on_failure=observer.failed,
     )
     models = []
-    if settings.shared_model and not loaded.handler.concurrent:
+    # A generating handler's decoder runs in each worker (``Service._runner``).
+    if settings.shared_model and not loaded.handler.concurrent and engine.stepper is None:
         folder = tempfile.mkdtemp(prefix="serving-core-model-")
         devices = model_devices(settings.device, settings.model_processes)
         models = [
@@ -164,6 +168,7 @@ def build_with_metrics(
         engine,
         observer=observer,
         cache_observer=observer,
+        generation_observer=observer.generation,
         model_sockets=[model.path for model in models],
         runtime=runtime_for(settings),
     )

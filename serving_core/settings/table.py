@@ -86,6 +86,12 @@ class Settings:
     request_timeout_s: float = setting(
         10.0, number(0.001, 3600.0), "a request's deadline, from its arrival"
     )
+    max_tokens: int = setting(
+        256, integer(1, 1 << 20), "a generating handler: the most chunks a request may ask for"
+    )
+    generation_timeout_s: float = setting(
+        300.0, number(0.001, 86_400.0), "a generating handler: the longest one generation runs"
+    )
     max_body_bytes: int = setting(1024 * 1024, integer(1, 1 << 34), "larger bodies get `413`")
     max_json_depth: int = setting(64, integer(1, 1024), "a JSON body nested deeper gets `400`")
     max_string_chars: int = setting(

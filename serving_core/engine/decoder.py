@@ -1,0 +1,270 @@
+"""The decoder: a worker's one thread that runs a generating handler's steps, with
+continuous batching.
+
+Requests ``open`` a generation and wait on its ``Ticket``. Between two steps
+the thread lets the waiting ones join, up to SERVING_MAX_BATCH_SIZE running,
+and drops those that ended, whose client hung up (``Ticket.cancel``) or whose
+time ran out; then one ``Stepper.step`` runs every generation still running.
+So a new request waits for one step, not for the longest sequence, and one
+that ends leaves at once. It is ours rather than a library's because the
+schedule, admission and deadlines are the product, as the batcher's are for
+one-shot handlers.
+
+Admission predicts a newcomer's time to its first chunk from what the thread
+has measured (a step's duration, how long a generation holds its place) and
+refuses at once (``503`` with ``Retry-After``) one that would miss its
+deadline, as the batcher does. Imports no Flask.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+from serving_core.context import Context
+from serving_core.engine.observer import GenerationObserver, NoGenerationObserver
+from serving_core.engine.stepper import Chunk, Stepper
+from serving_core.engine.ticket import Ticket
+from serving_core.errors import DeadlineExceeded, NotReady, Overloaded, ServingError
+from serving_core.generation import Generation
+
+log = logging.getLogger("serving_core.engine.decoder")
+
+# How fast the measured step and generation times follow a change (an EWMA's weight).
+LEARN = 0.2
+Clock = Callable[[], float]
+
+
+class Decoder:
+    def __init__(
+        self,
+        stepper: Stepper,
+        *,
+        max_running: int,
+        max_queue: int,
+        observer: GenerationObserver | None = None,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        self.stepper = stepper
+        self.max_running = max_running
+        self.max_queue = max_queue
+        self._observer: GenerationObserver = observer or NoGenerationObserver()
+        self._clock = clock
+        self._cond = threading.Condition()
+        self._waiting: deque[Ticket] = deque()
+        self._running: list[Ticket] = []
+        self._stopping = False
+        self._step_s = 0.0  # a step's measured duration
+        self._held_s = 0.0  # how long a generation holds its place, measured
+        self.fault: str | None = None
+        self.steps = 0
+        # What a request waits on (the gevent runtime's futures, under that worker).
+        self.new_future: Callable[[], Future[Any]] = Future
+        self._thread = threading.Thread(target=self._run, name="serving-decoder", daemon=True)
+
+    # -- lifecycle ----------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout_s: float | None = None) -> bool:
+        """Refuse new generations, let the running and waiting ones finish; False if
+        they did not within ``timeout_s``."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+        return not self._thread.is_alive()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive() and self.fault is None
+
+    @property
+    def depth(self) -> int:
+        return len(self._waiting)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "generation": "continuous" if self.stepper.batched else "interleaved",
+            "max_running": self.max_running,
+            "running": len(self._running),
+            "waiting": len(self._waiting),
+            "step_s": round(self._step_s, 6),
+        }
+
+    # -- requests -----------------------------------------------------------
+
+    def admit(self, deadline: float) -> None:
+        """Raise now what ``open`` would raise for a request whose first chunk is due by
+        ``deadline``; queues nothing."""
+        with self._cond:
+            self._refuse(deadline, self._clock())
+
+    def open(
+        self, item: Any, ctx: Context, *, max_tokens: int, arrival: float, ends_by: float
+    ) -> Ticket:
+        """Queue a generation to join at the next step; its events come on the ticket."""
+        generation = Generation(item, ctx, max_tokens)
+        ticket = Ticket(generation, arrival=arrival, ends_by=ends_by, new_future=self.new_future)
+        with self._cond:
+            self._refuse(ctx.deadline, self._clock())
+            self._waiting.append(ticket)
+            self._cond.notify()
+        return ticket
+
+    def _refuse(self, deadline: float | None, now: float) -> None:
+        if self._stopping:
+            raise NotReady("this worker is shutting down; retry on another one")
+        if self.fault is not None:
+            raise NotReady(f"this worker's model is out of order ({self.fault}); retry later")
+        if len(self._waiting) >= self.max_queue:
+            self._observer.rejected("queue_full")
+            raise Overloaded(
+                f"{len(self._waiting)} generations are waiting to start (SERVING_MAX_QUEUE); "
+                "retry after the Retry-After interval",
+                reason="queue_full",
+                retry_after_s=self._first_chunk_s(len(self._waiting) + 1),
+            )
+        predicted = self._first_chunk_s(len(self._waiting) + 1)
+        if deadline is not None and now + predicted > deadline:
+            self._observer.rejected("predicted_late")
+            raise Overloaded(
+                f"the first token is predicted in {predicted:.3f} s, past this request's "
+                "deadline; retry later or ask for a longer timeout",
+                reason="predicted_late",
+                retry_after_s=predicted,
+            )
+
+    def _first_chunk_s(self, place: int) -> float:
+        """When the ``place``-th waiting generation would have its first chunk: a step
+        if a place is free for it, else when enough running ones are predicted to end."""
+        free = self.max_running - len(self._running)
+        if place <= free:
+            return self._step_s
+        behind = place - max(free, 0)
+        return behind * self._held_s / self.max_running + self._step_s
+
+    # -- the decoder's thread -------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while self._turn():
+                pass
+        except BaseException as exc:  # the thread must not die silently: fail them all
+            log.exception("the decoder's thread failed")
+            self.fault = f"the decoder failed: {exc!r}"
+            with self._cond:
+                left = [*self._running, *self._waiting]
+                self._running.clear()
+                self._waiting.clear()
+            for ticket in left:
+                ticket.put(NotReady(f"{self.fault}; retry on another worker"))
+
+    def _turn(self) -> bool:
+        """One step, with the joins and leaves before it; False when stopped and empty."""
+        with self._cond:
+            while not self._waiting and not self._running:
+                if self._stopping:
+                    return False
+                self._cond.wait()
+            now = self._clock()
+            self._join(now)
+        # Only this thread changes the running list; admission reads its length.
+        self._leave(now)
+        running = self._running
+        if not running:
+            return True
+        observer = self._observer
+        observer.active(len(running), len(self._waiting))
+        started = self._clock()
+        answers = self.stepper.step([t.generation for t in running])
+        now = self._clock()
+        took = now - started
+        self.steps += 1
+        self._step_s = _learn(self._step_s, took)
+        observer.step(len(running), took)
+        done: list[Ticket] = []
+        for ticket, answer in zip(running, answers, strict=True):
+            for event in answer:
+                if isinstance(event, Chunk):
+                    last = ticket.last_chunk_at
+                    if last is None:
+                        observer.first_chunk(now - ticket.arrival)
+                    else:
+                        observer.next_chunk(now - last)
+                    ticket.last_chunk_at = now
+                ticket.put(event)
+            if answer and not isinstance(answer[-1], Chunk):
+                last_event = answer[-1]
+                self._ended(
+                    ticket,
+                    now,
+                    "error" if isinstance(last_event, ServingError) else last_event.reason,
+                )
+                done.append(ticket)
+        if done:
+            self._running = [t for t in running if t not in done]
+        return True
+
+    def _join(self, now: float) -> None:
+        """Under the lock: the gone and the late leave the queue; then those that fit join."""
+        waiting = self._waiting
+        for ticket in [t for t in waiting if t.cancelled or _late(t, now)]:
+            waiting.remove(ticket)
+            if ticket.cancelled:
+                self._observer.ended("gone")
+                continue
+            ticket.put(
+                DeadlineExceeded(
+                    "the generation could not start within the request's deadline; retry "
+                    "later or ask for a longer timeout"
+                )
+            )
+            self._observer.ended("deadline")
+        while waiting and len(self._running) < self.max_running:
+            ticket = waiting.popleft()
+            ticket.joined_at = now
+            self._running.append(ticket)
+
+    def _leave(self, now: float) -> None:
+        """The running ones whose client hung up or whose time ran out leave now."""
+        kept: list[Ticket] = []
+        for ticket in self._running:
+            if ticket.cancelled:
+                self._ended(ticket, now, "gone")
+            elif ticket.ends_by <= now:
+                ticket.put(
+                    DeadlineExceeded(
+                        "the generation ran past SERVING_GENERATION_TIMEOUT_S; ask for fewer "
+                        "tokens (max_tokens) or raise the setting"
+                    )
+                )
+                self._ended(ticket, now, "deadline")
+            else:
+                kept.append(ticket)
+        if len(kept) != len(self._running):
+            self._running = kept
+
+    def _ended(self, ticket: Ticket, now: float, reason: str) -> None:
+        self._observer.ended(reason)
+        if ticket.joined_at is not None:
+            held = now - ticket.joined_at
+            self._held_s = (
+                held if self._held_s == 0.0 else self._held_s + LEARN * (held - self._held_s)
+            )
+
+
+def _late(ticket: Ticket, now: float) -> bool:
+    deadline = ticket.generation.context.deadline
+    return deadline is not None and deadline <= now
+
+
+def _learn(mean: float, sample: float) -> float:
+    return sample if mean == 0.0 else mean + LEARN * (sample - mean)

@@ -1,0 +1,125 @@
+"""A generating handler's runner: the worker's decoder thread, continuous batching.
+
+``open`` queues one request's generation and hands back its ``Ticket``, whose
+events the request streams (``online.streamed``); ``run`` collects every chunk
+into one answer (``/predict`` without a stream, V2's ``infer``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from serving_core.context import Context
+from serving_core.engine.batcher import Batcher
+from serving_core.engine.decoder import Decoder
+from serving_core.engine.engine import Engine
+from serving_core.engine.observer import GenerationObserver
+from serving_core.engine.stepper import Chunk
+from serving_core.engine.ticket import Ticket
+from serving_core.errors import DeadlineExceeded, ServingError
+from serving_core.handler import Output
+from serving_core.online.runner.base import Computed, WatchGone
+from serving_core.runtime import Runtime
+
+
+class DecodingRunner:
+    model_thread: Batcher | None = None  # the watchdog's; the decoder has its own fault
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        max_queue: int,
+        generation_timeout_s: float,
+        margin_s: float,
+        observer: GenerationObserver | None,
+        runtime: Runtime,
+    ) -> None:
+        if engine.stepper is None:
+            raise ValueError("DecodingRunner serves a generating handler only")
+        self.engine = engine
+        self.decoder = Decoder(
+            engine.stepper,
+            max_running=engine.max_batch_size,
+            max_queue=max_queue,
+            observer=observer,
+        )
+        self.decoder.new_future = runtime.new_future
+        self.generation_timeout_s = generation_timeout_s
+        # How much longer than the decoder's own ends a request waits for an event:
+        # the decoder tells the end itself; this bounds a wait on a stuck step.
+        self.margin_s = margin_s
+        self.started = False
+
+    def start(self, warm_up: Callable[[], object] | None) -> None:
+        self.started = True
+        self.decoder.start()
+        if warm_up is not None:
+            warm_up()
+
+    def stop(self, timeout_s: float) -> bool:
+        return self.decoder.stop(timeout_s)
+
+    def admit(self, deadline: float) -> None:
+        self.decoder.admit(deadline)
+
+    def open(self, item: Any, ctx: Context, *, arrival: float, max_tokens: int) -> Ticket:
+        return self.decoder.open(
+            item,
+            ctx,
+            max_tokens=max_tokens,
+            arrival=arrival,
+            ends_by=arrival + self.generation_timeout_s,
+        )
+
+    def wait_s(self, ticket: Ticket, now: float) -> float:
+        """How long the request waits for its next event before it gives up."""
+        due = ticket.ends_by
+        if ticket.last_chunk_at is None and ticket.generation.context.deadline is not None:
+            due = min(due, ticket.generation.context.deadline)
+        return max(0.0, due - now) + self.margin_s
+
+    def run(self, item: Any, ctx: Context, *, arrival: float, watch: WatchGone | None) -> Computed:
+        """One generation's chunks collected (``Handler.collect``), within SERVING_MAX_TOKENS
+        (``Service.compute`` opens with the request's own ``max_tokens`` instead)."""
+        ticket = self.open(item, ctx, arrival=arrival, max_tokens=self.engine.max_tokens)
+        return Computed(self.engine.collect(self.collect(ticket, watch), ctx), None)
+
+    def collect(self, ticket: Ticket, watch: WatchGone | None) -> list[Output]:
+        """Wait for every chunk of ``ticket``; raise its error, or a deadline's. A client
+        that hangs up meanwhile ends its generation (``watch``)."""
+        watching = watch(ticket.cancel) if watch is not None else None
+        try:
+            return self._chunks(ticket)
+        finally:
+            if watching is not None:
+                watching.stop()
+
+    def _chunks(self, ticket: Ticket) -> list[Output]:
+        chunks: list[Output] = []
+        while True:
+            event = ticket.next(self.wait_s(ticket, time.monotonic()))
+            if event is None:
+                ticket.cancel()
+                raise DeadlineExceeded(
+                    "the generation did not end within its deadline; retry later or ask "
+                    "for fewer tokens"
+                )
+            if isinstance(event, ServingError):
+                raise event
+            if not isinstance(event, Chunk):
+                return chunks
+            chunks.append(event.output)
+
+    @property
+    def ready(self) -> bool:
+        return self.decoder.alive
+
+    @property
+    def fault(self) -> str | None:
+        return self.decoder.fault
+
+    def describe(self) -> dict[str, Any]:
+        return self.decoder.describe()
