@@ -13,7 +13,7 @@ from serving_core.metrics.metrics import CONTENT_TYPE, Metrics
 from serving_core.online.door import FrontDoor
 from serving_core.online.jobsapi import JobsApi, status_url
 from serving_core.online.service import Service
-from serving_core.web import headers
+from serving_core.web import headers, sse
 from serving_core.web.guard import ApiKeys, caller
 from serving_core.web.incoming import REQUEST_ID_OK, this_request
 from serving_core.web.params import JsonLimits, request_params
@@ -31,6 +31,10 @@ class Predict(Resource):  # type: ignore[misc]
         return answered.output, 200, headers.answer_headers(req, self.door, answered)
 
     def view(self) -> Response:
+        req = this_request()
+        if self.door.service.generates and sse.wants_stream(req):
+            streamed = self.door.stream(headers.head(req), lambda: request_params(req, self.limits))
+            return sse.event_stream(streamed, sse.predict_frames)
         return json_response(*self.post())
 
 
