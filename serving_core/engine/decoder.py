@@ -28,7 +28,7 @@ from typing import Any
 
 from serving_core.context import Context
 from serving_core.engine.observer import GenerationObserver, NoGenerationObserver
-from serving_core.engine.stepper import Chunk, Stepper
+from serving_core.engine.stepper import Chunk, End, Stepper
 from serving_core.engine.ticket import Ticket
 from serving_core.errors import DeadlineExceeded, NotReady, Overloaded, ServingError
 from serving_core.generation import Generation
@@ -112,7 +112,13 @@ class Decoder:
     ) -> Ticket:
         """Queue a generation to join at the next step; its events come on the ticket."""
         generation = Generation(item, ctx, max_tokens)
-        ticket = Ticket(generation, arrival=arrival, ends_by=ends_by, new_future=self.new_future)
+        ticket = Ticket(
+            generation,
+            arrival=arrival,
+            ends_by=ends_by,
+            new_future=self.new_future,
+            on_cancel=self._gone,
+        )
         with self._cond:
             self._refuse(ctx.deadline, self._clock())
             self._waiting.append(ticket)
@@ -192,6 +198,10 @@ class Decoder:
         observer.step(len(running), took)
         done: list[Ticket] = []
         for ticket, answer in zip(running, answers, strict=True):
+            last_event = answer[-1] if answer else None
+            if last_event is not None and not isinstance(last_event, Chunk):
+                ticket.done = True  # before its last event: a request that reads it lets go
+                done.append(ticket)
             for event in answer:
                 if isinstance(event, Chunk):
                     last = ticket.last_chunk_at
@@ -201,14 +211,10 @@ class Decoder:
                         observer.next_chunk(now - last)
                     ticket.last_chunk_at = now
                 ticket.put(event)
-            if answer and not isinstance(answer[-1], Chunk):
-                last_event = answer[-1]
-                self._ended(
-                    ticket,
-                    now,
-                    "error" if isinstance(last_event, ServingError) else last_event.reason,
-                )
-                done.append(ticket)
+            if isinstance(last_event, End):
+                self._ended(ticket, now, last_event.reason)
+            elif isinstance(last_event, ServingError):
+                self._ended(ticket, now, "error")
         if done:
             self._running = [t for t in running if t not in done]
         return True
@@ -219,8 +225,8 @@ class Decoder:
         for ticket in [t for t in waiting if t.cancelled or _late(t, now)]:
             waiting.remove(ticket)
             if ticket.cancelled:
-                self._observer.ended("gone")
                 continue
+            ticket.done = True
             ticket.put(
                 DeadlineExceeded(
                     "the generation could not start within the request's deadline; retry "
@@ -238,8 +244,9 @@ class Decoder:
         kept: list[Ticket] = []
         for ticket in self._running:
             if ticket.cancelled:
-                self._ended(ticket, now, "gone")
+                self._ended(ticket, now, None)
             elif ticket.ends_by <= now:
+                ticket.done = True
                 ticket.put(
                     DeadlineExceeded(
                         "the generation ran past SERVING_GENERATION_TIMEOUT_S; ask for fewer "
@@ -252,8 +259,13 @@ class Decoder:
         if len(kept) != len(self._running):
             self._running = kept
 
-    def _ended(self, ticket: Ticket, now: float, reason: str) -> None:
-        self._observer.ended(reason)
+    def _gone(self) -> None:
+        # Counted when the request lets go, not when the next step drops it.
+        self._observer.ended("gone")
+
+    def _ended(self, ticket: Ticket, now: float, reason: str | None) -> None:
+        if reason is not None:
+            self._observer.ended(reason)
         if ticket.joined_at is not None:
             held = now - ticket.joined_at
             self._held_s = (

@@ -30,6 +30,7 @@ class Ticket:
         arrival: float,
         ends_by: float,
         new_future: Callable[[], Future[Any]],
+        on_cancel: Callable[[], None] = lambda: None,
     ) -> None:
         self.generation = generation
         self.arrival = arrival
@@ -37,6 +38,8 @@ class Ticket:
             ends_by  # when it must end, whatever it has left (SERVING_GENERATION_TIMEOUT_S)
         )
         self.cancelled = False
+        self.done = False  # the decoder has put its last event
+        self._on_cancel = on_cancel
         self.last_chunk_at: float | None = None  # the decoder's, for the inter-token latency
         self.joined_at: float | None = None
         self._new_future = new_future
@@ -69,5 +72,9 @@ class Ticket:
             return self._events.popleft() if self._events else None
 
     def cancel(self) -> None:
-        """Let go: the decoder drops it before its next step, and says so to nobody."""
+        """Let go: the decoder drops it before its next step, and tells nobody. Counted
+        (``on_cancel``) now, once, unless it had already ended."""
+        if self.cancelled or self.done:
+            return
         self.cancelled = True
+        self._on_cancel()

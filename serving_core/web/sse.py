@@ -15,7 +15,6 @@ from flask import Request, Response
 
 from serving_core import encoding
 from serving_core.engine.stepper import Chunk, End, Event
-from serving_core.errors import ServingError
 from serving_core.online.streamed import Streamed
 
 EVENT_STREAM = "text/event-stream"
@@ -66,5 +65,3 @@ def predict_frames(event: Event, streamed: Streamed) -> bytes:
     if isinstance(event, End):
         return data({"finish_reason": event.reason, "chunks": streamed.chunks}, event="end")
     return data(event.body(), event="error")
-
-
