@@ -108,6 +108,8 @@ def test_non_serving_variables_are_ignored():
         ("SERVING_MAX_WAIT_MS", "soon", "is not a number"),
         ("SERVING_MAX_WAIT_MS", "nan", "out of range"),
         ("SERVING_REQUEST_TIMEOUT_S", "0", "out of range"),
+        ("SERVING_MAX_TOKENS", "0", "out of range"),
+        ("SERVING_GENERATION_TIMEOUT_S", "forever", "is not a number"),
         ("SERVING_BATCH_POLICY", "greedy", "is not one of: adaptive, fixed"),
         ("SERVING_WORKER_CLASS", "sync", "is not one of: gevent, gthread"),
         ("SERVING_WORKER_CONNECTIONS", "0", "out of range"),

@@ -46,6 +46,8 @@ SETTINGS_TABLE = [
     ("batchPolicy", "fixed", "SERVING_BATCH_POLICY", "fixed"),
     ("maxQueue", 1000000, "SERVING_MAX_QUEUE", "1000000"),
     ("requestTimeoutSeconds", 0.5, "SERVING_REQUEST_TIMEOUT_S", "0.5"),
+    ("maxTokens", 1024, "SERVING_MAX_TOKENS", "1024"),
+    ("generationTimeoutSeconds", 600, "SERVING_GENERATION_TIMEOUT_S", "600"),
     ("maxBodyBytes", 4194304, "SERVING_MAX_BODY_BYTES", "4194304"),
     ("maxJsonDepth", 16, "SERVING_MAX_JSON_DEPTH", "16"),
     ("maxStringChars", 1048576, "SERVING_MAX_STRING_CHARS", "1048576"),

@@ -219,6 +219,8 @@ maxWaitMs: {env: SERVING_MAX_WAIT_MS, kind: number}
 batchPolicy: {env: SERVING_BATCH_POLICY, kind: optional}
 maxQueue: {env: SERVING_MAX_QUEUE, kind: auto}
 requestTimeoutSeconds: {env: SERVING_REQUEST_TIMEOUT_S, kind: number}
+maxTokens: {env: SERVING_MAX_TOKENS, kind: int}
+generationTimeoutSeconds: {env: SERVING_GENERATION_TIMEOUT_S, kind: number}
 maxBodyBytes: {env: SERVING_MAX_BODY_BYTES, kind: int}
 maxJsonDepth: {env: SERVING_MAX_JSON_DEPTH, kind: int}
 maxStringChars: {env: SERVING_MAX_STRING_CHARS, kind: int}
