@@ -86,6 +86,16 @@ def test_a_class_can_be_picked_by_name(tmp_path):
             GOOD.replace('name = "upper"', "def __init__(self, model):\n        pass"),
             "must take no arguments",
         ),
+        (
+            GOOD + "    def generate(self, item):\n        yield item\n",
+            "answers only in chunks: keep generate(item) or step(generations)",
+        ),
+        (
+            "from serving_core import Handler, TextGeneration\n"
+            "class Text(Handler):\n    text = TextGeneration()\n"
+            "    def predict(self, item):\n        return item\n",
+            "sets text = TextGeneration(...) but does not generate",
+        ),
     ],
 )
 def test_a_broken_handler_names_the_file_and_the_fix(tmp_path, source, expected):
@@ -156,3 +166,14 @@ def test_predict_batch_may_answer_with_a_tuple(tmp_path):
     handler = load_handler(str(write(tmp_path, BATCHED))).handler
     handler.reply = lambda batch: tuple({"n": item["a"]} for item in batch)
     assert call_batch(handler, [{"a": 1}, {"a": 2}]) == [{"n": 1}, {"n": 2}]
+
+
+def test_a_handler_that_only_generates_loads(tmp_path):
+    source = (
+        "from serving_core import Handler\n"
+        "class Words(Handler):\n"
+        "    def generate(self, item):\n"
+        "        yield {'text': 'a'}\n"
+    )
+    loaded = load_handler(str(write(tmp_path, source)))
+    assert type(loaded.handler).__name__ == "Words"

@@ -191,3 +191,26 @@ def test_requests_that_arrive_while_others_generate_join_their_steps(
     assert mine[2:5] == [[long_id, short_id]] * 3
     assert all(ids == [long_id] for ids in mine[5:])
     assert len(mine) == 30
+
+
+def metric(text: str, name: str) -> float:
+    found = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
+    assert found, f"no {name} in /metrics"
+    return float(found.group(1))
+
+
+def test_metrics_count_first_tokens_inter_token_gaps_tokens_and_streams(
+    url: str, server: Server
+) -> None:
+    before = requests.get(server.url + "/metrics", timeout=10).text
+    list(events(open_stream(url, {"n": 4}, uuid.uuid4().hex)))
+    after = requests.get(server.url + "/metrics", timeout=10).text
+    for name, added in (
+        ("serving_time_to_first_token_seconds_count", 1),
+        ("serving_inter_token_latency_seconds_count", 3),
+        ("serving_generated_tokens_total", 4),
+        ('serving_generations_total{reason="stop"}', 1),
+    ):
+        assert metric(after, name) - metric(before, name) == added, name
+    assert 'serving_active_generations{state="running"}' in after
+    assert "serving_generation_step_duration_seconds_count" in after
