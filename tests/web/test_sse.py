@@ -214,3 +214,17 @@ def test_metrics_count_first_tokens_inter_token_gaps_tokens_and_streams(
         assert metric(after, name) - metric(before, name) == added, name
     assert 'serving_active_generations{state="running"}' in after
     assert "serving_generation_step_duration_seconds_count" in after
+
+
+def test_the_gthread_worker_streams_too(tmp_path: Path) -> None:
+    env = {
+        "SERVING_HANDLER": str(HANDLER),
+        "SERVING_WORKERS": "1",
+        "SERVING_WORKER_CLASS": "gthread",
+    }
+    gate = tmp_path / "gate"
+    with gunicorn_server(env) as threaded:
+        stream = events(open_stream(threaded.url, {"n": 3, "gate": str(gate)}, uuid.uuid4().hex))
+        assert next(stream)["data"] == {"text": " w0"}
+        gate.touch()
+        assert [e.get("event") for e in stream] == [None, None, "end"]
