@@ -223,3 +223,43 @@ def test_the_in_process_paths_refuse_more_tokens_than_the_server_allows() -> Non
     (result,) = engine.predict_many([{"n": 3, "max_tokens": 9}])
     assert isinstance(result, InvalidParams)
     assert "SERVING_MAX_TOKENS" in str(result)
+
+
+class Ticking(Counting):
+    """Each step takes one second of the test's clock."""
+
+    def __init__(self, clock: list[float]) -> None:
+        super().__init__()
+        self.clock = clock
+
+    def step(self, generations: list[Generation]) -> list[Any]:
+        self.clock[0] += 1.0
+        return super().step(generations)
+
+
+def test_admission_refuses_a_request_whose_first_token_is_predicted_late() -> None:
+    now = [1000.0]
+    handler = Ticking(now)
+    decoder = Decoder(Stepper(handler), max_running=1, max_queue=8, clock=lambda: now[0])
+    decoder.start()
+    ctx = Context("learn", None)
+    first = decoder.open({"n": 2}, ctx, max_tokens=10, arrival=now[0], ends_by=now[0] + 99)
+    events(first)  # 2 steps of 1 s: a step is 1 s, a generation holds its place 2 s
+    with pytest.raises(Overloaded) as late:
+        decoder.admit(now[0] + 0.5)  # a free place, but the first token takes a step
+    assert late.value.reason == "predicted_late"
+    assert late.value.retry_after_s == pytest.approx(1.0)
+    decoder.admit(now[0] + 1.5)
+    handler.hold.clear()
+    handler.stepping.clear()
+    running = decoder.open(
+        {"n": 2}, Context("running", None), max_tokens=10, arrival=now[0], ends_by=now[0] + 99
+    )
+    assert handler.stepping.wait(WAIT_S)
+    # The one place is taken: the next waits for it (2 s) and a step (1 s).
+    with pytest.raises(Overloaded):
+        decoder.admit(now[0] + 2.5)
+    decoder.admit(now[0] + 3.5)
+    handler.hold.set()
+    events(running)
+    assert decoder.stop(WAIT_S)
