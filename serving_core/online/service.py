@@ -34,10 +34,8 @@ from serving_core.online.runner.base import (
     WatchGone,
     not_loaded,
 )
-from serving_core.online.runner.concurrent import ConcurrentRunner
+from serving_core.online.runner.choice import runner_for
 from serving_core.online.runner.decoding import DecodingRunner
-from serving_core.online.runner.local import LocalRunner
-from serving_core.online.runner.shared import SharedRunner
 from serving_core.online.streamed import Streamed
 from serving_core.runtime import THREADS, Runtime
 from serving_core.settings import Settings
@@ -107,7 +105,15 @@ class Service:
             self.settings, self.handler, self._cache_observer, self.runtime.new_future
         )
         self.jobs.open()
-        self.runner = self._runner(open_connections)
+        self.runner = runner_for(
+            self.settings,
+            self.engine,
+            observer=self._observer,
+            generation_observer=self._generation_observer,
+            model_sockets=self.model_sockets,
+            open_connections=open_connections,
+            runtime=self.runtime,
+        )
         sample = self.loaded.sample
         self.runner.start(
             (lambda: self.predict(dict(sample), request_id="warm-up"))
@@ -122,39 +128,6 @@ class Service:
                 on_verdict=on_verdict,
             )
             self.watchdog.start()
-
-    def _runner(self, open_connections: Callable[[], int | None]) -> Runner:
-        """The one place that chooses how this worker runs the model."""
-        if self.generates:
-            # In the worker, even with model processes: a stream's events do not
-            # cross the model process's socket.
-            return DecodingRunner(
-                self.engine,
-                max_queue=self.settings.max_queue,
-                generation_timeout_s=self.settings.generation_timeout_s,
-                margin_s=self.settings.hang_margin_s,
-                observer=self._generation_observer,
-                runtime=self.runtime,
-            )
-        if self.handler.concurrent:
-            return ConcurrentRunner(
-                self.engine, max_queue=self.settings.max_queue, observer=self._observer
-            )
-        if self.model_sockets:
-            return SharedRunner(
-                self.model_sockets,
-                max_queue=self.settings.max_queue,
-                observer=self._observer,
-                open_connections=open_connections,
-                runtime=self.runtime,
-            )
-        return LocalRunner(
-            self.settings,
-            self.engine,
-            observer=self._observer,
-            open_connections=open_connections,
-            runtime=self.runtime,
-        )
 
     def stop(self) -> bool:
         """At worker exit: False if the requests in hand did not finish in time."""
@@ -216,24 +189,19 @@ class Service:
         connection, watched while it waits (the gevent worker's ``watch_client``): a
         client that hangs up takes its item out of the queue, when it is ``alone`` in
         waiting for it (the cache may have others wait on it)."""
-        deadline = self._live_deadline(arrival, timeout_s)
-        arrival = time.monotonic() if arrival is None else arrival
-        ctx = Context(request_id, deadline)
+        ctx, arrival = self._context(request_id, arrival, timeout_s)
         # A worker with a request in hand lends its core to no sibling (``threads``):
         # between its batches its hub still reads, prepares and answers.
         with threads.busy():
             item = self.engine.prepare(params, ctx)
+            watch = self._watch(client, alone)
             runner = self.runner
             if isinstance(runner, DecodingRunner):
-                ticket = runner.open(
-                    item, ctx, arrival=arrival, max_tokens=self.engine.token_limit(params)
-                )
-                chunks = runner.collect(ticket, self._watch(client, alone))
-                output = self.engine.collect(chunks, ctx)
-                return Computed(self.engine.finish(output, params, ctx), None)
-            output, batch_size = self.runner.run(
-                item, ctx, arrival=arrival, watch=self._watch(client, alone)
-            )
+                limit = self.engine.token_limit(params)
+                chunks = runner.generate(item, ctx, arrival=arrival, max_tokens=limit, watch=watch)
+                output, batch_size = self.engine.collect(chunks, ctx), None
+            else:
+                output, batch_size = runner.run(item, ctx, arrival=arrival, watch=watch)
             return Computed(self.engine.finish(output, params, ctx), batch_size)
 
     def stream(
@@ -254,17 +222,25 @@ class Service:
                 f"{self.name} answers in one piece, not in chunks; ask without a stream "
                 "(no Accept: text/event-stream, no stream: true)"
             )
+        ctx, arrival = self._context(request_id, arrival, timeout_s)
+        item = self.engine.prepare(params, ctx)
+        limit = self.engine.token_limit(params)
+        return Streamed.open(
+            runner,
+            item,
+            ctx,
+            arrival=arrival,
+            max_tokens=limit,
+            watch=self._watch(client, lambda: True),
+        )
+
+    def _context(
+        self, request_id: str, arrival: float | None, timeout_s: float | None
+    ) -> tuple[Context, float]:
+        """The request's context (its deadline checked) and its arrival."""
         deadline = self._live_deadline(arrival, timeout_s)
         arrival = time.monotonic() if arrival is None else arrival
-        ctx = Context(request_id, deadline)
-        item = self.engine.prepare(params, ctx)
-        ticket = runner.open(item, ctx, arrival=arrival, max_tokens=self.engine.token_limit(params))
-        streamed = Streamed(runner, ticket)
-        watch = self._watch(client, lambda: True)
-        if watch is not None:
-            streamed.watching = watch(ticket.cancel)
-        streamed.start()
-        return streamed
+        return Context(request_id, deadline), arrival
 
     def _watch(self, client: Any, alone: Callable[[], bool]) -> WatchGone | None:
         watch_client = self._watch_client

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from typing import Any
 
+from serving_core.context import Context
 from serving_core.engine.stepper import Chunk, Event
 from serving_core.engine.ticket import Ticket
 from serving_core.errors import DeadlineExceeded, ServingError
-from serving_core.online.runner.base import ClientWatch
+from serving_core.online.runner.base import ClientWatch, WatchGone
 from serving_core.online.runner.decoding import DecodingRunner
 
 
@@ -29,6 +31,25 @@ class Streamed:
         self._ended = False
         self.watching: ClientWatch | None = None
         self.chunks = 0  # sent so far, for a front's usage counts
+
+    @classmethod
+    def open(
+        cls,
+        runner: DecodingRunner,
+        item: Any,
+        ctx: Context,
+        *,
+        arrival: float,
+        max_tokens: int,
+        watch: WatchGone | None,
+    ) -> Streamed:
+        """Open a generation on ``runner`` and wait for its first event; a client that
+        hangs up meanwhile, or later, lets it go (``watch``)."""
+        streamed = cls(runner, runner.open(item, ctx, arrival=arrival, max_tokens=max_tokens))
+        if watch is not None:
+            streamed.watching = watch(streamed._ticket.cancel)
+        streamed.start()
+        return streamed
 
     @property
     def request_id(self) -> str:

@@ -146,7 +146,7 @@ def build_with_metrics(
         on_failure=observer.failed,
     )
     models = []
-    # A generating handler's decoder runs in each worker (``Service._runner``).
+    # A generating handler's decoder runs in each worker (``online/runner/choice.py``).
     if settings.shared_model and not loaded.handler.concurrent and engine.stepper is None:
         folder = tempfile.mkdtemp(prefix="serving-core-model-")
         devices = model_devices(settings.device, settings.model_processes)

@@ -83,13 +83,17 @@ class DecodingRunner:
 
     def run(self, item: Any, ctx: Context, *, arrival: float, watch: WatchGone | None) -> Computed:
         """One generation's chunks collected (``Handler.collect``), within SERVING_MAX_TOKENS
-        (``Service.compute`` opens with the request's own ``max_tokens`` instead)."""
-        ticket = self.open(item, ctx, arrival=arrival, max_tokens=self.engine.max_tokens)
-        return Computed(self.engine.collect(self.collect(ticket, watch), ctx), None)
+        (``Service.compute`` asks ``generate`` with the request's own ``max_tokens``)."""
+        limit = self.engine.max_tokens
+        chunks = self.generate(item, ctx, arrival=arrival, max_tokens=limit, watch=watch)
+        return Computed(self.engine.collect(chunks, ctx), None)
 
-    def collect(self, ticket: Ticket, watch: WatchGone | None) -> list[Output]:
-        """Wait for every chunk of ``ticket``; raise its error, or a deadline's. A client
-        that hangs up meanwhile ends its generation (``watch``)."""
+    def generate(
+        self, item: Any, ctx: Context, *, arrival: float, max_tokens: int, watch: WatchGone | None
+    ) -> list[Output]:
+        """Every chunk of one generation; raise its error, or a deadline's. A client that
+        hangs up meanwhile ends it (``watch``)."""
+        ticket = self.open(item, ctx, arrival=arrival, max_tokens=max_tokens)
         watching = watch(ticket.cancel) if watch is not None else None
         try:
             return self._chunks(ticket)
