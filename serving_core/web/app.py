@@ -17,7 +17,18 @@ from serving_core.online.service import Service
 from serving_core.pipeline.pipeline import Pipeline
 from serving_core.settings import Settings
 from serving_core.v2.model import Model
-from serving_core.web import arrival, docs, guard, incoming, openapi, v2openapi, v2routes
+from serving_core.web import (
+    arrival,
+    docs,
+    generateroutes,
+    guard,
+    incoming,
+    openaiopenapi,
+    openairoutes,
+    openapi,
+    v2openapi,
+    v2routes,
+)
 from serving_core.web.logfields import ROUTE_KEY
 from serving_core.web.params import JsonLimits
 from serving_core.web.responses import (
@@ -25,6 +36,7 @@ from serving_core.web.responses import (
     ROUTES_HINT,
     ErrorFunnelApi,
     error_response,
+    is_openai,
     is_v2,
     json_response,
 )
@@ -97,6 +109,7 @@ def create_app(settings: Settings, service: Service, metrics: Metrics) -> Flask:
     app.add_url_rule("/predict", "predict", predict.view, methods=["POST"])
     v2model = Model(door)
     v2routes.add_routes(app, v2model, door, limits)
+    describe_text = _add_text_routes(app, v2model, door, limits)
     if settings.jobs_enabled:
         api.add_resource(Jobs, "/jobs", resource_class_args=(service.jobs, limits))
     if settings.jobs_enabled or settings.followup_queue:
@@ -114,6 +127,7 @@ def create_app(settings: Settings, service: Service, metrics: Metrics) -> Flask:
             example=service.loaded.sample,
         )
         v2openapi.extend(document, v2model, service.loaded.sample)
+        describe_text(document)
         api.add_resource(OpenAPI, "/openapi.json", resource_class_args=(document,))
     if settings.docs_enabled and described:
         # Plain routes, not Resources: HTML and static files, not JSON. When
@@ -135,7 +149,7 @@ def create_app(settings: Settings, service: Service, metrics: Metrics) -> Flask:
         route = rule.rule if rule is not None else _unmatched_route(req)
         req.environ[ROUTE_KEY] = route  # for the JSON access line
         now = time.monotonic()
-        protocol = "v2" if is_v2(req.path) else "predict"
+        protocol = "v2" if is_v2(req.path) else "openai" if is_openai(req.path) else "predict"
         metrics.request(route, response.status_code, now - g.get("arrival", now), protocol)
         return response
 
@@ -143,6 +157,25 @@ def create_app(settings: Settings, service: Service, metrics: Metrics) -> Flask:
     app.register_error_handler(HTTPException, error_response)
     app.register_error_handler(Exception, error_response)
     return app
+
+
+def _add_text_routes(
+    app: Flask, model: Model, door: FrontDoor, limits: JsonLimits
+) -> Callable[[dict[str, Any]], None]:
+    """A text generator's own fronts, V2's generate extension and OpenAI's API; what
+    adds their paths to the OpenAPI document. Any other handler's app has neither."""
+    service = door.service
+    text = service.handler.text if service.generates else None
+    if text is None:
+        return lambda document: None
+    generateroutes.add_routes(app, model, door, text, limits)
+    openairoutes.add_routes(app, door, text, limits)
+
+    def describe(document: dict[str, Any]) -> None:
+        v2openapi.extend_generate(document, model)
+        openaiopenapi.extend(document, service.name)
+
+    return describe
 
 
 def _unmatched_route(req: Request) -> str:

@@ -12,6 +12,7 @@ from werkzeug.exceptions import HTTPException
 
 from serving_core import encoding
 from serving_core.errors import QUOTE_CHARS, TOO_LARGE, ServingError, shorten
+from serving_core.openai import errors as openai_errors
 from serving_core.web.incoming import REQUEST_ID
 
 log = logging.getLogger("serving_core.web.responses")
@@ -19,6 +20,8 @@ log = logging.getLogger("serving_core.web.responses")
 JSON = "application/json"
 # The app's config key for what a 404 adds: where the API is described, if it is.
 ROUTES_HINT = "SERVING_ROUTES_HINT"
+# The app's config key that says it serves OpenAI's API under /v1 (``openairoutes``).
+OPENAI_ROUTES = "SERVING_OPENAI_ROUTES"
 _HTTP_TYPES = {
     400: "bad_request",
     404: "not_found",
@@ -32,6 +35,12 @@ _HTTP_TYPES = {
 def is_v2(path: str) -> bool:
     """Whether ``path`` is the Open Inference Protocol's (``web/v2routes``)."""
     return path == "/v2" or path.startswith("/v2/")
+
+
+def is_openai(path: str) -> bool:
+    """Whether ``path`` is OpenAI's API (``web/openairoutes``), where the app serves it."""
+    served = current_app.config.get(OPENAI_ROUTES, False)
+    return bool(served) and (path == "/v1" or path.startswith("/v1/"))
 
 
 class ErrorFunnelApi(Api):  # type: ignore[misc]
@@ -69,7 +78,8 @@ def json_response(data: Any, code: int, headers: Any = None) -> Response:
 
 def error_response(exc: Exception) -> Response:
     """Every error a request can end in, as ``{"error": {"type", "message"}}``, or as
-    ``{"error": "message"}`` under ``/v2``."""
+    ``{"error": "message"}`` under ``/v2``, or as OpenAI's ``{"error": {"message", "type",
+    "param", "code"}}`` under ``/v1`` where the app serves OpenAI's API."""
     request_id = g.get("request_id", "-")
     headers: dict[str, str] = {}
     if isinstance(exc, ServingError):
@@ -104,6 +114,10 @@ def error_response(exc: Exception) -> Response:
         }
     if is_v2(request.path):
         body = {"error": body["error"]["message"]}  # the Open Inference Protocol's shape
+    elif is_openai(request.path):
+        param = exc.param if isinstance(exc, openai_errors.BadField) else None
+        error = body["error"]
+        body = openai_errors.body(status, error["message"], error["type"], param)
     response = Response(encoding.dumps(body), status=status, content_type=JSON)
     response.headers.update(headers)
     if request_id != "-":

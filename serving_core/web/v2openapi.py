@@ -200,3 +200,93 @@ def extend(document: dict[str, Any], model: Model, example: dict[str, Any] | Non
             },
         }
     )
+
+
+def extend_generate(document: dict[str, Any], model: Model) -> None:
+    """Add V2's generate extension (``generateroutes``), served for a text generator."""
+    name = {"name": "name", "in": "path", "required": True, "schema": {"enum": [model.name]}}
+    version = {
+        "name": "version",
+        "in": "path",
+        "required": True,
+        "schema": {"enum": [model.version]},
+    }
+    body = {
+        "required": True,
+        "content": {
+            "application/json": {
+                "schema": _ref("V2GenerateRequest"),
+                "example": {"text_input": "Once upon a time", "parameters": {"max_tokens": 16}},
+            }
+        },
+    }
+    errors = {
+        "400": _error("no text_input, or parameters the handler refuses"),
+        "404": _error("no such model or version"),
+        "413": _error("body over SERVING_MAX_BODY_BYTES"),
+        "503": _error("overloaded (see Retry-After) or not ready"),
+        "504": _error("no answer before the deadline"),
+    }
+    events = {
+        "type": "string",
+        "description": "server-sent events: `data: {V2GenerateResponse}` per chunk, then one "
+        "with finish_reason (stop or length); an error after the first chunk is a last "
+        '`data: {"error": "..."}`',
+    }
+    paths = document["paths"]
+    for path, parameters in (
+        ("/v2/models/{name}", [name]),
+        ("/v2/models/{name}/versions/{version}", [name, version]),
+    ):
+        paths[f"{path}/generate"] = {
+            "parameters": parameters,
+            "post": {
+                "summary": f"Generate text with {model.name}: the whole output at once",
+                "parameters": REQUEST_HEADERS,
+                "requestBody": body,
+                "responses": {
+                    "200": _json("the generated text", _ref("V2GenerateResponse")),
+                    **errors,
+                },
+            },
+        }
+        paths[f"{path}/generate_stream"] = {
+            "parameters": parameters,
+            "post": {
+                "summary": f"Generate text with {model.name}, each chunk as it comes",
+                "parameters": REQUEST_HEADERS,
+                "requestBody": body,
+                "responses": {
+                    "200": {
+                        "description": "one event per chunk",
+                        "content": {"text/event-stream": {"schema": events}},
+                    },
+                    **errors,
+                },
+            },
+        }
+    document["components"]["schemas"].update(
+        {
+            "V2GenerateRequest": {
+                "type": "object",
+                "required": ["text_input"],
+                "properties": {
+                    "text_input": {"type": "string", "description": "the prompt"},
+                    "parameters": {
+                        **_PARAMETERS,
+                        "description": "the handler's parameters (max_tokens, temperature...)",
+                    },
+                },
+            },
+            "V2GenerateResponse": {
+                "type": "object",
+                "required": ["model_name", "model_version", "text_output"],
+                "properties": {
+                    "model_name": {"type": "string"},
+                    "model_version": {"type": "string"},
+                    "text_output": {"type": "string"},
+                    "finish_reason": {"enum": ["stop", "length"]},
+                },
+            },
+        }
+    )

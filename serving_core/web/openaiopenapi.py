@@ -1,0 +1,143 @@
+"""The OpenAPI paths of OpenAI's API (``openairoutes``), added to the service's document
+(``openapi``) for a text generator."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from serving_core.web.openapi import REQUEST_HEADERS
+
+ERROR = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["message", "type"],
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string"},
+                "param": {"type": ["string", "null"]},
+                "code": {"type": ["string", "null"]},
+            },
+        }
+    },
+}
+_SAMPLING = {
+    "max_tokens": {"type": ["integer", "null"], "minimum": 1},
+    "max_completion_tokens": {"type": ["integer", "null"], "minimum": 1},
+    "temperature": {"type": ["number", "null"]},
+    "top_p": {"type": ["number", "null"]},
+    "stop": {"type": ["string", "array", "null"]},
+    "seed": {"type": ["integer", "null"]},
+    "n": {"const": 1},
+    "stream": {"type": ["boolean", "null"]},
+    "stream_options": {
+        "type": ["object", "null"],
+        "properties": {"include_usage": {"type": "boolean"}},
+    },
+}
+_STREAM = {
+    "type": "string",
+    "description": "with stream: true, server-sent events: `data: {chunk}` per chunk, the last "
+    "with finish_reason, then `data: [DONE]`; an error after the first chunk is a last "
+    '`data: {"error": {...}}`',
+}
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _error(description: str) -> dict[str, Any]:
+    return {
+        "description": description,
+        "content": {"application/json": {"schema": _ref("OpenAIError")}},
+    }
+
+
+def _create(summary: str, request: str, example: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "post": {
+            "summary": summary,
+            "parameters": REQUEST_HEADERS,
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": _ref(request), "example": example}},
+            },
+            "responses": {
+                "200": {
+                    "description": "the completion, or with stream: true its chunks",
+                    "content": {
+                        "application/json": {"schema": {"type": "object"}},
+                        "text/event-stream": {"schema": _STREAM},
+                    },
+                },
+                "400": _error("a field the API or the handler refuses (param names it)"),
+                "404": _error("no such model (GET /v1/models lists it)"),
+                "413": _error("body over SERVING_MAX_BODY_BYTES"),
+                "503": _error("overloaded (see Retry-After) or not ready"),
+                "504": _error("no answer before the deadline"),
+            },
+        }
+    }
+
+
+def extend(document: dict[str, Any], model: str) -> None:
+    """Add OpenAI's routes to ``document`` (``openapi.document``'s)."""
+    listed = {
+        "description": "the served model",
+        "content": {"application/json": {"schema": {"type": "object"}}},
+    }
+    paths = document["paths"]
+    paths["/v1/models"] = {"get": {"summary": "OpenAI: the models", "responses": {"200": listed}}}
+    paths["/v1/models/{model}"] = {
+        "parameters": [
+            {"name": "model", "in": "path", "required": True, "schema": {"enum": [model]}}
+        ],
+        "get": {
+            "summary": "OpenAI: one model",
+            "responses": {"200": listed, "404": _error("no such model")},
+        },
+    }
+    paths["/v1/completions"] = _create(
+        f"OpenAI: complete a prompt with {model}",
+        "OpenAICompletionRequest",
+        {"model": model, "prompt": "Once upon a time", "max_tokens": 16},
+    )
+    paths["/v1/chat/completions"] = _create(
+        f"OpenAI: answer a chat with {model}",
+        "OpenAIChatRequest",
+        {"model": model, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 16},
+    )
+    messages = {
+        "type": "array",
+        "minItems": 1,
+        "items": {
+            "type": "object",
+            "required": ["role"],
+            "properties": {
+                "role": {"type": "string"},
+                "content": {"type": ["string", "array", "null"]},
+            },
+        },
+    }
+    document["components"]["schemas"].update(
+        {
+            "OpenAIError": ERROR,
+            "OpenAICompletionRequest": {
+                "type": "object",
+                "required": ["model", "prompt"],
+                "properties": {
+                    "model": {"enum": [model]},
+                    "prompt": {"type": ["string", "array"]},
+                    **_SAMPLING,
+                },
+            },
+            "OpenAIChatRequest": {
+                "type": "object",
+                "required": ["model", "messages"],
+                "properties": {"model": {"enum": [model]}, "messages": messages, **_SAMPLING},
+            },
+        }
+    )
