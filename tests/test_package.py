@@ -46,10 +46,13 @@ def test_the_cli_stays_light_for_the_pods_exec_probe():
 def test_the_package_says_its_version():
     assert serving_core.__version__.count(".") >= 2
     assert set(serving_core.__all__) == {
+        "Final",
+        "Generation",
         "Handler",
         "InvalidInput",
         "Settings",
         "Tensor",
         "Tensors",
+        "TextGeneration",
         "__version__",
     }
