@@ -81,7 +81,9 @@ def assert_clean(
     if own_deadline and status in (503, 504):
         message = json.loads(body)["error"]
         if not v2:
-            assert message["type"] == ("deadline_exceeded" if status == 504 else "overloaded")
+            # OpenAI's shape (/v1) says our type in its ``code``.
+            kind = message["code"] if "code" in message else message["type"]
+            assert kind == ("deadline_exceeded" if status == 504 else "overloaded")
             message = message["message"]
         assert "deadline" in message, text
         return
