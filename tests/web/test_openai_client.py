@@ -10,6 +10,7 @@ import openai
 import pytest
 
 from tests.generation import ENV, full_queue
+from tests.nginx_server import nginx_server
 from tests.servers import Server, gunicorn_server
 
 pytestmark = pytest.mark.e2e
@@ -23,10 +24,17 @@ def server() -> Iterator[Server]:
         yield running
 
 
-@pytest.fixture
-def client(server: Server) -> openai.OpenAI:
+@pytest.fixture(scope="module")
+def proxy(server: Server) -> Iterator[str]:
+    with nginx_server(server.bind) as running:
+        yield running.url
+
+
+@pytest.fixture(params=["direct", "nginx"])
+def client(request: pytest.FixtureRequest, server: Server) -> openai.OpenAI:
+    base = server.url if request.param == "direct" else request.getfixturevalue("proxy")
     # No retries: a test sees each answer the server gives.
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0)
+    return openai.OpenAI(base_url=f"{base}/v1", api_key=KEY, max_retries=0)
 
 
 def test_the_client_streams_a_chat_completion(client):
