@@ -4,14 +4,17 @@ over the chart's, and the values it refuses."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import helm_python as helm
 import pytest
+import yaml
 
 from tests.deploy.chart import (
     CHART,
     KUBE_VERSIONS,
+    ROOT,
     find,
     lint_errors,
     render,
@@ -214,3 +217,20 @@ def test_the_readme_names_every_controller_and_annotation_the_chart_sets() -> No
         if name not in readme
     ]
     assert missing == [], f"README.md does not mention {missing}"
+
+
+def test_the_deployment_guide_names_every_controller() -> None:
+    guide = (ROOT / "docs" / "deployment" / "kubernetes.md").read_text()
+    assert [c for c in CONTROLLER_ANNOTATIONS if f"`{c}`" not in guide] == []
+
+
+def test_the_deployment_guides_ingress_example_sets_its_controllers_timeout(
+    chart: helm.Chart,
+) -> None:
+    guide = (ROOT / "docs" / "deployment" / "kubernetes.md").read_text()
+    section = guide.split("### Ingress, Gateway and long answers", 1)[1]
+    block = re.search(r"```yaml\n(.*?)```", section, re.S)
+    assert block, "kubernetes.md lost its Ingress example"
+    values = tagged(yaml.safe_load(block.group(1)))
+    controller = values["ingress"]["controller"]
+    assert annotations(chart, values) == CONTROLLER_ANNOTATIONS[controller]
