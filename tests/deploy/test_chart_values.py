@@ -117,6 +117,8 @@ WALK_CONTEXTS: list[tuple[str, dict[str, Any]]] = [
         )
     ],
     ("ingress.", {"ingress": {"enabled": True}}),
+    # A read timeout goes into the named controller's annotations.
+    ("ingress.readTimeoutSeconds", {"ingress": {"controller": "contour"}}),
     ("autoscaling.", {"autoscaling": {"enabled": True}}),
     ("autoscaling.podsMetric.", {"autoscaling": {"podsMetric": {"enabled": True}}}),
     ("networkPolicy.", {"networkPolicy": {"enabled": True}}),
@@ -184,6 +186,7 @@ WALK_SAMPLES: dict[str, Any] = {
     "nginx.exporter.resources": {"limits": {"memory": "64Mi"}},
     "service.annotations": {"example.com/lb": "internal"},
     "ingress.className": "nginx",
+    "ingress.readTimeoutSeconds": 600,
     "ingress.annotations": {"example.com/tls": "yes"},
     "ingress.hosts": [{"host": "a.example.com", "paths": [{"path": "/", "pathType": "Prefix"}]}],
     "ingress.tls": [{"secretName": "tls", "hosts": ["a.example.com"]}],
