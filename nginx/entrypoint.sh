@@ -34,6 +34,9 @@
 # |                           |            | nginx-prometheus-exporter beside nginx              |
 # | SERVING_MAX_BODY_BYTES    | 1048576    | client_max_body_size (the app's own limit)          |
 # | SERVING_REQUEST_TIMEOUT_S | 10         | proxy read/send timeout = this + the margin         |
+# | SERVING_GENERATION_TIMEOUT_S | 0       | a generating handler's: its one-piece answer may    |
+# |                           |            | take this long, so the timeouts are the longer of   |
+# |                           |            | the two + the margin; 0: the app does not generate  |
 # | NGINX_TIMEOUT_MARGIN_S    | 5          | how much longer nginx waits than the app's deadline |
 # | SERVING_KEEPALIVE_S       | 5          | gunicorn's keep-alive; nginx drops idle upstream    |
 # |                           |            | connections 1s before it (half of it if under 2s);  |
@@ -114,6 +117,7 @@ NGINX_GRPC_PORT=${NGINX_GRPC_PORT:-0}
 NGINX_GRPC_UPSTREAM=${NGINX_GRPC_UPSTREAM:-}
 SERVING_MAX_BODY_BYTES=${SERVING_MAX_BODY_BYTES:-1048576}
 SERVING_REQUEST_TIMEOUT_S=${SERVING_REQUEST_TIMEOUT_S:-10}
+SERVING_GENERATION_TIMEOUT_S=${SERVING_GENERATION_TIMEOUT_S:-0}
 NGINX_TIMEOUT_MARGIN_S=${NGINX_TIMEOUT_MARGIN_S:-5}
 SERVING_KEEPALIVE_S=${SERVING_KEEPALIVE_S:-5}
 NGINX_UPSTREAM_KEEPALIVE=${NGINX_UPSTREAM_KEEPALIVE:-32}
@@ -175,6 +179,9 @@ check SERVING_MAX_BODY_BYTES "$SERVING_MAX_BODY_BYTES" is_uint "a whole number o
 [ "$SERVING_MAX_BODY_BYTES" -gt 0 ] || die "SERVING_MAX_BODY_BYTES must be above 0 (nginx reads 0 as no limit)"
 check SERVING_REQUEST_TIMEOUT_S "$SERVING_REQUEST_TIMEOUT_S" is_positive_number "a positive number of seconds"
 check NGINX_TIMEOUT_MARGIN_S "$NGINX_TIMEOUT_MARGIN_S" is_positive_number "a positive number of seconds"
+case $SERVING_GENERATION_TIMEOUT_S in 0) ;; *)
+    check SERVING_GENERATION_TIMEOUT_S "$SERVING_GENERATION_TIMEOUT_S" is_positive_number "a number of seconds (0: the app does not generate)" ;;
+esac
 case $SERVING_KEEPALIVE_S in 0 | 0.0) ;; *)
     check SERVING_KEEPALIVE_S "$SERVING_KEEPALIVE_S" is_positive_number "a number of seconds (0 turns keep-alive off)" ;;
 esac
@@ -230,7 +237,10 @@ NGINX_CONF_DIR=$NGINX_ENVSUBST_OUTPUT_DIR
 # Derived values. Timeouts in milliseconds, so fractional seconds survive.
 NGINX_CLIENT_MAX_BODY_SIZE=$SERVING_MAX_BODY_BYTES
 NGINX_WORKER_RLIMIT_NOFILE=$((2 * NGINX_WORKER_CONNECTIONS))
-NGINX_PROXY_TIMEOUT=$(ms "$(awk -v a="$SERVING_REQUEST_TIMEOUT_S" -v b="$NGINX_TIMEOUT_MARGIN_S" 'BEGIN { print a + b }')")ms
+# Between two reads or writes, not a total: a stream's events each reset it, but a
+# generation answered in one piece sends nothing until it ends.
+NGINX_PROXY_TIMEOUT=$(ms "$(awk -v a="$SERVING_REQUEST_TIMEOUT_S" -v g="$SERVING_GENERATION_TIMEOUT_S" \
+    -v b="$NGINX_TIMEOUT_MARGIN_S" 'BEGIN { if (g > a) a = g; print a + b }')")ms
 NGINX_UPSTREAM_KEEPALIVE_TIMEOUT=$(awk -v k="$SERVING_KEEPALIVE_S" 'BEGIN {
     ms = k * 1000 - 1000; if (ms < k * 500) ms = k * 500; if (ms < 1) ms = 1; printf "%dms", ms }')
 NGINX_UPSTREAM_MAX_CONNS_PARAM= # nginx reads max_conns=0 as no limit too; leave it out

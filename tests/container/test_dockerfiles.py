@@ -254,7 +254,12 @@ def test_nginx_starts_after_the_app_is_healthy_and_both_are_checked() -> None:
 def test_nginx_and_the_app_read_the_same_limits() -> None:
     services = compose()["services"]
     app, nginx = services["app"]["environment"], services["nginx"]["environment"]
-    shared = {"SERVING_MAX_BODY_BYTES", "SERVING_REQUEST_TIMEOUT_S", "SERVING_KEEPALIVE_S"}
+    shared = {
+        "SERVING_MAX_BODY_BYTES",
+        "SERVING_REQUEST_TIMEOUT_S",
+        "SERVING_GENERATION_TIMEOUT_S",
+        "SERVING_KEEPALIVE_S",
+    }
     for name in shared:
         assert app[name] == nginx[name], name
     app_port = app["SERVING_BIND"].rpartition(":")[2]

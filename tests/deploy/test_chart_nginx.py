@@ -51,7 +51,12 @@ def test_nginx_takes_the_apps_socket_and_limits(chart: helm.Chart) -> None:
     by_name = containers(find(render(chart, values), "Deployment"))
     app, nginx = env_of(by_name["app"]), env_of(by_name["nginx"])
     assert nginx["NGINX_UPSTREAM"] == app["SERVING_BIND"]
-    for name in ("SERVING_MAX_BODY_BYTES", "SERVING_REQUEST_TIMEOUT_S", "SERVING_KEEPALIVE_S"):
+    for name in (
+        "SERVING_MAX_BODY_BYTES",
+        "SERVING_REQUEST_TIMEOUT_S",
+        "SERVING_GENERATION_TIMEOUT_S",
+        "SERVING_KEEPALIVE_S",
+    ):
         assert nginx[name] == app[name]
     assert (nginx["NGINX_PORT"], nginx["NGINX_METRICS_PORT"]) == ("8080", "9090")
 

@@ -764,6 +764,11 @@ def rendered(tmp_path: Path, settings: dict[str, str]) -> str:
                 "keepalive_timeout 750ms;",  # half of a keep-alive under 2 s
             ],
         ),
+        (
+            # A generating handler's one-piece answer takes up to its generation timeout.
+            {"SERVING_REQUEST_TIMEOUT_S": "10", "SERVING_GENERATION_TIMEOUT_S": "120"},
+            ["proxy_read_timeout 125000ms;", "proxy_send_timeout 125000ms;"],
+        ),
     ],
 )
 def test_render_lines_nginx_up_with_the_apps_limits(
@@ -912,6 +917,7 @@ def test_slow_clients_and_banners_are_bounded_by_the_settings(
         ({"SERVING_MAX_BODY_BYTES": "0"}, "SERVING_MAX_BODY_BYTES"),
         ({"SERVING_REQUEST_TIMEOUT_S": "-1"}, "SERVING_REQUEST_TIMEOUT_S"),
         ({"SERVING_REQUEST_TIMEOUT_S": "ten"}, "SERVING_REQUEST_TIMEOUT_S"),
+        ({"SERVING_GENERATION_TIMEOUT_S": "-1"}, "SERVING_GENERATION_TIMEOUT_S"),
         ({"NGINX_RATE_LIMIT_RPS": "1.5"}, "NGINX_RATE_LIMIT_RPS"),
         ({"NGINX_TLS_CERT": "/etc/hostname"}, "NGINX_TLS_KEY"),
         ({"NGINX_TLS_CERT": "/no/cert.pem", "NGINX_TLS_KEY": "/no/key.pem"}, "NGINX_TLS_CERT"),

@@ -501,6 +501,8 @@ proxy timeouts and upstream keep-alive from them.
   value: {{ int64 $s.maxBodyBytes | quote }}
 - name: SERVING_REQUEST_TIMEOUT_S
   value: {{ toString $s.requestTimeoutSeconds | quote }}
+- name: SERVING_GENERATION_TIMEOUT_S
+  value: {{ toString $s.generationTimeoutSeconds | quote }}
 - name: SERVING_KEEPALIVE_S
   value: {{ toString $s.keepaliveSeconds | quote }}
 - name: NGINX_UPSTREAM_KEEPALIVE
