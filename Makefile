@@ -66,7 +66,7 @@ SHARED_DIRS ?=
 IMAGE ?= serving-core:$(notdir $(patsubst %/,%,$(HANDLER_DIR)))$(if $(filter-out cpu,$(TORCH_VARIANT)),-$(TORCH_VARIANT))
 
 .PHONY: serve test test-fast test-template fuzz lint typecheck docs check image install install-dev install-handlers \
-	system-deps bench clean docs-settings chart-docs chart-docs-tools
+	system-deps bench clean docs-settings chart-docs chart-docs-tools textgen-model
 
 ## make serve: install the framework and $SERVING_HANDLER's requirements, then serve it.
 serve: $(BIN)/.runtime $(call stamps,$(SERVE_DIR))
@@ -127,6 +127,8 @@ $(CHART_DOCS_STAMP): $(CHART_DOCS_TOOLS)/package.json $(CHART_DOCS_TOOLS)/packag
 TYPED_EXAMPLES := $(wildcard handlers/echo handlers/minilm)
 typecheck: $(BIN)/.dev
 	$(BIN)/mypy serving_core $(TYPED_EXAMPLES)
+	$(if $(wildcard handlers/textgen),cd handlers/textgen && MYPYPATH=$(CURDIR) \
+	  $(abspath $(BIN))/mypy handler.py kvrows.py train.py)
 
 ## make docs: docs/ built into site/ with mkdocs --strict: a page missing from the nav, a broken
 ## link or anchor (the README's too, docs/repo_links.py) fails it.
@@ -192,6 +194,11 @@ system-deps:
 ## make bench: the bare-model limit, every batch size (bench/README.md lists the others).
 bench: $(BIN)/.dev $(call stamps,$(DEFAULT_HANDLER_DIR))
 	$(BIN)/python bench/bare_model.py
+
+## make textgen-model: train the text generator example's model (handlers/textgen/train.py),
+## into TEXTGEN_MODEL_DIR or handlers/textgen/model; its setup() does it when missing.
+textgen-model: $(BIN)/.runtime $(call stamps,handlers/textgen)
+	$(BIN)/python handlers/textgen/train.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info site
