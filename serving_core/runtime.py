@@ -15,11 +15,40 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 
 def _thread(target: Callable[[], None]) -> None:
     threading.Thread(target=target, name="serving-task", daemon=True).start()
+
+
+class Signal(Protocol):
+    """A wake-up that another thread sets, as often as it likes, and one waiter takes:
+    ``wait`` returns once it was set (clearing it) or after ``timeout_s``. A stream's
+    request waits on one for each of its events, so it costs no future per event."""
+
+    def set(self) -> None: ...
+
+    def wait(self, timeout_s: float) -> bool: ...
+
+
+class ThreadSignal:
+    """A native thread's ``Signal``."""
+
+    __slots__ = ("_event",)
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+
+    def set(self) -> None:
+        self._event.set()
+
+    def wait(self, timeout_s: float) -> bool:
+        woken = self._event.wait(timeout_s)
+        # A set between the wake and here is lost, harmlessly: the waiter looks at
+        # what it waited for before it waits again.
+        self._event.clear()
+        return woken
 
 
 @dataclass(frozen=True)
@@ -36,6 +65,8 @@ class Runtime:
     spawn: Callable[[Callable[[], None]], None] = _thread
     # How a request wakes the model thread (``Batcher.defer_wake``); None: at once.
     defer_wake: Callable[[Callable[[], None]], object] | None = None
+    # What a stream's request waits on for its next event (set by the decoder's thread).
+    new_signal: Callable[[], Signal] = ThreadSignal
 
     @property
     def green(self) -> bool:

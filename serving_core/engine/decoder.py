@@ -23,15 +23,15 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future
 from typing import Any
 
 from serving_core.context import Context
 from serving_core.engine.observer import GenerationObserver, NoGenerationObserver
-from serving_core.engine.stepper import Chunk, End, Stepper
+from serving_core.engine.stepper import Answer, Chunk, End, Stepper
 from serving_core.engine.ticket import Ticket
 from serving_core.errors import DeadlineExceeded, NotReady, Overloaded, ServingError
 from serving_core.generation import Generation
+from serving_core.runtime import Signal, ThreadSignal
 
 log = logging.getLogger("serving_core.engine.decoder")
 
@@ -63,8 +63,8 @@ class Decoder:
         self._held_s = 0.0  # how long a generation holds its place, measured
         self.fault: str | None = None
         self.steps = 0
-        # What a request waits on (the gevent runtime's futures, under that worker).
-        self.new_future: Callable[[], Future[Any]] = Future
+        # What a request waits on (the gevent runtime's signals, under that worker).
+        self.new_signal: Callable[[], Signal] = ThreadSignal
         self._thread = threading.Thread(target=self._run, name="serving-decoder", daemon=True)
 
     # -- lifecycle ----------------------------------------------------------
@@ -116,7 +116,7 @@ class Decoder:
             generation,
             arrival=arrival,
             ends_by=ends_by,
-            new_future=self.new_future,
+            signal=self.new_signal(),
             on_cancel=self._gone,
         )
         with self._cond:
@@ -196,7 +196,14 @@ class Decoder:
         self.steps += 1
         self._step_s = _learn(self._step_s, took)
         observer.step(len(running), took)
+        self._settle(running, answers, now)
+        return True
+
+    def _settle(self, running: list[Ticket], answers: list[Answer], now: float) -> None:
+        """Each answer's events to its ticket; the generations that ended leave."""
         done: list[Ticket] = []
+        firsts: list[float] = []
+        gaps: list[float] = []
         for ticket, answer in zip(running, answers, strict=True):
             last_event = answer[-1] if answer else None
             if last_event is not None and not isinstance(last_event, Chunk):
@@ -206,18 +213,19 @@ class Decoder:
                 if isinstance(event, Chunk):
                     last = ticket.last_chunk_at
                     if last is None:
-                        observer.first_chunk(now - ticket.arrival)
+                        firsts.append(now - ticket.arrival)
                     else:
-                        observer.next_chunk(now - last)
+                        gaps.append(now - last)
                     ticket.last_chunk_at = now
                 ticket.put(event)
             if isinstance(last_event, End):
                 self._ended(ticket, now, last_event.reason)
             elif isinstance(last_event, ServingError):
                 self._ended(ticket, now, "error")
+        if firsts or gaps:
+            self._observer.chunks(firsts, gaps)
         if done:
             self._running = [t for t in running if t not in done]
-        return True
 
     def _join(self, now: float) -> None:
         """Under the lock: the gone and the late leave the queue; then those that fit join."""

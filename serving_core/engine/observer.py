@@ -50,12 +50,10 @@ class GenerationObserver(Protocol):
         """One step of ``size`` generations took ``duration_s``."""
         ...
 
-    def first_chunk(self, wait_s: float) -> None:
-        """A generation's first chunk, ``wait_s`` after its request arrived."""
-        ...
-
-    def next_chunk(self, gap_s: float) -> None:
-        """A later chunk, ``gap_s`` after the one before it (the inter-token latency)."""
+    def chunks(self, first_waits_s: Sequence[float], gaps_s: Sequence[float]) -> None:
+        """One step's chunks: each first chunk's wait since its request arrived (the
+        time to first token), each later one's gap since the one before it (the
+        inter-token latency)."""
         ...
 
     def ended(self, reason: str) -> None:
@@ -75,10 +73,7 @@ class NoGenerationObserver:
     def step(self, size: int, duration_s: float) -> None:
         pass
 
-    def first_chunk(self, wait_s: float) -> None:
-        pass
-
-    def next_chunk(self, gap_s: float) -> None:
+    def chunks(self, first_waits_s: Sequence[float], gaps_s: Sequence[float]) -> None:
         pass
 
     def ended(self, reason: str) -> None:

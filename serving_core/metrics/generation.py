@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from serving_core.metrics.tally import Tally
@@ -91,15 +92,14 @@ class GenerationMetrics:
         if time.monotonic() >= self._flush_at:
             self.flush()
 
-    def first_chunk(self, wait_s: float) -> None:
+    def chunks(self, first_waits_s: Sequence[float], gaps_s: Sequence[float]) -> None:
+        firsts, gaps = self._tallies[0], self._tallies[1]
         with self._lock:
-            self._tallies[0].observe(wait_s)
-            self._tokens += 1
-
-    def next_chunk(self, gap_s: float) -> None:
-        with self._lock:
-            self._tallies[1].observe(gap_s)
-            self._tokens += 1
+            for wait in first_waits_s:
+                firsts.observe(wait)
+            for gap in gaps_s:
+                gaps.observe(gap)
+            self._tokens += len(first_waits_s) + len(gaps_s)
 
     def ended(self, reason: str) -> None:
         self.ends.labels(reason).inc()

@@ -46,7 +46,7 @@ class DecodingRunner:
             max_queue=max_queue,
             observer=observer,
         )
-        self.decoder.new_future = runtime.new_future
+        self.decoder.new_signal = runtime.new_signal
         self.generation_timeout_s = generation_timeout_s
         # How much longer than the decoder's own ends a request waits for an event:
         # the decoder tells the end itself; this bounds a wait on a stuck step.

@@ -49,7 +49,7 @@ from gunicorn.workers.ggevent import GeventWorker
 from serving_core.process.drain import DrainingWorker
 from serving_core.process.workers import clientwatch, fairaccept
 from serving_core.process.workers.fairaccept import FairServer
-from serving_core.process.workers.greenfuture import GreenFuture
+from serving_core.process.workers.greenfuture import GreenFuture, GreenSignal
 from serving_core.process.workers.uploads import Connections, TimedBody
 from serving_core.runtime import Runtime
 
@@ -145,5 +145,10 @@ def _spawn(target: Callable[[], None]) -> None:
 
 # How the gevent worker's requests wait: on GreenFuture, gevent's lock, greenlets.
 RUNTIME = Runtime(
-    "gevent", new_future=GreenFuture, new_lock=Semaphore, spawn=_spawn, defer_wake=defer_wake
+    "gevent",
+    new_future=GreenFuture,
+    new_lock=Semaphore,
+    spawn=_spawn,
+    defer_wake=defer_wake,
+    new_signal=GreenSignal,
 )

@@ -9,6 +9,7 @@ thread-safe way into a gevent loop.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from concurrent.futures import Future
 from typing import Any, cast
@@ -18,20 +19,37 @@ from gevent.hub import Waiter, get_hub
 
 
 class _Wakeups:
-    """Futures resolved on other threads, handed to the hub's loop to wake their greenlets."""
+    """Futures resolved and signals set on other threads, handed to the hub's loop to
+    wake their greenlets."""
 
     def __init__(self) -> None:
         self.resolved: deque[GreenFuture] = deque()
+        self.signalled: deque[GreenSignal] = deque()
         self.watcher: Any = gevent.get_hub().loop.async_()
         self.watcher.start(self._wake)
+        # One ``send`` until the hub has run ``_wake``: the decoder's thread sets a
+        # signal per stream per step, and each send is a system call that gives up
+        # the GIL. Cleared by the hub before it drains, so a post after the drain
+        # began sends again.
+        self.sent = False
 
     def post(self, future: Future[Any]) -> None:
         # deque.append is atomic, and ``send`` is the async watcher's thread-safe call.
         # Only GreenFuture registers this callback.
         self.resolved.append(cast(GreenFuture, future))
-        self.watcher.send()
+        self._send()
+
+    def post_signal(self, signal: GreenSignal) -> None:
+        self.signalled.append(signal)
+        self._send()
+
+    def _send(self) -> None:
+        if not self.sent:
+            self.sent = True
+            self.watcher.send()
 
     def _wake(self) -> None:
+        self.sent = False
         resolved = self.resolved
         while resolved:
             waiters = resolved.popleft().waiters
@@ -39,9 +57,19 @@ class _Wakeups:
                 # A copy: each greenlet switched to removes its own waiter.
                 for waiter in tuple(waiters):
                     waiter.switch(None)
+        signalled = self.signalled
+        while signalled:
+            signalled.popleft().wake()
 
 
 _wakeups: _Wakeups | None = None
+
+
+def _the_wakeups() -> _Wakeups:
+    global _wakeups  # noqa: PLW0603 - one hub per worker process, made on first use
+    if _wakeups is None:
+        _wakeups = _Wakeups()
+    return _wakeups
 
 
 class GreenFuture(Future[Any]):
@@ -59,11 +87,8 @@ class GreenFuture(Future[Any]):
     waiters: list[Any] | None = None
 
     def __init__(self) -> None:
-        global _wakeups  # noqa: PLW0603 - one hub per worker process, made on first use
         super().__init__()
-        if _wakeups is None:
-            _wakeups = _Wakeups()
-        self.add_done_callback(_wakeups.post)
+        self.add_done_callback(_the_wakeups().post)
 
     def result(self, timeout: float | None = None) -> Any:
         if not self.done() and (timeout is None or timeout > 0):
@@ -87,3 +112,50 @@ class GreenFuture(Future[Any]):
                     timer.close()
         # Done by now, or it timed out: Future raises its own TimeoutError then.
         return super().result(timeout=0)
+
+
+class GreenSignal:
+    """A ``runtime.Signal`` a greenlet waits on and any thread sets: a stream's request
+    waits on one for each event the decoder's thread puts, with no future per event.
+
+    ``set`` marks it and, when a greenlet waits, hands it to the hub; ``wait``
+    looks at the mark before it blocks and after it wakes. A wake-up meant for an
+    earlier wait may reach a later one: it then finds no mark and waits on.
+    """
+
+    __slots__ = ("_marked", "_waiter", "_wakeups")
+
+    def __init__(self) -> None:
+        self._marked = False
+        self._waiter: Any = None
+        self._wakeups = _the_wakeups()
+
+    def set(self) -> None:
+        self._marked = True
+        if self._waiter is not None:
+            self._wakeups.post_signal(self)
+
+    def wake(self) -> None:
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None:
+            waiter.switch(None)
+
+    def wait(self, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        loop = get_hub().loop
+        while not self._marked:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            waiter = self._waiter = Waiter()
+            if self._marked:  # set before it saw the waiter
+                break
+            timer = loop.timer(left)
+            timer.start(waiter.switch, None)
+            try:
+                waiter.get()
+            finally:
+                timer.close()
+                self._waiter = None
+        woken, self._marked = self._marked, False
+        return woken
