@@ -19,7 +19,9 @@
 #   HANDLER_DIR      the handler folder to serve: its requirements.txt (optional)
 #                    is installed, its files copied to /app/HANDLER_DIR, and
 #                    SERVING_HANDLER points at the folder, so a handler.py or a
-#                    pipeline.yaml in it is served (handlers/minilm)
+#                    pipeline.yaml in it is served (handlers/minilm); its
+#                    build.py, if any, runs at build (handlers/textgen trains
+#                    its model so)
 #   SHARED_DIRS      folders of code the handler imports from beside it,
 #                    space-separated, each copied to /app as it is in the
 #                    repository: handlers/iris for the iris classifiers,
@@ -129,6 +131,10 @@ RUN for dir in ${SHARED_DIRS}; do \
         mkdir -p /app/handlers && cp -R "$dir" "/app/$dir"; \
     done
 COPY ${HANDLER_DIR}/ /app/${HANDLER_DIR}/
+# A handler folder's own build step, when it has a build.py (handlers/textgen
+# trains its model here): it runs with the handler's requirements, and what it
+# writes into the folder ships in the image, which is read-only at run time.
+RUN if [ -f "/app/${HANDLER_DIR}/build.py" ]; then python "/app/${HANDLER_DIR}/build.py"; fi
 
 
 # The same base as the build stage (its venv's python is this one's).

@@ -20,7 +20,7 @@ core 0 with the bare loop; the clients (one asyncio loop, raw HTTP/1.1) and
 nginx run on the other cores, so that the client's parsing costs the server
 nothing.
 
-    .venv/bin/python bench/generate.py [--seconds 10] [--max-tokens 64]
+    .venv/bin/python bench/generate.py [--seconds 10] [--max-tokens 64 256]
 """
 
 from __future__ import annotations
@@ -182,7 +182,10 @@ def limit_of(handler: Any, streams: int, max_tokens: int, seconds: float, back: 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=10.0)
-    parser.add_argument("--max-tokens", type=int, default=64)
+    # Short answers join and leave the batch four times as often as long ones: each
+    # join is a prefill and a copy of the running caches, and each client's turn
+    # between two requests leaves its place empty.
+    parser.add_argument("--max-tokens", type=int, nargs="+", default=[64, 256])
     parser.add_argument("--concurrency", type=int, nargs="+", default=CONCURRENCY)
     args = parser.parse_args()
     cores = os.sched_getaffinity(0)
@@ -197,27 +200,49 @@ def main() -> None:
     with gunicorn_server(env, ready_timeout_s=300) as server:
         os.sched_setaffinity(0, others)
         with nginx_server(server.bind, {"NGINX_WORKER_PROCESSES": "1"}) as proxy:
-            print(f"max_tokens {args.max_tokens}, {args.seconds:.0f} s a run, server on core 0")
-            print(
-                f"{'streams':>7} {'path':>8} {'limit/s':>8} {'tok/s':>8} {'ratio':>6} "
-                f"{'ttft p50':>8} {'ttft p99':>8} {'itl p50':>8} {'itl p99':>8}  (ms)"
-            )
-            served(server.url, 2, args.max_tokens, 2)  # warm-up
-            for streams in args.concurrency:
-                before = limit_of(handler, streams, args.max_tokens, args.seconds / 2, others)
-                rows = {}
-                for path, url in (("straight", server.url), ("nginx", proxy.url)):
-                    rows[path] = served(url, streams, args.max_tokens, args.seconds)
-                after = limit_of(handler, streams, args.max_tokens, args.seconds / 2, others)
-                limit = (before + after) / 2
-                for path, row in rows.items():
-                    print(
-                        f"{streams:>7} {path:>8} {limit:>8.0f} {row['tokens_per_s']:>8.0f} "
-                        f"{row['tokens_per_s'] / limit:>6.2f} {row['ttft_p50_ms']:>8.1f} "
-                        f"{row['ttft_p99_ms']:>8.1f} {row['itl_p50_ms']:>8.2f} "
-                        f"{row['itl_p99_ms']:>8.2f}",
-                        flush=True,
+            served(server.url, 2, args.max_tokens[0], 2)  # warm-up
+            for max_tokens in args.max_tokens:
+                print(f"max_tokens {max_tokens}, {args.seconds:.0f} s a run, server on core 0")
+                print(
+                    f"{'streams':>7} {'path':>8} {'limit/s':>8} {'tok/s':>8} {'ratio':>6} "
+                    f"{'ttft p50':>8} {'ttft p99':>8} {'itl p50':>8} {'itl p99':>8}  (ms)"
+                )
+                for streams in args.concurrency:
+                    table_rows(
+                        handler,
+                        server.url,
+                        proxied=proxy.url,
+                        streams=streams,
+                        max_tokens=max_tokens,
+                        args=args,
+                        others=others,
                     )
+
+
+def table_rows(
+    handler: Any,
+    straight: str,
+    *,
+    proxied: str,
+    streams: int,
+    max_tokens: int,
+    args: argparse.Namespace,
+    others: set[int],
+) -> None:
+    before = limit_of(handler, streams, max_tokens, args.seconds / 2, others)
+    rows = {}
+    for path, url in (("straight", straight), ("nginx", proxied)):
+        rows[path] = served(url, streams, max_tokens, args.seconds)
+    after = limit_of(handler, streams, max_tokens, args.seconds / 2, others)
+    limit = (before + after) / 2
+    for path, row in rows.items():
+        print(
+            f"{streams:>7} {path:>8} {limit:>8.0f} {row['tokens_per_s']:>8.0f} "
+            f"{row['tokens_per_s'] / limit:>6.2f} {row['ttft_p50_ms']:>8.1f} "
+            f"{row['ttft_p99_ms']:>8.1f} {row['itl_p50_ms']:>8.2f} "
+            f"{row['itl_p99_ms']:>8.2f}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":
