@@ -8,10 +8,11 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import requests
 
-from tests.conftest import HANDLERS
+from tests.conftest import HANDLERS, make_app
 from tests.servers import Server
 
 GENERATING = str(HANDLERS / "generating" / "handler.py")
@@ -65,3 +66,15 @@ def _wait_for_waiting(server: Server, headers: Mapping[str, str]) -> None:
             return
         time.sleep(0.02)
     raise AssertionError("no generation came to wait behind the held one")
+
+
+@contextlib.contextmanager
+def started_client() -> Iterator[Any]:
+    """A Flask test client of the generating handler's app, its worker started."""
+    app = make_app(GENERATING, max_wait_ms=1)
+    service = app.extensions["serving_core"]
+    service.start()
+    try:
+        yield app.test_client()
+    finally:
+        service.stop()

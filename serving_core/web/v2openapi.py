@@ -136,8 +136,8 @@ def _example_inputs(model: Model, example: dict[str, Any] | None) -> list[dict[s
     return inputs
 
 
-def extend(document: dict[str, Any], model: Model, example: dict[str, Any] | None) -> None:
-    """Add the V2 routes to ``document`` (``openapi.document``'s)."""
+def _path_params(model: Model) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The ``{name}`` and ``{version}`` path parameters: this model's only."""
     name = {"name": "name", "in": "path", "required": True, "schema": {"enum": [model.name]}}
     version = {
         "name": "version",
@@ -145,6 +145,12 @@ def extend(document: dict[str, Any], model: Model, example: dict[str, Any] | Non
         "required": True,
         "schema": {"enum": [model.version]},
     }
+    return name, version
+
+
+def extend(document: dict[str, Any], model: Model, example: dict[str, Any] | None) -> None:
+    """Add the V2 routes to ``document`` (``openapi.document``'s)."""
+    name, version = _path_params(model)
     paths = document["paths"]
     paths["/v2"] = _get("V2 server metadata", _ref("V2ServerMetadata"))
     paths["/v2/health/live"] = _get("V2: alive", {"type": "object"})
@@ -204,13 +210,7 @@ def extend(document: dict[str, Any], model: Model, example: dict[str, Any] | Non
 
 def extend_generate(document: dict[str, Any], model: Model) -> None:
     """Add V2's generate extension (``generateroutes``), served for a text generator."""
-    name = {"name": "name", "in": "path", "required": True, "schema": {"enum": [model.name]}}
-    version = {
-        "name": "version",
-        "in": "path",
-        "required": True,
-        "schema": {"enum": [model.version]},
-    }
+    name, version = _path_params(model)
     body = {
         "required": True,
         "content": {

@@ -10,7 +10,8 @@ import pytest
 from serving_core.errors import ServingError
 from serving_core.generation import TextGeneration
 from serving_core.v2.generate import TextGenerate
-from tests.conftest import HANDLERS, make_app
+from tests.conftest import HANDLERS
+from tests.generation import started_client
 
 GENERATING = str(HANDLERS / "generating" / "handler.py")
 MODEL = "/v2/models/generating"
@@ -18,11 +19,8 @@ MODEL = "/v2/models/generating"
 
 @pytest.fixture(scope="module")
 def client():
-    app = make_app(GENERATING, max_wait_ms=1)
-    service = app.extensions["serving_core"]
-    service.start()
-    yield app.test_client()
-    service.stop()
+    with started_client() as started:
+        yield started
 
 
 def events(body: str) -> list[dict]:

@@ -105,26 +105,23 @@ def assert_clean(
 # -- schemathesis: every operation of /openapi.json ---------------------------
 
 
-@pytest.fixture(scope="module")
-def generated_requests(server: Server) -> st.SearchStrategy[Any]:
-    """Cases for every operation of the live /openapi.json, valid and invalid alike.
+def schema_cases(url: str) -> tuple[set[str], st.SearchStrategy[Any]]:
+    """The paths of the live /openapi.json at ``url``, and cases for every operation,
+    valid and invalid alike.
 
     Through schemathesis's Python API rather than its pytest plugin, which does
     not load under this pytest."""
-    schema = schemathesis.openapi.from_url(server.url + "/openapi.json")
+    schema = schemathesis.openapi.from_url(url + "/openapi.json")
     operations = [result.ok() for result in schema.get_all_operations()]
     assert len(operations) >= 4, [op.label for op in operations]
-    return st.one_of(
+    strategy = st.one_of(
         [op.as_strategy(generation_mode=mode) for op in operations for mode in GenerationMode]
     )
+    return {op.path for op in operations}, strategy
 
 
-@FUZZ_SETTINGS
-@given(data=st.data())
-def test_no_operation_answers_a_generated_request_with_a_5xx_or_a_traceback(
-    generated_requests: st.SearchStrategy[Any], data: st.DataObject
-) -> None:
-    case = data.draw(generated_requests)
+def call_clean(case: Any) -> None:
+    """Send a schemathesis case; its answer must be clean (``assert_clean``)."""
     response = case.call(timeout=TIMEOUT_S)
     assert_clean(
         response.status_code,
@@ -134,6 +131,19 @@ def test_no_operation_answers_a_generated_request_with_a_5xx_or_a_traceback(
         own_deadline="X-Request-Timeout" in (case.headers or {}),
         v2=case.formatted_path.startswith("/v2"),
     )
+
+
+@pytest.fixture(scope="module")
+def generated_requests(server: Server) -> st.SearchStrategy[Any]:
+    return schema_cases(server.url)[1]
+
+
+@FUZZ_SETTINGS
+@given(data=st.data())
+def test_no_operation_answers_a_generated_request_with_a_5xx_or_a_traceback(
+    generated_requests: st.SearchStrategy[Any], data: st.DataObject
+) -> None:
+    call_clean(data.draw(generated_requests))
 
 
 # -- hypothesis: what a schema cannot describe --------------------------------

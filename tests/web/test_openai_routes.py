@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import HANDLERS, make_app
+from tests.generation import started_client
 
 GENERATING = str(HANDLERS / "generating" / "handler.py")
 MODEL = "generating"
@@ -17,11 +18,8 @@ MODEL = "generating"
 
 @pytest.fixture(scope="module")
 def client():
-    app = make_app(GENERATING, max_wait_ms=1)
-    service = app.extensions["serving_core"]
-    service.start()
-    yield app.test_client()
-    service.stop()
+    with started_client() as started:
+        yield started
 
 
 def events(body: str) -> list[Any]:
