@@ -188,6 +188,10 @@ USER 10001:10001
 # Offline, as the non-root user: the image must serve as built.
 RUN serving-core check "${SERVING_HANDLER}" > /dev/null
 
+# SERVING_BIND is 127.0.0.1:8000 by default, so the port answers only inside
+# the container until SERVING_BIND=0.0.0.0:8000 opens it (docker-compose.yml
+# does, for nginx beside it; the chart's nginx reaches gunicorn over a unix
+# socket instead).
 EXPOSE 8000
 # Liveness of gunicorn itself, asked at SERVING_BIND whether TCP or a unix
 # socket (slim images have no curl). Readiness is /readyz, which the compose

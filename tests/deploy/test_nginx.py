@@ -136,9 +136,14 @@ def test_the_metrics_port_serves_the_apps_metrics_and_nothing_else(echo_stack: S
     proxied = requests.get(echo_stack.nginx.metrics_url + "/metrics", timeout=5)
     assert proxied.status_code == direct.status_code
     assert proxied.headers["Content-Type"] == direct.headers["Content-Type"]
-    other = requests.post(echo_stack.nginx.metrics_url + "/predict", json={}, timeout=5)
+    other = requests.post(echo_stack.nginx.metrics_url + "/predict", timeout=5)
     assert other.status_code == 404
     assert error_of(other)["type"] == "not_found"
+    # No route here takes a body: one is refused before it is read.
+    for path in ("/predict", "/metrics"):
+        body = requests.post(echo_stack.nginx.metrics_url + path, data=b"x" * 4096, timeout=5)
+        assert body.status_code == 413
+        assert error_of(body)["type"] == "payload_too_large"
     health = requests.get(echo_stack.nginx.metrics_url + "/_nginx/healthz", timeout=5)
     assert health.status_code == 200
     # The app's /readyz, for the chart's readiness probe; /healthz stays off it.
