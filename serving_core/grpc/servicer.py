@@ -14,13 +14,13 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
 
 import grpc
 
 from serving_core.errors import DeadlineExceeded, NotReady, Overloaded, ServingError
-from serving_core.grpc import accesslog, codec
+from serving_core.grpc import accesslog, codec, streams
 from serving_core.grpc.keys import presented
 from serving_core.grpc.proto import grpc_predict_v2_pb2 as pb
 from serving_core.grpc.proto import grpc_predict_v2_pb2_grpc as pb_grpc
@@ -31,6 +31,7 @@ from serving_core.v2.model import Model
 log = logging.getLogger("serving_core.grpc.servicer")
 SERVICE = "inference.GRPCInferenceService"
 INFER_ROUTE = f"/{SERVICE}/ModelInfer"  # the method's path: its route label in the metrics
+STREAM_ROUTE = f"/{SERVICE}/ModelStreamInfer"
 RETRY_AFTER = "retry-after"
 
 # By the HTTP status a ServingError carries; 5xx not named here is INTERNAL.
@@ -126,17 +127,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             status, code = 200, grpc.StatusCode.OK
             return reply
         finally:
-            duration_s = time.monotonic() - arrival
-            if self.metrics is not None:
-                self.metrics.request(INFER_ROUTE, status, duration_s, "grpc")
-            accesslog.log_call(
-                peer=ctx.peer(),
-                route=INFER_ROUTE,
-                status=status,
-                grpc_status=code.name,
-                duration_s=duration_s,
-                request_id=request_id,
-                batch_size=batch_size,
+            self._record(
+                ctx, INFER_ROUTE, status, arrival, request_id, batch_size=batch_size, code=code
             )
 
     def _infer(
@@ -146,20 +138,71 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         e.g. a cache hit)."""
         model = self.model
         model.find(request.model_name, request.model_version or None)
-        # No length: grpc refused a message over SERVING_MAX_BODY_BYTES unread. The key
-        # was checked by the interceptor (``keys.KeyCheck``); here it names the caller.
-        caller = ""
-        if self.identify is not None and (key := presented(ctx.invocation_metadata())):
-            caller = self.identify(key)
+        # No length: grpc refused a message over SERVING_MAX_BODY_BYTES unread.
         head = Head(
             request_id=request_id,
             arrival=arrival,
             timeout_s=ctx.time_remaining(),  # None: the client set no deadline
-            caller=caller,
+            caller=self._caller(ctx),
         )
         parsed, answered = self.door.enter(head, lambda: codec.request(request), model.answer)
         reply = codec.response(model.name, model.version, parsed.id, answered.output)
         return reply, answered.batch_size
+
+    def ModelStreamInfer(self, requests: Iterator[Any], ctx: grpc.ServicerContext) -> Any:
+        """Triton's streaming extension (``streams``): each request in turn, its
+        responses as they come; each request counted and logged as a ``ModelInfer``."""
+        caller = self._caller(ctx)
+        for request in requests:
+            arrival = time.monotonic()
+            request_id = request.id or uuid.uuid4().hex
+            head = Head(
+                request_id=request_id,
+                arrival=arrival,
+                timeout_s=ctx.time_remaining(),
+                caller=caller,
+            )
+            outcome = 500  # the HTTP status of the request's outcome: its error's, or 200
+            try:
+                answered = streams.responses(self.model, self.door, request, head, ctx.add_callback)
+                for response, status in answered:
+                    outcome = status
+                    yield response
+            finally:
+                self._record(ctx, STREAM_ROUTE, outcome, arrival, request_id)
+
+    def _record(
+        self,
+        ctx: grpc.ServicerContext,
+        route: str,
+        status: int,
+        arrival: float,
+        request_id: str,
+        *,
+        batch_size: int | None = None,
+        code: grpc.StatusCode = grpc.StatusCode.OK,
+    ) -> None:
+        """Count and log one request, as ``/predict``'s are, with the HTTP status of
+        its outcome."""
+        duration_s = time.monotonic() - arrival
+        if self.metrics is not None:
+            self.metrics.request(route, status, duration_s, "grpc")
+        accesslog.log_call(
+            peer=ctx.peer(),
+            route=route,
+            status=status,
+            grpc_status=code.name,
+            duration_s=duration_s,
+            request_id=request_id,
+            batch_size=batch_size,
+        )
+
+    def _caller(self, ctx: grpc.ServicerContext) -> str:
+        """The key was checked by the interceptor (``keys.KeyCheck``); here it names the
+        caller, whose cache entries are its own."""
+        if self.identify is not None and (key := presented(ctx.invocation_metadata())):
+            return self.identify(key)
+        return ""
 
     # The model repository extension: one model, loaded before fork, never swapped.
     # Answered here, not by the generated base, which raises (a traceback in the log).

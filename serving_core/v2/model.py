@@ -21,6 +21,7 @@ import serving_core
 from serving_core.errors import BadRequest, DeadlineExceeded, NotFound, quote
 from serving_core.handler import Output, Params
 from serving_core.online.door import Answered, FrontDoor, Head
+from serving_core.online.streamed import Streamed
 from serving_core.v2.mapping import OutputNotTensor, TensorMap
 from serving_core.v2.request import InferRequest
 from serving_core.v2.tensors import Array
@@ -103,6 +104,23 @@ class Model:
         that reads the request inside the door (``FrontDoor.enter``) and encodes the
         response after it, with the request's id and the outputs it asked for."""
         return request, self.infer(request, head)
+
+    def open_stream(self, request: InferRequest, head: Head) -> tuple[InferRequest, Streamed]:
+        """A generating handler's chunks for a request of one row: the door's answer step
+        for a streaming front (gRPC's ``ModelStreamInfer``), its first event in."""
+        rows = self.tensors.rows(request.inputs, self._service.settings.max_queue)
+        if len(rows) != 1:
+            raise BadRequest(f"a stream answers one row; this request has {len(rows)}")
+        return request, self.door.open_stream(rows[0], head)
+
+    def outputs_of(self, request: InferRequest, output: Output) -> Outputs:
+        """One answer's (or one chunk's) output tensors, those the request asked for."""
+        arrays = self.tensors.output_arrays([output])
+        if request.outputs is None:
+            return arrays
+        by_name = {name: (name, datatype, array) for name, datatype, array in arrays}
+        self._check_asked(request.outputs, list(by_name))
+        return [by_name[name] for name in request.outputs]
 
     @staticmethod
     def _check_asked(asked: tuple[str, ...], known: list[str]) -> None:
