@@ -11,6 +11,7 @@ import pytest
 import requests
 
 from tests.generation import ENV, full_queue
+from tests.nginx_server import nginx_server
 from tests.servers import Server, gunicorn_server
 
 pytestmark = pytest.mark.e2e
@@ -92,3 +93,23 @@ def test_errors_before_the_stream_are_json_errors(server, route, tmp_path):
         assert answer.headers["Content-Type"] == "application/json"
         assert isinstance(answer.json()["error"], str)
     assert int(full.headers["Retry-After"]) >= 1
+
+
+def test_generate_and_generate_stream_answer_alike_through_nginx(server, tmp_path):
+    gate = tmp_path / "gate"
+    with nginx_server(server.bind) as proxy:
+        base = f"{proxy.url}/v2/models/generating"
+        whole = requests.post(
+            f"{base}/generate", json={"text_input": "a b", "parameters": {"n": 3}}, timeout=30
+        )
+        assert whole.json()["text_output"] == " a b a"
+        body = {"text_input": "a b", "parameters": {"n": 3, "gate": str(gate)}}
+        with requests.post(
+            f"{base}/generate_stream", json=body, stream=True, timeout=TIMEOUT_S
+        ) as answer:
+            lines = (line for line in answer.iter_lines() if line)
+            # The handler waits at the gate after its first chunk: that chunk came first.
+            assert json.loads(next(lines)[6:])["text_output"] == " a"
+            gate.touch()
+            rest = [json.loads(line[6:]) for line in lines]
+    assert [event["text_output"] for event in rest] == [" b", " a", ""]
