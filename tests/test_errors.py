@@ -16,6 +16,7 @@ FIELDS: dict[str, Any] = {
     "details": {"field": "text", "limits": [1, 2.5]},
     "retry_after_s": 2.5,
     "reason": "deadline",
+    "param": "messages",
 }
 
 

@@ -51,9 +51,9 @@ def completion(body: dict[str, Any], model: str, prompt_key: str) -> Asked:
         prompt = prompt[0]
     if not isinstance(prompt, str):
         raise BadField(
-            "prompt",
             "prompt must be one string (token arrays and several prompts are not "
             'served); send e.g. "prompt": "Once upon a time"',
+            param="prompt",
         )
     return _asked(body, model, prompt_key, prompt)
 
@@ -63,9 +63,9 @@ def chat(body: dict[str, Any], model: str, prompt_key: str, chat_prompt: ChatPro
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise BadField(
-            "messages",
             'messages must be a non-empty list; send e.g. "messages": '
             '[{"role": "user", "content": "Hello"}]',
+            param="messages",
         )
     plain = [_message(m, i) for i, m in enumerate(messages)]
     return _asked(body, model, prompt_key, chat_prompt(plain))
@@ -74,7 +74,9 @@ def chat(body: dict[str, Any], model: str, prompt_key: str, chat_prompt: ChatPro
 def check_model(asked: Any, model: str) -> None:
     """Raise unless ``asked`` names the served model (``model`` is required, as OpenAI's)."""
     if not isinstance(asked, str):
-        raise BadField("model", f'model must be a string, the model\'s id; send "model": "{model}"')
+        raise BadField(
+            f'model must be a string, the model\'s id; send "model": "{model}"', param="model"
+        )
     if asked != model:
         raise ModelNotFound(
             f"The model {quote(asked)} does not exist; this server serves {model!r} "
@@ -87,9 +89,9 @@ def _message(message: Any, index: int) -> dict[str, Any]:
     where = f"messages[{index}]"
     if not isinstance(message, dict) or not isinstance(message.get("role"), str):
         raise BadField(
-            "messages",
             f'{where} must be an object with a role; send e.g. {{"role": "user", '
             '"content": "Hello"}',
+            param="messages",
         )
     content = message.get("content")
     if content is None:
@@ -98,13 +100,15 @@ def _message(message: Any, index: int) -> dict[str, Any]:
         texts = [p["text"] for p in content if _text_part(p)]
         if len(texts) != len(content):
             raise BadField(
-                "messages",
                 f"{where}.content holds a part that is not text; this model reads "
                 "text only: send content as a string or text parts",
+                param="messages",
             )
         content = "\n".join(texts)
     elif not isinstance(content, str):
-        raise BadField("messages", f"{where}.content must be a string or a list of text parts")
+        raise BadField(
+            f"{where}.content must be a string or a list of text parts", param="messages"
+        )
     return {**message, "content": content}
 
 
@@ -120,7 +124,9 @@ def _asked(body: dict[str, Any], model: str, prompt_key: str, prompt: str) -> As
     params[prompt_key] = prompt
     n = body.get("n")
     if n is not None and n != 1:
-        raise BadField("n", f"n={quote(n)}: this server answers one choice a request; send n 1")
+        raise BadField(
+            f"n={quote(n)}: this server answers one choice a request; send n 1", param="n"
+        )
     limit = body.get("max_completion_tokens")
     if limit is None:
         limit = body.get(MAX_TOKENS)
@@ -131,11 +137,11 @@ def _asked(body: dict[str, Any], model: str, prompt_key: str, prompt: str) -> As
             params[name] = body[name]
     stream = body.get("stream")
     if stream is not None and not isinstance(stream, bool):
-        raise BadField("stream", "stream must be true or false")
+        raise BadField("stream must be true or false", param="stream")
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise BadField(
-            "stream_options", 'stream_options must be an object: {"include_usage": true}'
+            'stream_options must be an object: {"include_usage": true}', param="stream_options"
         )
     include_usage = bool(options and options.get("include_usage"))
     return Asked(params, bool(stream), include_usage)

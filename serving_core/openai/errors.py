@@ -11,7 +11,7 @@ from serving_core.errors import BadRequest, NotFound
 class BadField(BadRequest):
     """A request field OpenAI's API would refuse; ``param`` names it."""
 
-    def __init__(self, param: str, message: str) -> None:
+    def __init__(self, message: str, *, param: str) -> None:
         super().__init__(message)
         self.param = param
 

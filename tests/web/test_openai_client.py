@@ -31,10 +31,11 @@ def proxy(server: Server) -> Iterator[str]:
 
 
 @pytest.fixture(params=["direct", "nginx"])
-def client(request: pytest.FixtureRequest, server: Server) -> openai.OpenAI:
+def client(request: pytest.FixtureRequest, server: Server) -> Iterator[openai.OpenAI]:
     base = server.url if request.param == "direct" else request.getfixturevalue("proxy")
     # No retries: a test sees each answer the server gives.
-    return openai.OpenAI(base_url=f"{base}/v1", api_key=KEY, max_retries=0)
+    with openai.OpenAI(base_url=f"{base}/v1", api_key=KEY, max_retries=0) as opened:
+        yield opened
 
 
 def test_the_client_streams_a_chat_completion(client):
@@ -119,7 +120,7 @@ def test_a_wrong_key_is_an_authentication_error(server):
     stranger = openai.OpenAI(
         base_url=f"{server.url}/v1", api_key="not-the-key-0123456789", max_retries=0
     )
-    with pytest.raises(openai.AuthenticationError) as refused:
+    with stranger, pytest.raises(openai.AuthenticationError) as refused:
         stranger.models.list()
     assert refused.value.type == "authentication_error"
 
