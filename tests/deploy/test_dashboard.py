@@ -17,7 +17,7 @@ import requests
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import PROBE
+from tests.conftest import HANDLERS, PROBE
 from tests.servers import ROOT, free_port, gunicorn_server, job_worker
 
 DASHBOARD = ROOT / "deploy/grafana/serving-core.json"
@@ -145,6 +145,10 @@ def test_dashboard_is_grafana_json_with_a_datasource_variable():
         "Model errors",
         "Cache hit ratio",
         "Job throughput",
+        "Time to first token",
+        "Inter-token latency",
+        "Tokens per second",
+        "Generations",
     ],
 )
 def test_dashboard_has_the_panel(title):
@@ -250,6 +254,18 @@ def test_every_metric_the_dashboard_and_alerts_name_is_exported(tmp_path: Path):
     dead_redis = {"SERVING_CACHE_URL": f"redis://127.0.0.1:{free_port()}/0", **env}
     with gunicorn_server(dead_redis) as server:
         requests.post(server.url + "/predict", json={"text": "x"}, timeout=10).raise_for_status()
+        exported |= exported_names(requests.get(server.url + "/metrics", timeout=10).text)
+
+    # A generating handler's metrics, after one stream.
+    generating = {**env, "SERVING_HANDLER": str(HANDLERS / "generating/handler.py")}
+    with gunicorn_server(generating) as server:
+        stream = requests.post(
+            server.url + "/predict",
+            json={"n": 3},
+            headers={"Accept": "text/event-stream"},
+            timeout=10,
+        )
+        assert b"event: end" in stream.content
         exported |= exported_names(requests.get(server.url + "/metrics", timeout=10).text)
 
     missing = used - exported
