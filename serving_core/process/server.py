@@ -146,7 +146,16 @@ def build_with_metrics(
         on_failure=observer.failed,
     )
     models = []
-    # A generating handler's decoder runs in each worker (``online/runner/choice.py``).
+    if engine.stepper is not None and settings.shared_model and settings.workers > 1:
+        # A generating handler's decoder runs in each worker (``online/runner/choice.py``):
+        # its events do not cross the model process's socket.
+        log.warning(
+            "%s generates: each of the %d workers runs its own decoder and holds its own "
+            "copy of the model on %s; set SERVING_WORKERS=1 to keep one copy",
+            engine.name,
+            settings.workers,
+            settings.device,
+        )
     if settings.shared_model and not loaded.handler.concurrent and engine.stepper is None:
         folder = tempfile.mkdtemp(prefix="serving-core-model-")
         devices = model_devices(settings.device, settings.model_processes)
