@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from serving_core.context import Context
+from serving_core.engine.forecast import Forecast
 from serving_core.engine.observer import GenerationObserver, NoGenerationObserver
 from serving_core.engine.stepper import Answer, Chunk, End, Stepper
 from serving_core.engine.ticket import Ticket
@@ -35,8 +36,6 @@ from serving_core.runtime import Signal, ThreadSignal
 
 log = logging.getLogger("serving_core.engine.decoder")
 
-# How fast the measured step and generation times follow a change (an EWMA's weight).
-LEARN = 0.2
 Clock = Callable[[], float]
 
 
@@ -59,10 +58,14 @@ class Decoder:
         self._waiting: deque[Ticket] = deque()
         self._running: list[Ticket] = []
         self._stopping = False
-        self._step_s = 0.0  # a step's measured duration
-        self._held_s = 0.0  # how long a generation holds its place, measured
+        self._forecast = Forecast(max_running)
         self.fault: str | None = None
+        self.recycle: str | None = None  # the watchdog's; a decoder never asks for one
         self.steps = 0
+        # The step in progress, for the watchdog: since when, and the latest its
+        # generations may end (0.0: none in progress).
+        self._step_since = 0.0
+        self._step_due = 0.0
         # What a request waits on (the gevent runtime's signals, under that worker).
         self.new_signal: Callable[[], Signal] = ThreadSignal
         self._thread = threading.Thread(target=self._run, name="serving-decoder", daemon=True)
@@ -96,7 +99,7 @@ class Decoder:
             "max_running": self.max_running,
             "running": len(self._running),
             "waiting": len(self._waiting),
-            "step_s": round(self._step_s, 6),
+            "step_s": round(self._forecast.step_s, 6),
         }
 
     # -- requests -----------------------------------------------------------
@@ -148,16 +151,41 @@ class Decoder:
                 retry_after_s=predicted,
             )
 
-    def _first_chunk_s(self, place: int) -> float:
-        """When the ``place``-th waiting generation would have its first chunk: a step
-        if a place is free for it, else when enough running ones are predicted to end."""
-        free = self.max_running - len(self._running)
-        if place <= free:
-            return self._step_s
-        behind = place - max(free, 0)
-        return behind * self._held_s / self.max_running + self._step_s
+    def stalled(self, now: float, margin_s: float) -> str | None:
+        """Why the decoder can no longer serve this worker, or None: its thread died, or
+        a step has run ``margin_s`` past the latest end of its generations."""
+        if self.fault is not None:
+            return self.fault
+        thread = self._thread
+        if not thread.is_alive():
+            if self._stopping or not thread.ident:
+                return None  # stopped on purpose, or never started
+            return "the decoder's thread has died"
+        since = self._step_since
+        if since and now > self._step_due + margin_s:
+            return f"a step has run {now - since:.1f} s, past every deadline of its generations"
+        return None
 
-    # -- the decoder's thread -------------------------------------------------
+    def abandon(self, reason: str) -> None:
+        """Give up on the decoder: refuse new generations and fail every running and
+        waiting one now (503: another worker can serve them)."""
+        with self._cond:
+            self.fault = reason
+            self._stopping = True
+            dropped = [*self._running, *self._waiting]
+            self._running = []
+            self._waiting.clear()
+            self._cond.notify_all()
+        for ticket in dropped:
+            ticket.done = True
+            ticket.put(
+                NotReady(
+                    "this worker's model stopped answering and the worker is being replaced; retry"
+                )
+            )
+
+    def _first_chunk_s(self, place: int) -> float:
+        return self._forecast.first_chunk_s(place, len(self._running))
 
     def _run(self) -> None:
         try:
@@ -190,11 +218,14 @@ class Decoder:
         observer = self._observer
         observer.active(len(running), len(self._waiting))
         started = self._clock()
+        self._step_due = max(t.ends_by for t in running)
+        self._step_since = started
         answers = self.stepper.step([t.generation for t in running])
+        self._step_since = 0.0
         now = self._clock()
         took = now - started
         self.steps += 1
-        self._step_s = _learn(self._step_s, took)
+        self._forecast.stepped(took)
         observer.step(len(running), took)
         self._settle(running, answers, now)
         return True
@@ -275,16 +306,9 @@ class Decoder:
         if reason is not None:
             self._observer.ended(reason)
         if ticket.joined_at is not None:
-            held = now - ticket.joined_at
-            self._held_s = (
-                held if self._held_s == 0.0 else self._held_s + LEARN * (held - self._held_s)
-            )
+            self._forecast.held(now - ticket.joined_at)
 
 
 def _late(ticket: Ticket, now: float) -> bool:
     deadline = ticket.generation.context.deadline
     return deadline is not None and deadline <= now
-
-
-def _learn(mean: float, sample: float) -> float:
-    return sample if mean == 0.0 else mean + LEARN * (sample - mean)

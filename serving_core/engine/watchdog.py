@@ -9,8 +9,9 @@ fresh one from its preloaded copy of the model. So a watchdog thread looks
 every ``interval_s`` and, when the worker should go, hands a ``Verdict`` to
 ``on_verdict`` (the server's hook: the worker leaves, gunicorn replaces it):
 
-- urgent: the running batch is ``hang_margin_s`` past the last deadline of its
-  requests, or the model thread has died. Its queued requests are failed at
+- urgent: the running batch (a generating handler's step) is ``hang_margin_s``
+  past the last deadline of its requests, or the model thread (the decoder's)
+  has died. Its queued requests are failed at
   once (503, retry: another worker can serve them) and new ones are refused.
 - graceful: the handler raised ``SystemExit``, or the process's resident
   memory passed ``max_rss_bytes`` (a leak). The worker finishes what it holds.
@@ -26,13 +27,31 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
-from serving_core.engine.batcher import Batcher
 from serving_core.engine.modelthread import Clock
 
 log = logging.getLogger("serving_core.engine.watchdog")
 
 INTERVAL_S = 0.2
+
+
+class Watched(Protocol):
+    """What the watchdog asks of a worker's model thread: the batcher's, or a
+    generating handler's decoder."""
+
+    def stalled(self, now: float, margin_s: float) -> str | None:
+        """Why it can no longer serve, or None."""
+        ...
+
+    def abandon(self, reason: str) -> None:
+        """Give up on it: fail what it holds now and refuse the rest."""
+        ...
+
+    @property
+    def recycle(self) -> str | None:
+        """Why the worker must go once it has finished what it holds, or None."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -46,7 +65,7 @@ class Verdict:
 class Watchdog:
     def __init__(
         self,
-        batcher: Batcher | None,
+        batcher: Watched | None,
         *,
         hang_margin_s: float,
         max_rss_bytes: int,

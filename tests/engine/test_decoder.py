@@ -16,7 +16,8 @@ from serving_core.engine.decoder import Decoder
 from serving_core.engine.engine import Engine
 from serving_core.engine.stepper import Chunk, End, Event, Stepper
 from serving_core.engine.ticket import Ticket
-from serving_core.errors import DeadlineExceeded, InvalidParams, ModelError, Overloaded
+from serving_core.engine.watchdog import Verdict, Watchdog
+from serving_core.errors import DeadlineExceeded, InvalidParams, ModelError, NotReady, Overloaded
 
 WAIT_S = 30.0
 
@@ -262,4 +263,33 @@ def test_admission_refuses_a_request_whose_first_token_is_predicted_late() -> No
     decoder.admit(now[0] + 3.5)
     handler.hold.set()
     events(running)
+    assert decoder.stop(WAIT_S)
+
+
+def test_the_watchdog_gives_up_on_a_step_past_every_deadline_of_its_generations() -> None:
+    handler = Counting()
+    decoder = decoder_for(handler)
+    handler.hold.clear()  # the step hangs
+    now = time.monotonic()
+    ctx = Context("hung", now + 1.0)
+    hung = decoder.open({"n": 3}, ctx, max_tokens=10, arrival=now, ends_by=now + 1.0)
+    assert handler.stepping.wait(WAIT_S)
+    verdicts: list[Verdict] = []
+    assert decoder.stalled(now + 2.5, 2.0) is None  # within the margin
+    watching = Watchdog(
+        decoder,
+        hang_margin_s=2.0,
+        max_rss_bytes=0,
+        on_verdict=verdicts.append,
+        clock=lambda: now + 3.5,
+    )
+    verdict = watching.check()
+    assert verdict is not None
+    assert verdict.urgent
+    assert "past every deadline" in verdict.reason
+    # Its generation is failed now, and new ones are refused: another worker serves them.
+    assert isinstance(events(hung)[-1], NotReady)
+    with pytest.raises(NotReady):
+        decoder.admit(time.monotonic() + WAIT_S)
+    handler.hold.set()
     assert decoder.stop(WAIT_S)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
 from serving_core.context import Context
-from serving_core.engine.batcher import Batcher
+from serving_core.engine.watchdog import Watched
 from serving_core.errors import NotReady
 
 
@@ -66,7 +66,7 @@ class Runner(Protocol):
         """Why the model was given up in this worker (it hung or died), or None."""
 
     @property
-    def model_thread(self) -> Batcher | None:
+    def model_thread(self) -> Watched | None:
         """The model thread the watchdog watches, where this worker has one."""
 
     def describe(self) -> dict[str, Any]:

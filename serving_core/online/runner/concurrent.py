@@ -12,9 +12,9 @@ from collections.abc import Callable
 from typing import Any
 
 from serving_core.context import Context
-from serving_core.engine.batcher import Batcher
 from serving_core.engine.engine import Engine
 from serving_core.engine.observer import Observer
+from serving_core.engine.watchdog import Watched
 from serving_core.errors import NotReady, Overloaded, ServingError
 from serving_core.online.runner.base import Computed, WatchGone
 
@@ -22,7 +22,7 @@ from serving_core.online.runner.base import Computed, WatchGone
 class ConcurrentRunner:
     started = False
     fault = None
-    model_thread: Batcher | None = None
+    model_thread: Watched | None = None
 
     def __init__(self, engine: Engine, *, max_queue: int, observer: Observer | None) -> None:
         self._engine = engine

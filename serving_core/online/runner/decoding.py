@@ -12,12 +12,12 @@ from collections.abc import Callable
 from typing import Any
 
 from serving_core.context import Context
-from serving_core.engine.batcher import Batcher
 from serving_core.engine.decoder import Decoder
 from serving_core.engine.engine import Engine
 from serving_core.engine.observer import GenerationObserver
 from serving_core.engine.stepper import Chunk
 from serving_core.engine.ticket import Ticket
+from serving_core.engine.watchdog import Watched
 from serving_core.errors import DeadlineExceeded, ServingError
 from serving_core.handler import Output
 from serving_core.online.runner.base import Computed, WatchGone
@@ -25,7 +25,7 @@ from serving_core.runtime import Runtime
 
 
 class DecodingRunner:
-    model_thread: Batcher | None = None  # the watchdog's; the decoder has its own fault
+    model_thread: Watched | None = None  # set to the decoder: the watchdog watches it
 
     def __init__(
         self,
@@ -47,6 +47,7 @@ class DecodingRunner:
             observer=observer,
         )
         self.decoder.new_signal = runtime.new_signal
+        self.model_thread = self.decoder
         self.generation_timeout_s = generation_timeout_s
         # How much longer than the decoder's own ends a request waits for an event:
         # the decoder tells the end itself; this bounds a wait on a stuck step.

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from serving_core.context import Context
 from serving_core.engine.batcher import Batcher
 from serving_core.engine.pending import Pending
+from serving_core.engine.watchdog import Watched
 from serving_core.errors import DeadlineExceeded
 from serving_core.online.runner.base import Computed, WatchGone
 
@@ -53,7 +54,7 @@ class ModelQueue(Protocol):
 class QueuedRunner:
     """A runner over a queue that feeds the model elsewhere (a thread, a process)."""
 
-    model_thread: Batcher | None = None
+    model_thread: Watched | None = None
 
     def __init__(self, queue: ModelQueue) -> None:
         self.queue = queue
