@@ -222,6 +222,8 @@ class Decoder:
         self._step_since = started
         answers = self.stepper.step([t.generation for t in running])
         self._step_since = 0.0
+        if self.fault is not None:
+            return False  # given up (``abandon``) while the step ran: its requests are failed
         now = self._clock()
         took = now - started
         self.steps += 1
