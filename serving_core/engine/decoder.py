@@ -28,7 +28,7 @@ from typing import Any
 from serving_core.context import Context
 from serving_core.engine.forecast import Forecast
 from serving_core.engine.observer import GenerationObserver, NoGenerationObserver
-from serving_core.engine.stepper import Answer, Chunk, End, Stepper
+from serving_core.engine.stepper import Answer, Chunk, End, Stepper, ends
 from serving_core.engine.ticket import Ticket
 from serving_core.errors import DeadlineExceeded, NotReady, Overloaded, ServingError
 from serving_core.generation import Generation
@@ -239,7 +239,7 @@ class Decoder:
         gaps: list[float] = []
         for ticket, answer in zip(running, answers, strict=True):
             last_event = answer[-1] if answer else None
-            if last_event is not None and not isinstance(last_event, Chunk):
+            if ends(answer):
                 ticket.done = True  # before its last event: a request that reads it lets go
                 done.append(ticket)
             for event in answer:

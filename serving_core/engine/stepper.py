@@ -11,7 +11,7 @@ process. Imports no Flask and starts nothing.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -143,6 +143,19 @@ def _model_error(generation: Generation) -> ModelError:
         "the model failed on this request; the server log has the details under request id "
         f"{generation.context.request_id}"
     )
+
+
+def collect(events: Iterable[Event]) -> tuple[list[Output], str]:
+    """One generation's chunks and why it ended (``End.reason``); raises its error."""
+    chunks: list[Output] = []
+    for event in events:
+        if isinstance(event, Chunk):
+            chunks.append(event.output)
+        elif isinstance(event, End):
+            return chunks, event.reason
+        else:
+            raise event
+    raise RuntimeError("a generation's events ended with neither an end nor an error")
 
 
 def ends(answer: Sequence[Event]) -> bool:

@@ -11,14 +11,13 @@ generation go, so the decoder drops it before its next step.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from typing import Any
 
 from serving_core.context import Context
 from serving_core.engine.stepper import Chunk, Event
 from serving_core.engine.ticket import Ticket
-from serving_core.errors import DeadlineExceeded, ServingError
+from serving_core.errors import ServingError
 from serving_core.online.runner.base import ClientWatch, WatchGone
 from serving_core.online.runner.decoding import DecodingRunner
 
@@ -89,10 +88,4 @@ class Streamed:
             self.watching = None
 
     def _next(self) -> Event:
-        ticket = self._ticket
-        event = ticket.next(self._runner.wait_s(ticket, time.monotonic()))
-        if event is None:
-            return DeadlineExceeded(
-                "no token within the generation's deadline; retry later or ask for fewer tokens"
-            )
-        return event
+        return self._runner.next_event(self._ticket)

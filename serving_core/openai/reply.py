@@ -18,7 +18,6 @@ from typing import Any
 from serving_core.engine.stepper import Chunk, End, Event
 from serving_core.errors import ServingError
 from serving_core.handler import Output
-from serving_core.online.streamed import Streamed
 from serving_core.openai import errors
 
 OWNER = "serving-core"
@@ -100,23 +99,6 @@ def usage(completion_tokens: int) -> dict[str, int]:
 def error(exc: ServingError) -> dict[str, Any]:
     """A stream's last event when the generation fails after its first chunk."""
     return errors.body(exc.status, exc.message, exc.type)
-
-
-def collect(streamed: Streamed) -> tuple[list[Output], str]:
-    """Every chunk of a generation and why it ended; raises its error (no chunk is sent
-    yet, so the error is the response's)."""
-    chunks: list[Output] = []
-    try:
-        for event in streamed:
-            if isinstance(event, Chunk):
-                chunks.append(event.output)
-            elif isinstance(event, End):
-                return chunks, event.reason
-            else:
-                raise event
-    finally:
-        streamed.close()
-    raise RuntimeError("a generation's events ended with neither an end nor an error")
 
 
 def model_object(model: str, created: int) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 from flask import Flask, Response
 
-from serving_core.engine.stepper import End, Event
+from serving_core.engine.stepper import End, Event, collect
 from serving_core.generation import TextGeneration
 from serving_core.online.door import FrontDoor, Head
 from serving_core.online.streamed import Streamed
@@ -60,7 +60,8 @@ def add_routes(app: Flask, door: FrontDoor, text: TextGeneration, limits: JsonLi
         request, streamed = door.enter(head, parse(kind), open_stream)
         answer = Reply(kind, name, head.request_id, text.text)
         if not request.stream:
-            return json_response(answer.whole(*reply.collect(streamed)), 200)
+            # Nothing is sent yet: an error of the generation is the response's.
+            return json_response(answer.whole(*collect(streamed)), 200)
 
         def frames(event: Event, streamed: Streamed) -> bytes:
             objects = answer.events(event, streamed.chunks, request.include_usage)

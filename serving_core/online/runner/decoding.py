@@ -8,17 +8,17 @@ into one answer (``/predict`` without a stream, V2's ``infer``).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from serving_core.context import Context
 from serving_core.engine.decoder import Decoder
 from serving_core.engine.engine import Engine
 from serving_core.engine.observer import GenerationObserver
-from serving_core.engine.stepper import Chunk
+from serving_core.engine.stepper import Chunk, Event, collect
 from serving_core.engine.ticket import Ticket
 from serving_core.engine.watchdog import Watched
-from serving_core.errors import DeadlineExceeded, ServingError
+from serving_core.errors import DeadlineExceeded
 from serving_core.handler import Output
 from serving_core.online.runner.base import Computed, WatchGone
 from serving_core.runtime import Runtime
@@ -97,26 +97,29 @@ class DecodingRunner:
         ticket = self.open(item, ctx, arrival=arrival, max_tokens=max_tokens)
         watching = watch(ticket.cancel) if watch is not None else None
         try:
-            return self._chunks(ticket)
+            return collect(self.events(ticket))[0]
         finally:
             if watching is not None:
                 watching.stop()
 
-    def _chunks(self, ticket: Ticket) -> list[Output]:
-        chunks: list[Output] = []
+    def events(self, ticket: Ticket) -> Iterator[Event]:
+        """``ticket``'s events as they come, to its last."""
         while True:
-            event = ticket.next(self.wait_s(ticket, time.monotonic()))
-            if event is None:
-                ticket.cancel()
-                raise DeadlineExceeded(
-                    "the generation did not end within its deadline; retry later or ask "
-                    "for fewer tokens"
-                )
-            if isinstance(event, ServingError):
-                raise event
+            event = self.next_event(ticket)
+            yield event
             if not isinstance(event, Chunk):
-                return chunks
-            chunks.append(event.output)
+                return
+
+    def next_event(self, ticket: Ticket) -> Event:
+        """``ticket``'s next event; a ``DeadlineExceeded`` (the generation let go) when
+        none comes within its deadline and the margin."""
+        event = ticket.next(self.wait_s(ticket, time.monotonic()))
+        if event is None:
+            ticket.cancel()
+            return DeadlineExceeded(
+                "no token within the generation's deadline; retry later or ask for fewer tokens"
+            )
+        return event
 
     @property
     def ready(self) -> bool:
