@@ -61,7 +61,6 @@ class Decoder:
         self._forecast = Forecast(max_running)
         self.fault: str | None = None
         self.recycle: str | None = None  # the watchdog's; a decoder never asks for one
-        self.steps = 0
         # The step in progress, for the watchdog: since when, and the latest its
         # generations may end (0.0: none in progress).
         self._step_since = 0.0
@@ -88,10 +87,6 @@ class Decoder:
     @property
     def alive(self) -> bool:
         return self._thread.is_alive() and self.fault is None
-
-    @property
-    def depth(self) -> int:
-        return len(self._waiting)
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -226,7 +221,6 @@ class Decoder:
             return False  # given up (``abandon``) while the step ran: its requests are failed
         now = self._clock()
         took = now - started
-        self.steps += 1
         self._forecast.stepped(took)
         observer.step(len(running), took)
         self._settle(running, answers, now)
