@@ -59,6 +59,23 @@ BROKER_URL = url(
 )
 
 
+def _model_uri(name: str, raw: str) -> str:
+    # A local path is a URI too: baked-in weights (the image's MODEL_DIR) are used in place.
+    if raw and not raw.startswith("/") and not _SCHEME.match(raw):
+        raise ValueError(
+            f"{name}={masked(raw)!r} is neither a URL nor an absolute path; use e.g. "
+            "s3://bucket/models/NAME/, https://host/models/NAME/ or /models/NAME"
+        )
+    return raw
+
+
+# Which stores, and what each URI names, are serving_core.artifacts' own (docs/artifacts.md).
+MODEL_URI = Parser(
+    _model_uri,
+    "empty, an absolute path, or a store's URL ([the stores](artifacts.md#the-stores))",
+)
+
+
 _ORIGIN = re.compile(r"https?://([A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])(:[0-9]{1,5})?")
 
 

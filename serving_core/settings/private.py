@@ -23,3 +23,7 @@ def private_directory(tmpdir: str = "/tmp") -> str:
 
 def default_jobs_path(tmpdir: str = "/tmp") -> str:
     return os.path.join(private_directory(tmpdir), "jobs.db")
+
+
+def default_model_cache(tmpdir: str = "/tmp") -> str:
+    return os.path.join(private_directory(tmpdir), "models")

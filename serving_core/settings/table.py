@@ -14,7 +14,15 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from serving_core.cores import usable_cores
-from serving_core.settings.addresses import BIND, BROKER_URL, CACHE_URL, JOBS_URL, ORIGINS, PROXIES
+from serving_core.settings.addresses import (
+    BIND,
+    BROKER_URL,
+    CACHE_URL,
+    JOBS_URL,
+    MODEL_URI,
+    ORIGINS,
+    PROXIES,
+)
 from serving_core.settings.grpcport import grpc_fault
 from serving_core.settings.parsers import (
     ABSOLUTE_PATH,
@@ -28,7 +36,7 @@ from serving_core.settings.parsers import (
     setting,
     spec,
 )
-from serving_core.settings.private import default_jobs_path
+from serving_core.settings.private import default_jobs_path, default_model_cache
 
 PREFIX = "SERVING_"
 DEFAULT_HANDLER = "handlers/minilm/handler.py"
@@ -162,6 +170,20 @@ class Settings:
     # The Dockerfile sets it to its MODEL_REVISION build argument (CI: the git commit).
     model_revision: str = setting(
         "", TEXT, "the model build in every cache key: the image's git commit, or a weights digest"
+    )
+    model_uri: str = setting(
+        "", MODEL_URI, "where the handler's artifacts live, fetched before the model loads"
+    )
+    model_cache: str = setting(
+        default_model_cache(),
+        ABSOLUTE_PATH,
+        "where fetched artifacts are kept: one verified directory per revision",
+        shown="`$TMPDIR/serving-core-UID/models`",
+    )
+    model_offline: bool = setting(
+        False,
+        BOOLEAN,
+        "use the revision already fetched into SERVING_MODEL_CACHE; never ask the store",
     )
     jobs_enabled: bool = setting(True, BOOLEAN, "accept `POST /jobs`; off, `/jobs` is `404`")
     jobs_url: str = setting("", JOBS_URL, "the job queue's backend (a URL); empty: the SQLite file")
