@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
 from serving_core import generation
@@ -98,6 +99,14 @@ class Handler:
     #: CPU in ``setup()``; move in ``setup_worker()`` (see ``serving_core.device``).
     device: str = "cpu"
     dtype: str = "float32"
+    #: The local directory holding the artifacts ``SERVING_MODEL_URI`` names, fetched and
+    #: verified before ``setup()`` (or the baked-in folder itself); None when it is unset.
+    #: Read the weights from here: a handler never downloads them (docs/artifacts.md).
+    model_dir: Path | None = None
+    #: Those artifacts' revision (``sha256:...``, from the store's listing); empty
+    #: without them. serving-core adds it to every cache key, the access log and
+    #: ``serving_model_info``.
+    artifacts_revision: str = ""
     #: False keeps this handler's answers out of the inference cache (a model
     #: that samples, or answers that depend on the time).
     cacheable: ClassVar[bool] = True
@@ -161,6 +170,12 @@ class Handler:
 
 def handler_name(handler: Handler) -> str:
     return handler.name or type(handler).__name__.lower()
+
+
+def model_revision(handler: Handler, build: str) -> str:
+    """The model as served: the image's build (``SERVING_MODEL_REVISION``) and the
+    artifacts' revision, either one alone when the other is empty."""
+    return "+".join(part for part in (build, handler.artifacts_revision) if part)
 
 
 def is_batched(cls: type[Handler]) -> bool:

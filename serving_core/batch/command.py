@@ -37,7 +37,7 @@ from serving_core.batch.run import EXIT_CONFIG, BatchRun
 from serving_core.cache.cache import from_settings
 from serving_core.errors import HandlerError
 from serving_core.handler import Handler, Output, Params, handler_name
-from serving_core.loading import load_handler
+from serving_core.loading import give_artifacts, load_handler
 from serving_core.preload import preload
 from serving_core.settings import Settings
 from serving_core.threads import share_idle_cores
@@ -60,6 +60,12 @@ def main(args: argparse.Namespace, settings: Settings, environ: Mapping[str, str
                 device=settings.device,
                 dtype=settings.dtype,
                 environ=environ,
+            )
+            give_artifacts(
+                loaded.handler,
+                settings.model_uri,
+                settings.model_cache,
+                offline=settings.model_offline,
             )
             on_result = cache_writer(settings, loaded.handler) if args.warm_cache else None
             # The output first: SQLite output switches the file to WAL before a

@@ -1,11 +1,11 @@
 """The inference cache: answers repeated requests without running the model.
 
 One ``Cache`` serves one handler build. Its key is the handler's name,
-version and revision (``SERVING_MODEL_REVISION``), the caller when entries
-are per API key, and the canonical parameters (``key``); its entries are
-the outputs as orjson bytes, in each worker's memory or in a shared store
-(``stores``). A numpy array comes back from the cache as a list of numbers,
-which encodes to the same JSON body.
+version and revision (``SERVING_MODEL_REVISION`` and the fetched artifacts'
+revision), the caller when entries are per API key, and the canonical
+parameters (``key``); its entries are the outputs as orjson bytes, in each
+worker's memory or in a shared store (``stores``). A numpy array comes back
+from the cache as a list of numbers, which encodes to the same JSON body.
 
 Identical concurrent misses share one model call (``single_flight``):
 
@@ -43,7 +43,7 @@ from serving_core.cache.memorystore import MemoryStore
 from serving_core.cache.store import Store, StoreError, StoreUnavailable
 from serving_core.cache.stores import open_store
 from serving_core.errors import DeadlineExceeded, NotReady, Overloaded, RequestTimeout
-from serving_core.handler import Handler, Output, handler_name
+from serving_core.handler import Handler, Output, handler_name, model_revision
 from serving_core.settings import Settings
 
 log = logging.getLogger("serving_core.cache.cache")
@@ -295,5 +295,5 @@ def from_settings(
         handler.version,
         observer,
         new_future,
-        revision=settings.model_revision,
+        revision=model_revision(handler, settings.model_revision),
     )

@@ -1,5 +1,6 @@
-"""How ``serve``, ``worker`` and ``check`` start: logging as the settings say, the job
-queue's store and the cache's URL checked, then the handler."""
+"""How ``serve``, ``worker``, ``stream`` and ``check`` start: logging as the settings
+say, the job queue's store and the cache's URL checked, then the handler and its
+artifacts (SERVING_MODEL_URI, fetched before the model loads)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from serving_core.commands.failure import Failure
 from serving_core.errors import HandlerError
 from serving_core.jobs import backends
 from serving_core.jobs.base import StoreRefused
-from serving_core.loading import LoadedHandler, load_handler
+from serving_core.loading import LoadedHandler, give_artifacts, load_handler
 from serving_core.metrics.directory import enable_multiprocess
 from serving_core.pipeline import transport
 from serving_core.runtime import THREADS, Runtime
@@ -41,13 +42,20 @@ def load(
         check_cache(settings)
         if uses_queue:
             check_queue(settings)
-        return load_handler(
+        loaded = load_handler(
             settings.handler,
             device=settings.device,
             dtype=settings.dtype,
             environ=os.environ,
             runtime=runtime,
         )
+        give_artifacts(
+            loaded.handler,
+            settings.model_uri,
+            settings.model_cache,
+            offline=settings.model_offline,
+        )
+        return loaded
     except (SettingsError, HandlerError, StoreRefused) as exc:
         raise Failure(str(exc)) from exc
 

@@ -12,6 +12,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from serving_core.handler import Handler, handler_name, model_revision
 from serving_core.metrics import directory
 from serving_core.metrics.generation import GenerationMetrics
 from serving_core.metrics.tally import Tally
@@ -125,6 +126,15 @@ class Metrics:
             multiprocess_mode="livemax",
             registry=r,
         )
+        self.model = Gauge(
+            "serving_model_info",
+            "1 for the model a live process serves: its handler's name and version, and its "
+            "revision (SERVING_MODEL_REVISION and the fetched artifacts'), so that a canary's "
+            "series tell apart from the stable release's.",
+            ["model", "version", "revision"],
+            multiprocess_mode="livemax",
+            registry=r,
+        )
         for reason in ("queue_full", "predicted_late", "deadline_passed"):
             self.rejections.labels(reason)
         for outcome in ("done", "failed"):
@@ -171,6 +181,12 @@ class Metrics:
 
     def rejected(self, reason: str) -> None:
         self.rejections.labels(reason).inc()
+
+    def model_info(self, handler: Handler, build: str) -> None:
+        """``serving_model_info`` for ``handler``, ``build`` its SERVING_MODEL_REVISION."""
+        self.model.labels(
+            handler_name(handler), handler.version, model_revision(handler, build)
+        ).set(1)
 
     def failed(self, size: int) -> None:
         self.model_errors.inc(size)

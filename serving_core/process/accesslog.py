@@ -36,6 +36,7 @@ from serving_core.logs import JsonFormatter
 from serving_core.web.logfields import BATCH_SIZE_KEY, ROUTE_KEY
 
 _FORMAT = '%s "%s %s %s" %s %s %dms request_id=%s'
+_FORMAT_REVISION = _FORMAT + " model_revision=%s"
 _JOBS = "/jobs/"
 JOB_ID_LOGGED = 8  # characters of a job id an access line keeps
 
@@ -67,6 +68,10 @@ class _JobIdsCut(Logger):  # type: ignore[misc]
 
 
 class AccessLogger(_JobIdsCut):
+    #: The model as served (``handler.model_revision``), so that a canary's lines and
+    #: the stable release's tell apart; set by ``logger_class``.
+    model_revision: str = ""
+
     def access(self, resp: Any, req: Any, environ: dict[str, Any], request_time: timedelta) -> None:
         if not self.access_log_enabled:
             return
@@ -78,7 +83,7 @@ class AccessLogger(_JobIdsCut):
         try:
             _log(
                 self.access_log,
-                _FORMAT,
+                _FORMAT_REVISION if self.model_revision else _FORMAT,
                 (
                     environ.get("REMOTE_ADDR", "-"),
                     environ["REQUEST_METHOD"],
@@ -88,6 +93,7 @@ class AccessLogger(_JobIdsCut):
                     sent,
                     request_time.seconds * 1000 + request_time.microseconds // 1000,
                     request_id,
+                    *((self.model_revision,) if self.model_revision else ()),
                 ),
             )
         except Exception:
@@ -113,6 +119,8 @@ def _request_id(resp: Any) -> str:
 
 
 class JsonAccessLogger(_JobIdsCut):
+    model_revision: str = ""  # as AccessLogger's
+
     def setup(self, cfg: Any) -> None:
         super().setup(cfg)
         formatter = JsonFormatter()
@@ -141,7 +149,15 @@ class JsonAccessLogger(_JobIdsCut):
                 "duration_ms": round(request_time.total_seconds() * 1000, 3),
                 "bytes": getattr(resp, "sent", None),
                 "remote_addr": environ.get("REMOTE_ADDR"),
+                "model_revision": self.model_revision or None,
             }
             _log(self.access_log, _JSON_MESSAGE, (method, path, status), fields=fields)
         except Exception:
             self.error(traceback.format_exc())
+
+
+def logger_class(log_format: str, revision: str) -> type[Logger]:
+    """gunicorn's ``logger_class`` for SERVING_LOG_FORMAT, writing ``revision`` in each
+    access line (gunicorn builds its logger from the class alone, so it rides on one)."""
+    base: type[Logger] = JsonAccessLogger if log_format == "json" else AccessLogger
+    return type(base.__name__, (base,), {"model_revision": revision})

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from serving_core.process.accesslog import logger_class
 from serving_core.process.hooks import Hooks
 from serving_core.settings import Settings
 
@@ -14,8 +15,11 @@ WORKER_CLASSES = {
 }
 
 
-def gunicorn_options(settings: Settings, hooks: Hooks, name: str) -> dict[str, Any]:
-    """What ``ServingApplication`` sets in gunicorn's config; ``name`` is the handler's."""
+def gunicorn_options(
+    settings: Settings, hooks: Hooks, name: str, revision: str = ""
+) -> dict[str, Any]:
+    """What ``ServingApplication`` sets in gunicorn's config; ``name`` is the handler's,
+    ``revision`` its model's (``handler.model_revision``), in each access line."""
     return {
         "bind": [settings.bind],
         "workers": settings.workers,
@@ -36,8 +40,7 @@ def gunicorn_options(settings: Settings, hooks: Hooks, name: str) -> dict[str, A
         "accesslog": "-",
         "errorlog": "-",
         # gunicorn's access line, written without its per-request atoms dict.
-        "logger_class": "serving_core.process.accesslog."
-        + ("JsonAccessLogger" if settings.log_format == "json" else "AccessLogger"),
+        "logger_class": logger_class(settings.log_format, revision),
         "when_ready": hooks.when_ready,
         "post_fork": hooks.post_fork,
         "worker_exit": hooks.worker_exit,

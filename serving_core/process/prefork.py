@@ -65,6 +65,7 @@ class Prefork:
         set_worker_threads(self.settings.workers)
         self.loaded.handler.setup_worker()
         metrics = Metrics()
+        metrics.model_info(self.loaded.handler, self.settings.model_revision)
         engine = Engine(
             self.loaded.handler,
             max_batch_size=self.settings.max_batch_size,

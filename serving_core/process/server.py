@@ -38,6 +38,7 @@ from gunicorn.app.base import BaseApplication
 
 from serving_core.device import model_devices
 from serving_core.engine.engine import Engine
+from serving_core.handler import model_revision
 from serving_core.loading import LoadedHandler
 from serving_core.metrics.metrics import Metrics
 from serving_core.modelprocess.protocol import socket_path
@@ -139,6 +140,7 @@ def build_with_metrics(
 ) -> tuple[Flask, Service, list[ModelProcess], Metrics]:
     """``build``, and its metrics, which the gRPC front counts its calls in too."""
     observer = Metrics()
+    observer.model_info(loaded.handler, settings.model_revision)
     engine = Engine(
         loaded.handler,
         max_batch_size=settings.max_batch_size,
@@ -198,5 +200,10 @@ def serve(settings: Settings, loaded: LoadedHandler) -> None:
         from serving_core.process.workers import fairaccept
 
         fairaccept.share_connections(settings.workers)
-    options = gunicorn_options(settings, Hooks(settings, service, models, metrics), service.name)
+    options = gunicorn_options(
+        settings,
+        Hooks(settings, service, models, metrics),
+        service.name,
+        model_revision(loaded.handler, settings.model_revision),
+    )
     ServingApplication(app, options, drain_s=settings.drain_s).run()

@@ -308,6 +308,19 @@ def test_the_model_build_and_the_caller_are_part_of_the_key():
     assert revised.key_for({"x": 1}) != from_settings(Settings(), Model()).key_for({"x": 1})
 
 
+def test_the_fetched_artifacts_revision_is_part_of_the_key():
+    fetched = Model()
+    fetched.artifacts_revision = "sha256:0123"
+    keyed = from_settings(Settings(model_revision="sha-build"), fetched)
+    assert keyed.revision == "sha-build+sha256:0123"
+    refetched = Model()
+    refetched.artifacts_revision = "sha256:4567"
+    assert keyed.key_for({"x": 1}) != from_settings(
+        Settings(model_revision="sha-build"), refetched
+    ).key_for({"x": 1})
+    assert from_settings(Settings(), fetched).revision == "sha256:0123"
+
+
 def test_waiters_use_the_injected_future_and_a_lone_request_makes_none():
     made = []
 
