@@ -1,9 +1,13 @@
 """Weights baked into the app image (MODEL_DIR) sit in a layer of their own.
 
-The image is built twice, each time from a scratch build context holding the
-same generated weights and a handler whose handler.py alone differs: the weights
+The image is built twice, each time from a scratch build context with the same
+generated weights written afresh (new modification times, as a fresh checkout
+or download has) and a handler whose handler.py alone differs: the weights
 layer's digest is the same both times, so a push after a code edit sends no
-weights again, while the code's layer differs. The baked image points
+weights again, while the code's layer differs. The second build reuses the
+layer from the engine's cache, which keys a COPY by its files' contents and
+everything above it; a layer rebuilt without the cache would differ (the
+builder stamps /models with the build's time). The baked image points
 SERVING_MODEL_URI at the folder, which the serving user can read; the image
 built without MODEL_DIR bakes nothing and names no model.
 """
@@ -12,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,10 +47,6 @@ class Baked(Handler):
         return {{"version": VERSION, "echo": params}}
 '''
 SAMPLE = '{"text": "hello"}\n'
-# A fixed modification time for every weight file: the layer's tar records
-# mtimes, so weights fetched afresh for each build make the same layer only with
-# the same times (docs/deployment/containers.md, "Weights in their own layer").
-WEIGHTS_MTIME = 1_700_000_000
 
 
 def weights() -> dict[str, bytes]:
@@ -62,7 +61,7 @@ def weights() -> dict[str, bytes]:
 
 def context(tmp: Path, version: int) -> Path:
     """A scratch build context: the handler at ``version`` and the weights."""
-    made = app_context(
+    return app_context(
         tmp,
         {
             f"{HANDLER_DIR}/handler.py": HANDLER.format(version=version),
@@ -70,9 +69,6 @@ def context(tmp: Path, version: int) -> Path:
             **weights(),
         },
     )
-    for path in [made / MODEL_DIR, *(made / MODEL_DIR).rglob("*")]:
-        os.utime(path, (WEIGHTS_MTIME, WEIGHTS_MTIME))
-    return made
 
 
 @dataclass(frozen=True)
