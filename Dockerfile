@@ -6,6 +6,8 @@
 #   docker build -t serving-core:iris-setosa --build-arg HANDLER_DIR=handlers/iris-setosa \
 #     --build-arg SHARED_DIRS=handlers/iris .                  # imports handlers/iris
 #   docker build -t serving-core:cu128 --build-arg TORCH_VARIANT=cu128 .
+#   docker build -t serving-core:NAME --build-arg HANDLER_DIR=handlers/NAME \
+#     --build-arg MODEL_DIR=models/NAME .                      # weights in /models
 #
 # Base image: python:3.11-slim-bookworm, named literally by both stages' FROM
 # lines so that Dependabot (its docker ecosystem, .github/dependabot.yml) reads
