@@ -6,6 +6,8 @@
 #   docker build -t serving-core:iris-setosa --build-arg HANDLER_DIR=handlers/iris-setosa \
 #     --build-arg SHARED_DIRS=handlers/iris .                  # imports handlers/iris
 #   docker build -t serving-core:cu128 --build-arg TORCH_VARIANT=cu128 .
+#   docker build -t serving-core:NAME --build-arg HANDLER_DIR=handlers/NAME \
+#     --build-arg MODEL_DIR=models/NAME .                      # weights in /models
 #
 # Base image: python:3.11-slim-bookworm, named literally by both stages' FROM
 # lines so that Dependabot (its docker ecosystem, .github/dependabot.yml) reads
@@ -38,6 +40,12 @@
 #                    precedence over the LABEL below (image.yml)
 #   MODEL_REVISION   SERVING_MODEL_REVISION, the cache's build key (default:
 #                    REVISION); CI passes the commit
+#   MODEL_DIR        a folder of the build context holding the model's
+#                    artifacts (models/NAME: .dockerignore lets models/ in),
+#                    baked into /models in a layer of their own, and
+#                    SERVING_MODEL_URI=/models, which serving-core reads in
+#                    place (never copied). Empty: no weights baked, /models is
+#                    empty and SERVING_MODEL_URI is empty, which means none ("")
 #
 # Environment (the full table is docs/settings.md; these are the image's values)
 #   SERVING_HANDLER  ${HANDLER_DIR}, relative to /app
@@ -48,6 +56,8 @@
 #                    or unix:)
 #   SERVING_MODEL_REVISION  ${MODEL_REVISION}: part of every inference cache key, so a
 #                    new image never serves the old one's cached answers
+#   SERVING_MODEL_URI  /models when MODEL_DIR is given, else empty (none): the
+#                    chart's model.uri or compose sets a store's URI instead
 #   SERVING_*        workers, threads, batching, limits and timeouts: unset
 #                    here, so serving-core's defaults apply (docs/settings.md)
 #   HF_HUB_OFFLINE, TRANSFORMERS_OFFLINE = 1: the model is in the image and
@@ -61,10 +71,11 @@
 # in the image, where the handler loads them.
 #
 # Layers, least to most often changed: the framework's requirements, the
-# handler's system packages, its requirements, serving_core, the handler's code
-# (and SHARED_DIRS).
+# handler's system packages, its requirements, the model's weights (MODEL_DIR),
+# serving_core, the handler's code (and SHARED_DIRS).
 # Editing handler.py rebuilds only the last; editing serving_core reinstalls no
-# model stack, and the image it makes differs only by the package's own layer.
+# model stack and pushes no weights again, and the image it makes differs only
+# by the package's own layer and the code's.
 #
 # The handler is loaded and its sample.json run at build time
 # (`serving-core check`), so a broken handler or a missing model fails the
@@ -144,6 +155,7 @@ ARG VERSION=0.0.0-dev
 ARG REVISION=unknown
 ARG SOURCE=https://github.com/serving-core/serving-core
 ARG MODEL_REVISION=${REVISION}
+ARG MODEL_DIR=""
 LABEL org.opencontainers.image.title="serving-core" \
       org.opencontainers.image.description="A handler.py served over REST by gunicorn with batching and backpressure" \
       org.opencontainers.image.licenses="Apache-2.0" \
@@ -175,6 +187,16 @@ ENV PATH=/opt/venv/bin:$PATH \
 ENV TOKENIZERS_PARALLELISM=false
 
 COPY --from=build /opt/venv /opt/venv
+# The model's weights, between the dependencies and the code: an edit to
+# handler.py or serving_core leaves this layer's digest as it was, so a push
+# sends only the code again, not gigabytes of weights. From the build context
+# straight into this stage (never through the build stage, which would store
+# them twice). Owned by root and read-only to the serving user; files keep their
+# mode and modification time from the context, so the same files make the same
+# layer. Without MODEL_DIR the source is docker/no-model, which .dockerignore
+# empties: /models is an empty folder and SERVING_MODEL_URI is "", none.
+COPY ${MODEL_DIR:-docker/no-model}/ /models/
+ENV SERVING_MODEL_URI=${MODEL_DIR:+/models}
 COPY --from=build /wheels /tmp/wheels
 # The wheel only: its dependencies are in the environment above, and pip asks
 # no index.

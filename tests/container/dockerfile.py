@@ -9,7 +9,9 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-VARIABLE = re.compile(r"\$\{(\w+)\}")
+# ${NAME}, ${NAME:-word} (word when NAME is unset or empty), ${NAME:+word} (word
+# when NAME is set and not empty, else empty): the forms Dockerfiles take.
+VARIABLE = re.compile(r"\$\{(\w+)(?::([-+])([^}]*))?\}")
 
 
 @dataclass(frozen=True)
@@ -76,7 +78,18 @@ def parse(path: Path) -> list[Stage]:
 
 
 def expand(text: str, values: dict[str, str]) -> str:
-    """${NAME} replaced from ``values``, repeatedly (a default may name another ARG)."""
+    """${NAME} replaced from ``values``, repeatedly (a default may name another ARG);
+    a plain ${NAME} not in ``values`` is left as it is, ``:-`` and ``:+`` read it as empty."""
+
+    def value(found: re.Match[str]) -> str:
+        name, operator, word = found.groups()
+        if operator is None:
+            return values.get(name, found.group(0))
+        given = values.get(name, "")
+        if operator == "-":
+            return given or word
+        return word if given else ""
+
     for _ in range(5):
-        text = VARIABLE.sub(lambda m: values.get(m.group(1), m.group(0)), text)
+        text = VARIABLE.sub(value, text)
     return text

@@ -142,6 +142,46 @@ class Engine:
         test: list[str] = check.get("Test") or []
         return test
 
+    def image_env(self, image: str) -> dict[str, str]:
+        """The image's ENV, as a process in it starts with."""
+        (found,) = json.loads(self.call("image", "inspect", image).stdout)
+        pairs = (entry.partition("=") for entry in found["Config"].get("Env") or [])
+        return {name: value for name, _, value in pairs}
+
+    def image_layers(self, image: str) -> list[tuple[str, str]]:
+        """(the step that made it, its digest) for each of the image's layers, base first.
+
+        The digest is the layer's diff ID (RootFS.Layers), the sha256 of its
+        uncompressed tar: the same files make the same digest."""
+        (found,) = json.loads(self.call("image", "inspect", image).stdout)
+        digests: list[str] = found["RootFS"]["Layers"]
+        if self.podman:
+            # podman keeps the image's history, empty_layer flags included.
+            steps = [
+                entry.get("created_by", "")
+                for entry in found.get("History") or []
+                if not entry.get("empty_layer", False)
+            ]
+        else:
+            # docker's inspect has no history: its CLI lists it newest first, and
+            # BuildKit marks every step that changed no file as an empty layer (0 B).
+            listed = self.call(
+                "history",
+                "--no-trunc",
+                "--human=false",
+                "--format",
+                "{{.Size}}\t{{.CreatedBy}}",
+                image,
+            ).stdout.splitlines()
+            sizes_steps = [line.partition("\t") for line in reversed(listed)]
+            steps = [step for size, _, step in sizes_steps if size.strip() != "0"]
+        if len(steps) != len(digests):
+            raise EngineError(
+                f"{image}: {len(digests)} layers but {len(steps)} steps that made one; "
+                f"cannot tell which layer each step made:\n" + "\n".join(steps)
+            )
+        return list(zip(steps, digests, strict=True))
+
     def pull(self, image: str, timeout_s: float) -> str:
         """ "" when pulled, else why not."""
         try:

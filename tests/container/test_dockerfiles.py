@@ -195,6 +195,61 @@ def test_serving_core_is_a_layer_of_its_own_above_the_environment() -> None:
     assert not [r for r in pip_installs(build) if "--no-deps" in r.text]
 
 
+# --- MODEL_DIR: weights baked in, a layer between the dependencies and the code --
+
+
+def weights_copy(final: Stage) -> Instruction:
+    (copy,) = [c for c in final.of("COPY") if c.copy_destination() == "/models/"]
+    return copy
+
+
+def test_baked_weights_are_a_layer_between_the_environment_and_the_code() -> None:
+    # An edit to handler.py or serving_core leaves the weights layer as it was
+    # (tests/container/test_model_layer.py builds it twice).
+    build, final = app_stages()
+    assert final.args()["MODEL_DIR"] == '""'
+    weights = weights_copy(final)
+    assert weights.copy_sources() == ["${MODEL_DIR:-docker/no-model}/"]
+    assert "--from=build" not in weights.text  # straight from the context: stored once
+    (venv_copy,) = [c for c in final.of("COPY") if c.copy_sources() == ["/opt/venv"]]
+    (wheels_copy,) = [c for c in final.of("COPY") if c.copy_sources() == ["/wheels"]]
+    (app_copy,) = [c for c in final.of("COPY") if c.copy_sources() == ["/app"]]
+    order = [venv_copy, weights, wheels_copy, pip_installs(final)[0], app_copy]
+    assert [final.index(i) for i in order] == sorted(final.index(i) for i in order)
+    # Nothing in the build stage touches the weights.
+    assert not [i for i in build.instructions if "MODEL_DIR" in i.text]
+
+
+def test_the_baked_folder_is_the_model_uri_only_when_model_dir_is_given() -> None:
+    _, final = app_stages()
+    (env,) = [e for e in final.of("ENV") if "SERVING_MODEL_URI=" in e.text]
+    (value,) = [w.partition("=")[2] for w in env.words if w.startswith("SERVING_MODEL_URI=")]
+    assert expand(value, {"MODEL_DIR": "models/minilm"}) == "/models"
+    # Empty is none: an image without weights fetches from the URI the chart or
+    # compose sets, or loads its model from the handler's folder as before.
+    assert expand(value, {}) == ""
+    assert Settings.from_env({"SERVING_MODEL_URI": ""}, cores=2).model_uri == ""
+    assert final.index(weights_copy(final)) < final.index(env)
+
+
+def test_without_model_dir_the_weights_copy_finds_an_empty_folder() -> None:
+    context = app_build_context()
+    assert "docker/no-model" in context
+    assert not [p for p in context if p.startswith("docker/no-model/")]
+    # The placeholder's own README stays in git, out of the image.
+    assert (ROOT / "docker" / "no-model" / "README.md").is_file()
+
+
+def test_a_models_folder_reaches_the_build_context(tmp_path: Path) -> None:
+    # MODEL_DIR=models/NAME: the allow-list lets models/ in, and git keeps it out.
+    (tmp_path / "models" / "minilm").mkdir(parents=True)
+    (tmp_path / "models" / "minilm" / "model.safetensors").write_bytes(b"weights")
+    patterns = (ROOT / ".dockerignore").read_text().splitlines()
+    patterns = [p.strip() for p in patterns if p.strip() and not p.startswith("#")]
+    assert "models/minilm/model.safetensors" in exclude_paths(str(tmp_path), patterns)
+    assert "/models/" in (ROOT / ".gitignore").read_text().splitlines()
+
+
 def test_the_handlers_requirements_get_their_own_layer_before_its_code() -> None:
     build, _ = app_stages()
     framework, handler = pip_installs(build)
@@ -410,10 +465,12 @@ def test_shared_dirs_are_copied_before_the_handlers_code_and_after_its_requireme
     order = [handler_install, serving_core_install, handlers_copy, step, code_copy]
     assert [build.index(i) for i in order] == sorted(build.index(i) for i in order)
     # Only /app reaches the image: not the other handlers the build stage copied
-    # (the first COPY is the handler's optional system-packages.txt).
+    # (the first COPY is the handler's optional system-packages.txt; the weights
+    # come from MODEL_DIR, an empty folder unless given).
     assert [c.copy_sources() for c in final.of("COPY")] == [
         ["docker/install-system-packages.sh", "${HANDLER_DIR}/system-packages*.txt"],
         ["/opt/venv"],
+        ["${MODEL_DIR:-docker/no-model}/"],
         ["/wheels"],
         ["/app"],
     ]

@@ -10,7 +10,6 @@ build context of its own: the repository's context files (the allow-list in
 
 from __future__ import annotations
 
-import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,9 +18,9 @@ import pytest
 import requests
 
 from tests.container import bases
+from tests.container.context import app_context
 from tests.container.engine import Engine, EngineError, Hardening
 from tests.container.images import build_timed, torch_index_args
-from tests.servers import ROOT
 
 pytestmark = [pytest.mark.e2e, pytest.mark.container, pytest.mark.timeout(1800)]
 
@@ -48,30 +47,10 @@ HEALTHY_TIMEOUT_S = 300.0
 
 def build_context(tmp: Path, *, system_packages: bool) -> Path:
     """The app's build context: the files .dockerignore lets in, handlers/ holding only ours."""
-    context = tmp / "context"
-    context.mkdir()
-    shutil.copy2(ROOT / "Dockerfile", context)
-    shutil.copy2(ROOT / ".dockerignore", context)
-    allowed = [
-        line[1:].strip().rstrip("/")
-        for line in (ROOT / ".dockerignore").read_text().splitlines()
-        if line.startswith("!")
-    ]
-    for name in allowed:
-        source = ROOT / name
-        if name == "handlers":
-            continue
-        if source.is_dir():
-            shutil.copytree(source, context / name, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            shutil.copy2(source, context / name)
-    handler = context / HANDLER_DIR
-    handler.mkdir(parents=True)
-    (handler / "handler.py").write_text(HANDLER)
-    (handler / "sample.json").write_text(SAMPLE)
+    files = {f"{HANDLER_DIR}/handler.py": HANDLER, f"{HANDLER_DIR}/sample.json": SAMPLE}
     if system_packages:
-        (handler / "system-packages.txt").write_text(SYSTEM_PACKAGES)
-    return context
+        files[f"{HANDLER_DIR}/system-packages.txt"] = SYSTEM_PACKAGES
+    return app_context(tmp, files)
 
 
 def build(engine: Engine, base: bases.Resolved, context: Path, tag: str) -> None:
