@@ -1,0 +1,91 @@
+"""SERVING_MODEL_URI's schemes: each store obstore opens for one, and what it can do.
+
+A store is a table line here (``STORES``), never an if-chain of schemes elsewhere.
+obstore reads each store's credentials from the environment itself (``AWS_*``,
+``GOOGLE_*``, ``AZURE_*``, and the IRSA and Workload Identity token files).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from obstore.store import ObjectStore
+
+
+@dataclass(frozen=True)
+class StoreKind:
+    name: str
+    lists: bool  # can list a prefix; an HTTP server cannot, so a folder needs its manifest
+    md5_etag: bool  # a single-part upload's ETag is the object's MD5
+    credentials: str  # where the credentials come from, for a denied read's message
+
+
+S3 = StoreKind(
+    "S3",
+    lists=True,
+    md5_etag=True,
+    credentials="AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or IRSA's AWS_ROLE_ARN",
+)
+GCS = StoreKind(
+    "GCS",
+    lists=True,
+    md5_etag=False,
+    credentials="GOOGLE_APPLICATION_CREDENTIALS, or Workload Identity",
+)
+AZURE = StoreKind(
+    "Azure",
+    lists=True,
+    md5_etag=False,
+    credentials="AZURE_STORAGE_ACCOUNT_KEY or AZURE_CLIENT_ID and its secret, or Workload Identity",
+)
+HTTP = StoreKind(
+    "HTTP", lists=False, md5_etag=False, credentials="a presigned URL, or a server that allows it"
+)
+
+STORES: dict[str, StoreKind] = {
+    "s3": S3,
+    "s3a": S3,
+    "gs": GCS,
+    "az": AZURE,
+    "azure": AZURE,
+    "abfs": AZURE,
+    "abfss": AZURE,
+    "adl": AZURE,
+    "http": HTTP,
+    "https": HTTP,
+}
+# A plain absolute path or file:///: used in place, never copied (baked-in weights).
+LOCAL_SCHEMES = ("", "file")
+
+# Fail fast on a store that does not answer (obstore's default retries for 3 minutes);
+# a part of a large file may take long on a slow link, so only connecting is short.
+_CONNECT_TIMEOUT = "10s"
+_REQUEST_TIMEOUT = "30m"
+
+
+def open_store(folder: str, scheme: str) -> ObjectStore:
+    """The obstore store whose root is ``folder`` (a URL without its trailing slash)."""
+    from obstore.store import from_url
+
+    return from_url(
+        folder,
+        client_options={
+            # An http:// URI is the user's explicit choice; an S3 endpoint's is
+            # AWS_ALLOW_HTTP's, which obstore reads.
+            "allow_http": scheme == "http",
+            "connect_timeout": _CONNECT_TIMEOUT,
+            "timeout": _REQUEST_TIMEOUT,
+        },
+        retry_config={
+            "max_retries": 2,
+            "retry_timeout": timedelta(seconds=20),
+            "backoff": {
+                "init_backoff": timedelta(milliseconds=100),
+                "max_backoff": timedelta(seconds=2),
+                "base": 2,
+            },
+        },
+    )
