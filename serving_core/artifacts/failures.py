@@ -18,6 +18,22 @@ class FetchError(Exception):
         super().__init__(f"SERVING_MODEL_URI={masked(uri)}: {problem}")
 
 
+_PROBLEMS = {
+    "missing": "missing: no object or bucket at {where} (HTTP 404); check the bucket, the "
+    "path and its trailing slash (a folder ends with /)",
+    "denied": "access denied reading {where} (HTTP {status}); give the credentials read and "
+    "list access, or set them ({credentials}; see {docs})",
+    "changed": "{where} changed while it was fetched (its ETag moved); run the fetch again "
+    "once the upload is complete",
+    "plain-http": "the store's endpoint is http://: set AWS_ALLOW_HTTP=true to allow it (or "
+    "serve it over https)",
+    "status": "the store answered HTTP {status} reading {where}; retry later",
+    "unreachable": "unreachable: no answer from the store reading {where}; check the host, "
+    "the endpoint (AWS_ENDPOINT_URL for an S3-compatible store) and the network",
+    "other": "reading {where} failed ({error}); see {docs}",
+}
+
+
 def from_store(exc: Exception, uri: str, path: str, credentials: str) -> FetchError:
     """``exc``, raised by obstore while reading ``path``, as a ``FetchError``.
 
@@ -34,31 +50,23 @@ def from_store(exc: Exception, uri: str, path: str, credentials: str) -> FetchEr
     text = str(exc)
     found = _STATUS.search(text)
     status = int(found[1]) if found else None
-    where = f"{path!r}" if path else "the listing"
-    if isinstance(exc, FileNotFoundError) or status == 404:
-        return FetchError(
-            uri,
-            f"missing: no object or bucket at {where} (HTTP 404); check the bucket, the path "
-            "and its trailing slash (a folder ends with /)",
-        )
-    if isinstance(exc, PermissionDeniedError | UnauthenticatedError) or status in (401, 403):
-        return FetchError(
-            uri,
-            f"access denied reading {where} (HTTP {status or 403}); give the credentials "
-            f"read and list access, or set them ({credentials}; see {DOCS})",
-        )
-    if isinstance(exc, PreconditionError) or status == 412:
-        return FetchError(
-            uri,
-            f"{where} changed while it was fetched (its ETag moved); run the fetch again "
-            "once the upload is complete",
-        )
-    if status is not None:
-        return FetchError(uri, f"the store answered HTTP {status} reading {where}; retry later")
-    if "error sending request" in text or "timed out" in text.lower() or "connect" in text:
-        return FetchError(
-            uri,
-            f"unreachable: no answer from the store reading {where}; check the host, the "
-            "endpoint (AWS_ENDPOINT_URL for an S3-compatible store) and the network",
-        )
-    return FetchError(uri, f"reading {where} failed ({type(exc).__name__}); see {DOCS}")
+    denied = isinstance(exc, PermissionDeniedError | UnauthenticatedError)
+    checks = [
+        ("missing", isinstance(exc, FileNotFoundError) or status == 404),
+        ("denied", denied or status in (401, 403)),
+        ("changed", isinstance(exc, PreconditionError) or status == 412),
+        ("plain-http", "BadScheme" in text),
+        ("status", status is not None),
+        ("unreachable", "error sending request" in text or "timed out" in text.lower()),
+    ]
+    problem = next((name for name, hit in checks if hit), "other")
+    return FetchError(
+        uri,
+        _PROBLEMS[problem].format(
+            where=repr(path) if path else "the listing",
+            status=status or 403,
+            credentials=credentials,
+            docs=DOCS,
+            error=type(exc).__name__,
+        ),
+    )

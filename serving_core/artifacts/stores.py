@@ -12,7 +12,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from obstore.store import ObjectStore
+    from obstore.store import ClientConfig, ObjectStore
 
 
 @dataclass(frozen=True)
@@ -60,8 +60,7 @@ STORES: dict[str, StoreKind] = {
 # A plain absolute path or file:///: used in place, never copied (baked-in weights).
 LOCAL_SCHEMES = ("", "file")
 
-# Fail fast on a store that does not answer (obstore's default retries for 3 minutes);
-# a part of a large file may take long on a slow link, so only connecting is short.
+# Fail fast on a store that does not answer (obstore's default retries for 3 minutes).
 _CONNECT_TIMEOUT = "10s"
 _REQUEST_TIMEOUT = "30m"
 
@@ -70,15 +69,20 @@ def open_store(folder: str, scheme: str) -> ObjectStore:
     """The obstore store whose root is ``folder`` (a URL without its trailing slash)."""
     from obstore.store import from_url
 
-    return from_url(
-        folder,
-        client_options={
-            # An http:// URI is the user's explicit choice; an S3 endpoint's is
-            # AWS_ALLOW_HTTP's, which obstore reads.
+    client: ClientConfig | None = None
+    if STORES[scheme] is HTTP:
+        # The cloud stores take their client options from the environment (AWS_ALLOW_HTTP
+        # for an http:// S3 endpoint), and options passed here would replace them all.
+        # An HTTP server has none there: an http:// URI is the user's explicit choice,
+        # and a part on a slow link may take longer than obstore's default 30 s.
+        client = {
             "allow_http": scheme == "http",
             "connect_timeout": _CONNECT_TIMEOUT,
             "timeout": _REQUEST_TIMEOUT,
-        },
+        }
+    return from_url(
+        folder,
+        client_options=client,
         retry_config={
             "max_retries": 2,
             "retry_timeout": timedelta(seconds=20),
