@@ -32,7 +32,10 @@ def walk_revision(folder: Path) -> tuple[str, int]:
         dirs.sort()
         for name in sorted(names):
             path = Path(root, name)
-            stat = path.stat()
+            try:
+                stat = path.stat()
+            except FileNotFoundError:  # a dangling link, or a file removed meanwhile
+                continue
             rows.append([str(path.relative_to(folder)), stat.st_size, stat.st_mtime_ns])
     digest = hashlib.sha256(json.dumps(rows).encode()).hexdigest()[:16]
     return f"sha256:{digest}", len(rows)

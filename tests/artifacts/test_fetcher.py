@@ -160,22 +160,6 @@ def test_offline_serves_the_cached_revision_without_asking_the_store(
     )
 
 
-def test_offline_without_a_cached_copy_says_how_to_get_one(tmp_path: Path) -> None:
-    with pytest.raises(FetchError, match=r"offline \(SERVING_MODEL_OFFLINE\) and no fetched"):
-        fetch_model("s3://models/never-fetched/", tmp_path / "cache", offline=True)
-
-
-def test_a_local_folder_is_used_in_place_with_a_revision_of_its_listing(tmp_path: Path) -> None:
-    folder = write_model(tmp_path / "baked", FILES)
-
-    for uri in (str(folder), f"file://{folder}"):
-        fetched = fetch_model(uri, tmp_path / "cache")
-        assert (fetched.path, fetched.fetched_bytes, fetched.files) == (folder, 0, len(FILES))
-    (folder / "config.json").write_bytes(b'{"dim": 768, "more": 1}')
-    assert fetch_model(str(folder), tmp_path / "cache").revision != fetched.revision
-    assert not (tmp_path / "cache").exists()
-
-
 def test_an_http_folder_is_fetched_from_its_manifest(
     nginx_www: StaticServer, tmp_path: Path
 ) -> None:
