@@ -29,15 +29,13 @@ def test_a_local_folder_is_used_in_place_with_a_revision_of_its_listing(tmp_path
 
 
 @pytest.mark.parametrize(
-    ("make", "said"),
-    [
-        (lambda p: p / "absent", "missing: no such folder"),
-        (lambda p: (p / "model.onnx").write_text("x") and p / "model.onnx", "not a file"),
-    ],
+    ("name", "said"), [("absent", "missing: no such folder"), ("model.onnx", "not a file")]
 )
-def test_a_local_uri_that_is_no_folder_is_refused(tmp_path: Path, make, said: str) -> None:  # type: ignore[no-untyped-def]
+def test_a_local_uri_that_is_no_folder_is_refused(tmp_path: Path, name: str, said: str) -> None:
+    (tmp_path / "model.onnx").write_text("a file, not its folder")
+
     with pytest.raises(FetchError, match=said):
-        fetch_model(str(make(tmp_path)), tmp_path / "cache")
+        fetch_model(str(tmp_path / name), tmp_path / "cache")
 
 
 def test_offline_without_a_cached_copy_says_how_to_get_one(tmp_path: Path) -> None:
