@@ -62,6 +62,10 @@ def list_uri(uri: str) -> Listing:
     folder, _, name = base.rstrip("/").rpartition("/")
     if base.endswith("/") or folder.endswith(":/"):  # a folder, or a bucket's root
         folder, name = base.rstrip("/"), ""
+    if name and not kind.lists and urlsplit(uri).query:
+        # A presigned or SAS URL: signed as a whole, query included, for GET alone.
+        signed = open_store(uri, scheme)
+        return Listing(uri, kind, signed, [_signed(signed, uri, kind, name)])
     store = open_store(folder, scheme)
     if name:
         single = _head(store, uri, kind, name)
@@ -87,6 +91,18 @@ def _head(store: ObjectStore, uri: str, kind: StoreKind, name: str) -> Entry | N
     except Exception as exc:
         raise from_store(exc, uri, name, kind.credentials) from None
     return Entry(name, name, meta["size"], meta["e_tag"])
+
+
+def _signed(store: ObjectStore, uri: str, kind: StoreKind, name: str) -> Entry:
+    """A signed URL's object: its size from a one-byte GET, since the signature is for GET
+    (a HEAD would be refused)."""
+    import obstore
+
+    try:
+        meta = obstore.get(store, "", options={"range": (0, 1)}).meta
+    except Exception as exc:
+        raise from_store(exc, uri, name, kind.credentials) from None
+    return Entry(name, "", meta["size"], meta["e_tag"])
 
 
 def _list(store: ObjectStore, uri: str, kind: StoreKind) -> list[Entry]:

@@ -119,7 +119,7 @@ class Download:
             if offset != part.end:
                 raise FetchError(
                     self.listing.uri,
-                    f"{entry.key!r} ended at byte {offset}, not {part.end}: it changed while "
+                    f"{entry.path!r} ended at byte {offset}, not {part.end}: it changed while "
                     "it was fetched; run the fetch again",
                 )
             os.fdatasync(fd)

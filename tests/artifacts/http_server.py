@@ -28,7 +28,7 @@ error_log stderr;
 events {{ worker_connections 64; }}
 http {{
     log_format fetches escape=json '{{"method":"$request_method","path":"$uri",'
-        '"status":$status,"range":"$http_range","bytes":$body_bytes_sent}}';
+        '"status":$status,"range":"$http_range","query":"$args","bytes":$body_bytes_sent}}';
     access_log {root}/access.log fetches;
     client_body_temp_path {root}/tmp; proxy_temp_path {root}/tmp;
     fastcgi_temp_path {root}/tmp; uwsgi_temp_path {root}/tmp; scgi_temp_path {root}/tmp;

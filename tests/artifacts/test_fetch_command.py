@@ -130,6 +130,8 @@ def test_two_fetchers_of_one_cache_fetch_once_and_both_use_it(
     manifest = nginx_www.www / "slow" / "shared" / "SHA256SUMS"
     assert [int(line["bytes"]) for line in lines] == [len(body) + manifest.stat().st_size, 0]
     assert lines[0]["path"] == lines[1]["path"]
+    # nginx logs a response just after its last byte: wait for the three parts' lines.
+    wait_for(lambda: len(nginx_www.sent("/slow/shared/model.bin")) >= 3, "three GETs logged")
     gets = nginx_www.sent("/slow/shared/model.bin")
     assert len(gets) == 3, gets  # one GET a part, all from the first
     assert sum(get["bytes"] for get in gets) == len(body)

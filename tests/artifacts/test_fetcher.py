@@ -177,3 +177,22 @@ def test_an_http_folder_without_a_manifest_is_refused_naming_it(
 
     with pytest.raises(FetchError, match=r"cannot be listed and has no SHA256SUMS"):
         fetch_model(f"{nginx_www.url}/bare/", tmp_path / "cache")
+
+
+def test_a_signed_url_is_fetched_with_its_query_and_cached_under_its_masked_form(
+    nginx_www: StaticServer, tmp_path: Path
+) -> None:
+    (nginx_www.www / "signed").mkdir()
+    (nginx_www.www / "signed" / "model.onnx").write_bytes(FILES["model.safetensors"])
+    url = f"{nginx_www.url}/signed/model.onnx?X-Amz-Signature="
+
+    fetched = fetch_model(url + "first", tmp_path / "cache", part_bytes=1 << 20)
+    again = fetch_model(url + "second", tmp_path / "cache")
+
+    assert read_tree(fetched.path) == {"model.onnx": FILES["model.safetensors"]}
+    assert again.fetched_bytes == 0
+    # Every request carried the signature: a signed URL is signed with its query.
+    gets = [e for e in nginx_www.entries() if e["path"] == "/signed/model.onnx"]
+    assert {e["method"] for e in gets} == {"GET"}, gets
+    assert all(e["query"].startswith("X-Amz-Signature=") for e in gets), gets
+    assert not any("first" in p.name for p in (tmp_path / "cache").rglob("*"))
