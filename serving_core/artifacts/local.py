@@ -10,11 +10,17 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from serving_core.artifacts.failures import FetchError
+from serving_core.artifacts.stores import LOCAL_SCHEMES, STORES
 
 
 def local_folder(uri: str) -> Path:
     """The folder ``uri`` names, which must exist."""
     parts = urlsplit(uri)
+    if parts.scheme not in LOCAL_SCHEMES:
+        schemes = ", ".join(f"{scheme}://" for scheme in sorted(STORES))
+        raise FetchError(
+            uri, f"no store reads {parts.scheme}://: use {schemes}, file:// or an absolute path"
+        )
     path = Path(unquote(parts.path) if parts.scheme == "file" else uri)
     if not path.is_absolute():
         raise FetchError(uri, "a local path must be absolute (/models/name, file:///models/name)")

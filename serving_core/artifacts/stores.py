@@ -12,7 +12,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from obstore.store import ClientConfig, ObjectStore
+    from obstore.store import ClientConfig, ObjectStore, RetryConfig
 
 
 @dataclass(frozen=True)
@@ -61,35 +61,32 @@ STORES: dict[str, StoreKind] = {
 LOCAL_SCHEMES = ("", "file")
 
 # Fail fast on a store that does not answer (obstore's default retries for 3 minutes).
-_CONNECT_TIMEOUT = "10s"
-_REQUEST_TIMEOUT = "30m"
+_RETRY: RetryConfig = {
+    "max_retries": 2,
+    "retry_timeout": timedelta(seconds=20),
+    "backoff": {
+        "init_backoff": timedelta(milliseconds=100),
+        "max_backoff": timedelta(seconds=2),
+        "base": 2,
+    },
+}
 
 
 def open_store(folder: str, scheme: str) -> ObjectStore:
     """The obstore store whose root is ``folder`` (a URL without its trailing slash)."""
-    from obstore.store import from_url
+    from obstore.store import HTTPStore, from_url
 
-    client: ClientConfig | None = None
-    if STORES[scheme] is HTTP:
+    if STORES[scheme] is not HTTP:
         # The cloud stores take their client options from the environment (AWS_ALLOW_HTTP
-        # for an http:// S3 endpoint), and options passed here would replace them all.
-        # An HTTP server has none there: an http:// URI is the user's explicit choice,
-        # and a part on a slow link may take longer than obstore's default 30 s.
-        client = {
-            "allow_http": scheme == "http",
-            "connect_timeout": _CONNECT_TIMEOUT,
-            "timeout": _REQUEST_TIMEOUT,
-        }
-    return from_url(
-        folder,
-        client_options=client,
-        retry_config={
-            "max_retries": 2,
-            "retry_timeout": timedelta(seconds=20),
-            "backoff": {
-                "init_backoff": timedelta(milliseconds=100),
-                "max_backoff": timedelta(seconds=2),
-                "base": 2,
-            },
-        },
-    )
+        # for an http:// S3 endpoint); options passed here would replace them all.
+        return from_url(folder, retry_config=_RETRY)
+    # HTTPStore itself, never from_url's guess from the host: a presigned amazonaws.com
+    # or SAS blob.core.windows.net URL is fetched as it is signed, with no credentials
+    # added. An http:// URI is the user's explicit choice, and a part on a slow link
+    # may take longer than obstore's default 30 s.
+    client: ClientConfig = {
+        "allow_http": scheme == "http",
+        "connect_timeout": "10s",
+        "timeout": "30m",
+    }
+    return HTTPStore.from_url(folder, client_options=client, retry_config=_RETRY)

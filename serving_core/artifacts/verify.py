@@ -34,7 +34,9 @@ def check(listing: Listing, entry: Entry, staged: Path) -> None:
     found = _MD5_ETAG.match(entry.etag or "") if listing.kind.md5_etag else None
     if found is not None:
         md5 = hashlib.md5(usedforsecurity=False)
-        _compare(listing, entry, staged, digest=md5, expected=found[1], source="its ETag")
+        # An SSE-KMS or SSE-C object's ETag is no MD5: only a manifest verifies those.
+        source = f"its ETag (no MD5 if the bucket encrypts with KMS: add a {MANIFEST})"
+        _compare(listing, entry, staged, digest=md5, expected=found[1], source=source)
 
 
 def _compare(

@@ -29,13 +29,18 @@ def test_a_local_folder_is_used_in_place_with_a_revision_of_its_listing(tmp_path
 
 
 @pytest.mark.parametrize(
-    ("name", "said"), [("absent", "missing: no such folder"), ("model.onnx", "not a file")]
+    ("name", "said"),
+    [
+        ("absent", "missing: no such folder"),
+        ("model.onnx", "not a file"),
+        ("ftp://host/model/", "no store reads ftp://: use abfs://"),
+    ],
 )
 def test_a_local_uri_that_is_no_folder_is_refused(tmp_path: Path, name: str, said: str) -> None:
     (tmp_path / "model.onnx").write_text("a file, not its folder")
 
     with pytest.raises(FetchError, match=said):
-        fetch_model(str(tmp_path / name), tmp_path / "cache")
+        fetch_model(name if "://" in name else str(tmp_path / name), tmp_path / "cache")
 
 
 def test_offline_without_a_cached_copy_says_how_to_get_one(tmp_path: Path) -> None:
