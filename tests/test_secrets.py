@@ -22,6 +22,21 @@ from serving_core.settings.secrets import masked
             "kafka://k:9092/t?sasl_username=u&sasl_password=***&group=g",
         ),
         ("toy:///q?token=s3cret", "toy:///q?token=***"),
+        # Presigned and SAS URLs: the signature and the credential are the secret.
+        (
+            "https://b.s3.amazonaws.com/m.onnx?X-Amz-Credential=s3cret&X-Amz-Date=1"
+            "&X-Amz-Signature=s3cret",
+            "https://b.s3.amazonaws.com/m.onnx?X-Amz-Credential=***&X-Amz-Date=1"
+            "&X-Amz-Signature=***",
+        ),
+        (
+            "https://a.blob.core.windows.net/c/m.onnx?sv=2022&sp=r&sig=s3cret",
+            "https://a.blob.core.windows.net/c/m.onnx?sv=2022&sp=r&sig=***",
+        ),
+        (
+            "https://storage.googleapis.com/b/m.onnx?X-Goog-Signature=s3cret&x=1",
+            "https://storage.googleapis.com/b/m.onnx?X-Goog-Signature=***&x=1",
+        ),
         ("user:s3cret@cache:6379/0", "user:***@cache:6379/0"),
     ],
 )

@@ -63,6 +63,10 @@ def parser() -> argparse.ArgumentParser:
     add_batch_arguments(
         commands.add_parser("batch", help="run the handler over a file or a table, resumably")
     )
+    commands.add_parser(
+        "fetch",
+        help="fetch SERVING_MODEL_URI into SERVING_MODEL_CACHE, verified (the init container's)",
+    )
     health = commands.add_parser(
         "healthcheck", help="exit 0 if the server at SERVING_BIND answers 200 (for HEALTHCHECK)"
     )
@@ -86,10 +90,8 @@ def _run(args: argparse.Namespace) -> int:
             settings = dataclasses.replace(settings, handler=args.handler)
     except SettingsError as exc:
         raise Failure(str(exc)) from exc
-    if args.command == "healthcheck":
-        from serving_core.commands import healthcheck
-
-        return healthcheck.main(settings.bind, args.path, args.timeout_s)
+    if args.command in ("healthcheck", "fetch"):
+        return _without_handler(args, settings)
     if args.command == "batch":
         from serving_core.commands import batch
 
@@ -110,6 +112,17 @@ def _version() -> str:
         return importlib.metadata.version("serving-core")
     except importlib.metadata.PackageNotFoundError:  # run from a checkout, not installed
         return "unknown"
+
+
+def _without_handler(args: argparse.Namespace, settings: Settings) -> int:
+    """The verbs that load no handler: the container's probe, and the model's fetch."""
+    if args.command == "fetch":
+        from serving_core.commands import fetch
+
+        return fetch.main(settings)
+    from serving_core.commands import healthcheck
+
+    return healthcheck.main(settings.bind, args.path, args.timeout_s)
 
 
 def _consume(command: str, settings: Settings) -> int:

@@ -9,9 +9,13 @@ from __future__ import annotations
 import re
 
 HIDDEN = "***"
-# Query parameters that carry a secret (a Kafka URL's sasl_password=, a token=).
+# Query parameters that carry a secret: a Kafka URL's sasl_password=, a token=, and
+# a presigned URL's (S3's X-Amz-Signature= and X-Amz-Credential=, GCS's
+# X-Goog-Signature=, an Azure SAS's sig=).
 _SECRET_PARAMETER = re.compile(
-    r"(?P<name>(?:^|[?&])[^=&#]*(?:password|passwd|secret|token)[^=&#]*=)[^&#]*", re.IGNORECASE
+    r"(?P<name>(?:^|[?&])(?:[^=&#]*(?:password|passwd|secret|token|signature|credential)"
+    r"[^=&#]*|sig)=)[^&#]*",
+    re.IGNORECASE,
 )
 
 
