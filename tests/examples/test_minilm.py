@@ -119,7 +119,8 @@ def test_served_from_s3_it_answers_as_the_packaged_model(server, tmp_path):
         with gunicorn_server({**env, "SERVING_WORKERS": "1"}) as fetched:
             answers = [embedding(fetched.url, text) for text in sentences]
             output = fetched.output()
-    assert [embedding(server.url, text) for text in sentences] == pytest.approx(answers, abs=1e-6)
+    for text, answer in zip(sentences, answers, strict=True):
+        assert embedding(server.url, text) == pytest.approx(answer, abs=1e-6)
     (line,) = [line for line in output.splitlines() if "model artifacts sha256:" in line]
     assert f" at {cache}/" in line
     assert "(0 bytes fetched)" not in line
