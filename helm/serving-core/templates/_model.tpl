@@ -54,7 +54,7 @@ handler: it reads what the init container verified, and cannot change it.
 {{- end }}
 
 {{/*
-The pod's model volume (an emptyDir of model.volume.sizeLimit, or the existing
+The pod's model volume (an emptyDir, of model.volume.sizeLimit when set, or the existing
 claim model.volume.claimName, which pods may share: the fetcher locks it, so
 one downloads and the others wait and use it) and the credentials file's
 Secret, which only the init container mounts.
@@ -66,9 +66,12 @@ Secret, which only the init container mounts.
   {{- if $m.volume.claimName }}
   persistentVolumeClaim:
     claimName: {{ $m.volume.claimName | quote }}
-  {{- else }}
+  {{- else if $m.volume.sizeLimit }}
   emptyDir:
     sizeLimit: {{ $m.volume.sizeLimit }}
+  {{- else }}
+  # No sizeLimit: bounded by the node's ephemeral storage only.
+  emptyDir: {}
   {{- end }}
 {{- with $m.credentials }}
 {{- if .fileKey }}
@@ -159,9 +162,6 @@ model.* rules beyond the schema; each message says what to change.
 {{- if eq $source "fetch" }}
 {{- if and $m.volume.sizeLimit $m.volume.claimName }}
 {{- fail (printf "model.volume.sizeLimit (%s, an emptyDir) and model.volume.claimName (%s, a PersistentVolumeClaim) are both set: keep one" $m.volume.sizeLimit $m.volume.claimName) }}
-{{- end }}
-{{- if not $volume }}
-{{- fail (printf "model.uri (%s) needs a volume to fetch into: set model.volume.sizeLimit (an emptyDir per pod, e.g. 4Gi: at least the model's size) or model.volume.claimName (an existing PersistentVolumeClaim the pods share)" $m.uri) }}
 {{- end }}
 {{- else if $source }}
 {{- if or $volume $credentials }}
