@@ -178,6 +178,11 @@ model.* rules beyond the schema; each message says what to change.
 {{- fail (printf "model.credentials.env sets %s, but SERVING_* names are serving-core's settings, which the chart sets: name the store's variable (AWS_ACCESS_KEY_ID, AZURE_STORAGE_ACCOUNT_KEY ...)" $name) }}
 {{- end }}
 {{- end }}
+{{- range .Values.extraEnv }}
+{{- if has .name (list "SERVING_MODEL_URI" "SERVING_MODEL_CACHE" "SERVING_MODEL_OFFLINE") }}
+{{- fail (printf "extraEnv sets %s, which the chart sets from model.uri (the cache is model.mountPath, read offline after the init container's fetch): set model.uri instead" .name) }}
+{{- end }}
+{{- end }}
 {{- range $m.extraEnv }}
 {{- if hasPrefix "SERVING_" .name }}
 {{- fail (printf "model.extraEnv sets %s, but SERVING_* names are serving-core's settings, which the chart sets from model.*" .name) }}
