@@ -6,6 +6,7 @@ its model revision, which the ServiceMonitors copy to every series."""
 from __future__ import annotations
 
 import copy
+import json
 import re
 from typing import Any
 
@@ -15,6 +16,7 @@ import pytest
 
 from tests.deploy.chart import (
     BATCH,
+    CHART,
     KUBE_VERSIONS,
     QUEUE_URL,
     TAG,
@@ -320,3 +322,18 @@ def test_the_schema_refuses_bad_rollout_values(
 ) -> None:
     with pytest.raises(helm.HelmValuesError, match=re.escape(where)):
         chart.render(tagged({"rollout": rollout}), name="demo", namespace="serving")
+
+
+def test_the_dashboard_compares_revisions_by_the_label_the_monitors_copy(
+    chart: helm.Chart,
+) -> None:
+    (key,) = find(render(chart, tagged(EVERY_POD)), "ServiceMonitor")["spec"]["podTargetLabels"]
+    # Prometheus' name for a copied pod label: each character outside [a-zA-Z0-9_] is _.
+    label = re.sub(r"[^a-zA-Z0-9_]", "_", key)
+    board = json.loads((CHART / "dashboards" / "serving-core.json").read_text())
+    panels = [p for p in board["panels"] if p["title"].endswith("by model revision")]
+    assert len(panels) == 2
+    for panel in panels:
+        for target in panel["targets"]:
+            assert re.search(rf"by \((le, )?{label}\)", target["expr"]), target["expr"]
+            assert "{{" + label + "}}" in target["legendFormat"]
