@@ -105,11 +105,11 @@ def test_a_partial_mirror_copies_that_percent(chart: helm.Chart) -> None:
 def test_the_routes_timeout_outlasts_the_longest_answer(chart: helm.Chart) -> None:
     # As the Ingress's read timeout: max(request, generation) + 10 s.
     (rule,) = route(render(chart, route_values()))["spec"]["rules"]
-    assert rule["timeouts"] == {"request": "310s"}
+    assert rule["timeouts"] == {"request": "310s", "backendRequest": "310s"}
     values = route_values()
     values["rollout"]["httpRoute"]["requestTimeoutSeconds"] = 900
     (rule,) = route(render(chart, values))["spec"]["rules"]
-    assert rule["timeouts"] == {"request": "900s"}
+    assert rule["timeouts"] == {"request": "900s", "backendRequest": "900s"}
 
 
 def test_the_crd_check_has_teeth(chart: helm.Chart) -> None:
