@@ -270,6 +270,15 @@ def test_credentials_from_the_service_account(
 
 REFUSALS = [
     (
+        {
+            "model": {"uri": URI},
+            "networkPolicy": {"enabled": True},
+            "pipeline": {"stageUrls": {"STAGE_URL": "http://stage-serving-core"}},
+        },
+        "but the init container fetches model.uri (s3://models/minilm/v2/) from its store: add a "
+        "rule for it to networkPolicy.egress",
+    ),
+    (
         {"model": {"uri": URI, "volume": {"sizeLimit": "4Gi", "claimName": "models"}}},
         "model.volume.sizeLimit (4Gi, an emptyDir) and model.volume.claimName (models, a "
         "PersistentVolumeClaim) are both set: keep one",

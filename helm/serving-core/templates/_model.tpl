@@ -170,6 +170,9 @@ model.* rules beyond the schema; each message says what to change.
 {{- else if or $volume $credentials }}
 {{- fail "model.volume and model.credentials are for the init container that fetches model.uri: set model.uri (s3://, gs://, az://, https://), or clear them" }}
 {{- end }}
+{{- if and (eq $source "fetch") (include "serving-core.egressLimited" .) (not .Values.networkPolicy.egress) }}
+{{- fail (printf "networkPolicy.enabled with pipeline.stageUrls limits the server pods' egress to DNS and the stages, but the init container fetches model.uri (%s) from its store: add a rule for it to networkPolicy.egress, e.g. [{to: [{ipBlock: {cidr: 0.0.0.0/0}}], ports: [{port: 443, protocol: TCP}]}]" $m.uri) }}
+{{- end }}
 {{- if and (or $c.env $c.fileKey) (not $c.secretName) }}
 {{- fail "model.credentials.env and model.credentials.fileKey name keys of a Secret: set model.credentials.secretName" }}
 {{- end }}
