@@ -21,17 +21,19 @@ import yaml
 
 from serving_core.commands.cli import main as serving_core_main
 from serving_core.settings import PREFIX
-from tests.deploy.keda_crd import SCALED_OBJECT, TRIGGER_METADATA
+from tests.deploy.keda_crd import HTTP_ROUTE, SCALED_OBJECT, TRIGGER_METADATA
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "serving-core"
 EXAMPLES = sorted((CHART / "examples").glob("values-*.yaml"))
 KUBE_VERSIONS = ["1.29", "1.33"]
 # Custom resources: not in Kubernetes' schemas, checked field by field by the tests
-# (and a ScaledObject against KEDA's own CRD, in validate()).
+# (and a ScaledObject against KEDA's own CRD, an HTTPRoute against the Gateway
+# API's, in validate()).
 CUSTOM_KINDS = {
     ("monitoring.coreos.com/v1", "ServiceMonitor"),
     ("keda.sh/v1alpha1", "ScaledObject"),
+    ("gateway.networking.k8s.io/v1", "HTTPRoute"),
 }
 # A tag of the form image.yml pushes for every commit; the in-repo chart needs one.
 TAG = "sha-" + "0123456789abcdef" * 2 + "01234567"
@@ -167,6 +169,8 @@ def validate(docs: list[dict[str, Any]], kube_version: str) -> None:
             SCALED_OBJECT.validate(doc)
             for trigger in doc["spec"]["triggers"]:
                 assert set(trigger["metadata"]) <= TRIGGER_METADATA[trigger["type"]], trigger
+        if (doc["apiVersion"], doc["kind"]) == ("gateway.networking.k8s.io/v1", "HTTPRoute"):
+            HTTP_ROUTE.validate(doc)
         if (doc["apiVersion"], doc["kind"]) in CUSTOM_KINDS:
             continue
         kubernetes_validate.validate(doc, kube_version, strict=True)

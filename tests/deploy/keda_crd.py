@@ -1,4 +1,5 @@
-"""KEDA's ScaledObject CRD (vendored in tests/deploy/keda/) as a JSON Schema.
+"""Vendored CRDs as JSON Schemas: KEDA's ScaledObject (tests/deploy/keda/) and the
+Gateway API's HTTPRoute (tests/deploy/gateway/).
 
 The API server checks a custom resource against its CRD's openAPIV3Schema, a
 structural OpenAPI v3 schema; with strict field validation (`kubectl apply
@@ -48,15 +49,14 @@ def to_json_schema(node: Any) -> Any:
     return out
 
 
-def scaled_object_validator(crd: dict[str, Any] | None = None) -> jsonschema.Draft4Validator:
-    """A validator of ScaledObjects of the CRD's served storage version, keda.sh/v1alpha1."""
-    crd = crd or load_crd()
-    assert crd["spec"]["names"]["kind"] == "ScaledObject"
-    (version,) = [v for v in crd["spec"]["versions"] if v["served"] and v["storage"]]
-    schema = to_json_schema(version["schema"]["openAPIV3Schema"])
+def crd_validator(crd: dict[str, Any], version: str) -> jsonschema.Draft4Validator:
+    """A validator of the CRD's resources of ``version``, which it must serve."""
+    (served,) = [v for v in crd["spec"]["versions"] if v["served"] and v["name"] == version]
+    kind = crd["spec"]["names"]["kind"]
+    schema = to_json_schema(served["schema"]["openAPIV3Schema"])
     # The CRD names its group and version outside the schema; a resource must carry them.
-    schema["properties"]["apiVersion"] = {"const": f"{crd['spec']['group']}/{version['name']}"}
-    schema["properties"]["kind"] = {"const": "ScaledObject"}
+    schema["properties"]["apiVersion"] = {"const": f"{crd['spec']['group']}/{version}"}
+    schema["properties"]["kind"] = {"const": kind}
     schema["required"] = sorted({*schema.get("required", []), "apiVersion", "kind", "metadata"})
     # metadata is an ObjectMeta, which the API server checks itself: a name is what
     # a manifest cannot do without.
@@ -69,10 +69,24 @@ def scaled_object_validator(crd: dict[str, Any] | None = None) -> jsonschema.Dra
     return jsonschema.Draft4Validator(schema)
 
 
+def scaled_object_validator(crd: dict[str, Any] | None = None) -> jsonschema.Draft4Validator:
+    """A validator of ScaledObjects of the CRD's served storage version, keda.sh/v1alpha1."""
+    crd = crd or load_crd()
+    assert crd["spec"]["names"]["kind"] == "ScaledObject"
+    (version,) = [v["name"] for v in crd["spec"]["versions"] if v["served"] and v["storage"]]
+    return crd_validator(crd, version)
+
+
 # KEDA's ScaledObject CRD (tests/deploy/keda/, the schema the API server applies),
 # closed as strict field validation closes it (above). Trigger metadata is
 # map[string]string there, so a number in it is refused.
 SCALED_OBJECT = scaled_object_validator()
+# The Gateway API's HTTPRoute CRD, standard channel (tests/deploy/gateway/README.md),
+# gateway.networking.k8s.io/v1. Its CEL rules (x-kubernetes-validations) are not
+# checked here; tests/deploy/test_chart_rollout.py checks what the chart relies on.
+HTTP_ROUTE = crd_validator(
+    load_crd(Path(__file__).parent / "gateway" / "gateway.networking.k8s.io_httproutes.yaml"), "v1"
+)
 # The redis-streams scaler's documented metadata keys (keda.sh/docs/*/scalers/redis-streams).
 REDIS_STREAMS_METADATA = {
     "address",

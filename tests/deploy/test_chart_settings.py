@@ -109,6 +109,8 @@ FROM_SECRETS = {
 }
 # Set by the chart itself, not from `serving`.
 CHART_MANAGED = {"SERVING_BIND", "SERVING_METRICS_DIR", "SERVING_GRPC_PORT"}
+# Set from `model` (tests/deploy/test_chart_model.py).
+MODEL_SETTINGS = {"SERVING_MODEL_URI", "SERVING_MODEL_CACHE", "SERVING_MODEL_OFFLINE"}
 
 
 @pytest.mark.parametrize(("key", "value", "env", "expected"), SETTINGS_TABLE)
@@ -125,9 +127,8 @@ def test_settings_table_covers_every_serving_value(chart: helm.Chart) -> None:
 
 def test_the_chart_sets_exactly_the_settings_serving_core_has() -> None:
     fields = {PREFIX + f.name.upper() for f in dataclasses.fields(Settings)}
-    assert {row[2] for row in SETTINGS_TABLE} | CHART_MANAGED | set(STREAM_SETTINGS.values()) == (
-        fields
-    )
+    chart_sets = {row[2] for row in SETTINGS_TABLE} | CHART_MANAGED | MODEL_SETTINGS
+    assert chart_sets | set(STREAM_SETTINGS.values()) == fields
 
 
 def test_rendered_env_is_what_serving_core_accepts(chart: helm.Chart) -> None:

@@ -31,6 +31,7 @@ WHOLE_OBJECTS = {
     "batch.resources",
     "worker.resources",
     "stream.resources",
+    "model.resources",
 }
 WALK_QUEUE = "redis://redis.queue.svc:6379/0"
 WALK_STREAM = {
@@ -40,6 +41,7 @@ WALK_STREAM = {
 }
 WALK_REDIS_SOURCE = "redis://redis.stream.svc:6379/0?stream=sentences"
 WALK_KAFKA_SOURCE = "kafka://kafka.stream.svc:9092/sentences"
+WALK_MODEL_URI = "s3://models/minilm/"
 # Values that matter only with others, by path prefix: each leaf under a prefix is
 # rendered with these values both before and after it changes (a context that
 # sets the leaf to the walk's sample, such as an `enabled`, is left out).
@@ -117,6 +119,27 @@ WALK_CONTEXTS: list[tuple[str, dict[str, Any]]] = [
         )
     ],
     ("ingress.", {"ingress": {"enabled": True}}),
+    # The model's volume and credentials serve the init container that fetches a store's URI.
+    ("model.", {"model": {"uri": WALK_MODEL_URI}}),
+    ("model.credentials.", {"model": {"credentials": {"secretName": "model-store"}}}),
+    ("model.credentials.fileEnv", {"model": {"credentials": {"fileKey": "key.json"}}}),
+    # The HTTPRoute attaches to a Gateway; the canary and the mirror are its backends.
+    *[
+        (prefix, context)
+        for prefix in ("rollout.httpRoute.", "rollout.canary.", "rollout.mirror.")
+        for context in (
+            {"rollout": {"httpRoute": {"parentRefs": [{"name": "gw"}]}}},
+            {"rollout": {"httpRoute": {"enabled": True}}},
+        )
+    ],
+    ("rollout.canary.weight", {"rollout": {"canary": {"service": "demo-canary-serving-core"}}}),
+    ("rollout.mirror.percent", {"rollout": {"mirror": {"service": "demo-shadow-serving-core"}}}),
+    # ingress-nginx's canary annotations go on this release's Ingress.
+    (
+        "rollout.ingressNginxCanary.",
+        {"ingress": {"enabled": True, "controller": "ingress-nginx"}},
+    ),
+    ("rollout.ingressNginxCanary.", {"rollout": {"ingressNginxCanary": {"enabled": True}}}),
     # A read timeout goes into the named controller's annotations.
     ("ingress.readTimeoutSeconds", {"ingress": {"controller": "contour"}}),
     ("autoscaling.", {"autoscaling": {"enabled": True}}),
@@ -268,6 +291,24 @@ WALK_SAMPLES: dict[str, Any] = {
     "stream.keda.authenticationRef": "rabbitmq-auth",
     "stream.keda.bootstrapServers": "kafka-0.other.svc:9092,kafka-1.other.svc:9092",
     "stream.keda.topic": "other-topic",
+    "model.uri": WALK_MODEL_URI,
+    "model.mountPath": "/models",
+    "model.volume.sizeLimit": "4Gi",
+    "model.volume.claimName": "models",
+    "model.credentials.secretName": "model-store",
+    "model.credentials.env": {"AWS_ACCESS_KEY_ID": "access-key-id"},
+    "model.credentials.fileKey": "key.json",
+    "model.credentials.fileEnv": "GCP_KEY_FILE",
+    "model.extraEnv": [{"name": "AWS_REGION", "value": "eu-west-1"}],
+    "model.resources": {"limits": {"cpu": "1"}},
+    "rollout.httpRoute.parentRefs": [{"name": "public", "namespace": "gateway-system"}],
+    "rollout.httpRoute.hostnames": ["serving.example.com"],
+    "rollout.httpRoute.pathPrefix": "/v1",
+    "rollout.httpRoute.annotations": {"example.com/owner": "ml"},
+    "rollout.httpRoute.requestTimeoutSeconds": 600,
+    "rollout.canary.service": "demo-canary-serving-core",
+    "rollout.mirror.service": "demo-shadow-serving-core",
+    "rollout.ingressNginxCanary.header": "X-Canary",
 }
 # Leaves that change nothing by themselves, with the reason.
 WALK_EXCEPTIONS: dict[str, str] = {

@@ -90,7 +90,11 @@ SCHEMAS = {
     "vendor.github-workflows": sorted(WORKFLOWS.glob("*.yml")),
     "vendor.github-actions": sorted(GITHUB.glob("actions/*/action.yml")),
     "vendor.dependabot": [GITHUB / "dependabot.yml"],
-    "vendor.compose-spec": [ROOT / "docker-compose.yml", ROOT / "compose.gpu.yml"],
+    "vendor.compose-spec": [
+        ROOT / "docker-compose.yml",
+        ROOT / "compose.gpu.yml",
+        ROOT / "compose.model.yml",
+    ],
 }
 
 

@@ -301,6 +301,8 @@ Checks that JSON Schema cannot express; each message says what to change.
 {{- end }}
 {{- end }}
 {{- include "serving-core.validateWorker" . }}
+{{- include "serving-core.validateModel" . }}
+{{- include "serving-core.validateRollout" . }}
 {{- include "serving-core.validateStream" . }}
 {{- $b := .Values.batch }}
 {{- if and $b.enabled (not $b.args) }}
@@ -464,6 +466,7 @@ worker and batch containers serve no API. */}}
 {{- if .stream }}
 {{- include "serving-core.streamEnv" .ctx }}
 {{- end }}
+{{- include "serving-core.modelEnv" .ctx }}
 {{- range $name, $url := .ctx.Values.pipeline.stageUrls }}
 - name: {{ $name }}
   value: {{ $url | quote }}
@@ -629,6 +632,7 @@ template:
     labels:
       {{- include "serving-core.labels" . | nindent 6 }}
       app.kubernetes.io/component: batch
+      {{- include "serving-core.revisionLabel" . | nindent 6 }}
       {{- with .Values.podLabels }}
       {{- toYaml . | nindent 6 }}
       {{- end }}
@@ -642,6 +646,10 @@ template:
       {{- toYaml . | nindent 6 }}
     {{- end }}
     {{- with include "serving-core.podScheduling" . | trim }}{{ . | nindent 4 }}{{ end }}
+    {{- with include "serving-core.modelInitContainers" . | trim }}
+    initContainers:
+      {{- . | nindent 6 }}
+    {{- end }}
     containers:
       - name: batch
         image: {{ include "serving-core.image" . | quote }}
@@ -668,6 +676,7 @@ template:
             mountPath: {{ include "serving-core.metricsDir" . }}
           - name: tmp
             mountPath: /tmp
+          {{- with include "serving-core.modelMount" . | trim }}{{ . | nindent 10 }}{{ end }}
           {{- with concat .Values.extraVolumeMounts $b.extraVolumeMounts }}
           {{- toYaml . | nindent 10 }}
           {{- end }}
@@ -681,6 +690,7 @@ template:
       - name: tmp
         emptyDir:
           sizeLimit: {{ .Values.tmpSizeLimit }}
+      {{- with include "serving-core.modelVolumes" . | trim }}{{ . | nindent 6 }}{{ end }}
       {{- with concat .Values.extraVolumes $b.extraVolumes }}
       {{- toYaml . | nindent 6 }}
       {{- end }}
