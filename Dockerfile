@@ -163,9 +163,13 @@ LABEL org.opencontainers.image.title="serving-core" \
       org.opencontainers.image.version="${VERSION}" \
       org.opencontainers.image.revision="${REVISION}"
 
+# /var/cache/serving-core/models is SERVING_MODEL_CACHE in compose and the chart:
+# owned by the serving user, so that a new named volume mounted there (which
+# docker and podman create with the image folder's owner) takes fetched models.
 RUN groupadd --system --gid 10001 serving \
     && useradd --system --uid 10001 --gid serving --no-create-home \
-        --home-dir /nonexistent --shell /usr/sbin/nologin serving
+        --home-dir /nonexistent --shell /usr/sbin/nologin serving \
+    && install -d -o 10001 -g 10001 -m 0750 /var/cache/serving-core/models
 
 # The handler's system packages again, for the libraries it loads at run time.
 COPY docker/install-system-packages.sh ${HANDLER_DIR}/system-packages*.txt /tmp/system-packages/
