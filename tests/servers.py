@@ -46,6 +46,25 @@ def wait_for(
     return value
 
 
+def wait_port(
+    process: subprocess.Popen[bytes], port: int, log_path: Path, name: str, timeout_s: float = 30.0
+) -> None:
+    """Until 127.0.0.1:``port`` accepts a connection; fail with ``name``'s log if its
+    ``process`` exits first or ``timeout_s`` passes."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(
+                f"{name} exited with {process.returncode}:\n{log_path.read_text(errors='replace')}"
+            )
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
+            return
+        time.sleep(0.02)
+    raise RuntimeError(
+        f"{name} not ready after {timeout_s} s:\n{log_path.read_text(errors='replace')}"
+    )
+
+
 def git_ls_files(*options: str) -> list[str]:
     """``git ls-files -z OPTIONS`` in the repository: one entry per file."""
     listed = subprocess.run(

@@ -12,8 +12,8 @@ from collections.abc import Iterator
 import pytest
 
 from tests.artifacts.http_server import StaticServer, static_nginx
-from tests.artifacts.s3_server import MotoS3
-from tests.artifacts.s3_server import moto_s3 as start_moto_s3
+from tests.s3_server import MotoS3
+from tests.s3_server import moto_s3 as start_moto_s3
 
 
 @pytest.fixture(scope="session")

@@ -19,7 +19,7 @@ import pytest
 from serving_core.artifacts.listing import Entry
 from serving_core.artifacts.parts import PART_BYTES, Journal
 from tests.artifacts.http_server import StaticServer
-from tests.artifacts.s3_server import MotoS3, moto_s3
+from tests.s3_server import MotoS3, moto_s3
 from tests.servers import SERVING_CORE, base_env, free_port, wait_for
 
 pytestmark = pytest.mark.e2e

@@ -11,7 +11,7 @@ import pytest
 
 from serving_core.artifacts.fetcher import FetchError, fetch_model
 from tests.artifacts.http_server import StaticServer
-from tests.artifacts.s3_server import MotoS3
+from tests.s3_server import MotoS3
 
 pytestmark = pytest.mark.e2e
 

@@ -15,7 +15,7 @@ import subprocess
 import pytest
 import requests
 
-from tests.servers import ROOT, SERVING_CORE, base_env, gunicorn_server, job_worker
+from tests.servers import ROOT, SERVING_CORE, base_env, gunicorn_server, job_worker, wait_for
 
 HANDLER = str(ROOT / "tests" / "handlers" / "artifacts" / "handler.py")
 BUILD = "build-7"
@@ -50,7 +50,8 @@ def test_serve_hands_the_handler_its_artifacts_and_logs_their_revision(weights):
     with gunicorn_server(env) as server:
         answer = requests.post(server.url + "/predict", json={}, timeout=10).json()
         metrics = requests.get(server.url + "/metrics", timeout=10).text
-        output = server.output()
+        # The access line is written once the answer is sent: wait for it.
+        output = wait_for(lambda: '"/predict"' in server.output() and server.output(), "the line")
     assert answer["weights"] == "the weights"
     assert answer["files"] == ["tokenizer/vocab.txt", "weights.txt"]
     assert answer["dir"] == str(weights)  # a local folder is used in place
@@ -65,18 +66,22 @@ def test_the_text_access_line_has_the_revision_when_there_is_one(weights):
     env = {"SERVING_HANDLER": HANDLER, "SERVING_MODEL_URI": str(weights), "SERVING_WORKERS": "1"}
     with gunicorn_server(env) as server:
         revision = requests.post(server.url + "/predict", json={}, timeout=10).json()["revision"]
-        output = server.output()
-    assert re.search(
-        rf'"POST /predict HTTP/1.1" 200 .* model_revision={re.escape(revision)}$', output, re.M
-    )
+        wait_for(
+            lambda: re.search(
+                rf'"POST /predict HTTP/1.1" 200 .* model_revision={re.escape(revision)}$',
+                server.output(),
+                re.M,
+            ),
+            server.output,
+        )
 
 
 def test_a_changed_folder_is_a_new_revision(weights):
-    env = {"SERVING_HANDLER": HANDLER, "SERVING_MODEL_URI": str(weights)}
-    first = checked(dict(env))
+    env = {"SERVING_MODEL_URI": str(weights)}
+    first = checked(env)
     assert "the weights" in first
     (weights / "weights.txt").write_text("retrained weights")
-    second = checked(dict(env))
+    second = checked(env)
     assert "retrained weights" in second
     assert revision_of(second) != revision_of(first)
 
@@ -87,15 +92,7 @@ def revision_of(printed):
 
 def checked(env):
     """``serving-core check``'s run of the handler: what it printed (the answer)."""
-    done = subprocess.run(
-        [str(SERVING_CORE), "check", env.pop("SERVING_HANDLER"), "--params", "{}"],
-        cwd=ROOT,
-        env=base_env(env),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = serving_core("check", HANDLER, "--params", "{}", env=env)
     assert done.returncode == 0, done.stderr
     return done.stdout
 
@@ -111,17 +108,10 @@ def test_batch_fetches_before_preload(weights, tmp_path):
     rows = tmp_path / "in.jsonl"
     rows.write_text('{"id": "a"}\n')
     out = tmp_path / "out.jsonl"
-    done = subprocess.run(
-        [
-            *(str(SERVING_CORE), "batch", "--handler", HANDLER),
-            *("--input", str(rows), "--output", str(out), "--workers", "1"),
-        ],
-        cwd=ROOT,
-        env=base_env({"SERVING_MODEL_URI": str(weights)}),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+    done = serving_core(
+        *("batch", "--handler", HANDLER, "--input", str(rows), "--output", str(out)),
+        *("--workers", "1"),
+        env={"SERVING_MODEL_URI": str(weights)},
     )
     assert done.returncode == 0, done.stderr
     (row,) = [json.loads(line) for line in out.read_text().splitlines()]
@@ -130,15 +120,20 @@ def test_batch_fetches_before_preload(weights, tmp_path):
 
 def test_a_missing_folder_stops_start_up_naming_it(tmp_path):
     missing = tmp_path / "nowhere"
-    done = subprocess.run(
-        [str(SERVING_CORE), "check", HANDLER, "--params", "{}"],
+    done = serving_core("check", HANDLER, "--params", "{}", env={"SERVING_MODEL_URI": str(missing)})
+    assert done.returncode != 0
+    assert str(missing) in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def serving_core(*args, env):
+    """``serving-core ARGS`` run to its end, with ``env`` over the test's environment."""
+    return subprocess.run(
+        [str(SERVING_CORE), *args],
         cwd=ROOT,
-        env=base_env({"SERVING_MODEL_URI": str(missing)}),
+        env=base_env(env),
         capture_output=True,
         text=True,
         timeout=120,
         check=False,
     )
-    assert done.returncode != 0
-    assert str(missing) in done.stderr
-    assert "Traceback" not in done.stderr

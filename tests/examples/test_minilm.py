@@ -11,8 +11,8 @@ import pytest
 import requests
 
 from bench.workload import SENTENCES
-from tests.artifacts.s3_server import moto_s3
 from tests.conftest import example_module
+from tests.s3_server import moto_s3
 from tests.servers import gunicorn_server
 
 # Installed by handlers/minilm/requirements.txt alone.

@@ -9,8 +9,8 @@ from typing import Protocol
 
 import pytest
 
-from tests.kafka_server import s3_server
 from tests.rabbitmq_server import RabbitMQServer, rabbitmq_server
+from tests.s3_server import moto_s3
 from tests.stream.amqp_broker import AmqpBroker
 from tests.stream.kafka_broker import KafkaBroker
 from tests.stream.redis_broker import Item, RedisBroker
@@ -69,8 +69,8 @@ def rabbitmq() -> Iterator[RabbitMQServer]:
 
 @pytest.fixture(scope="session")
 def s3() -> Iterator[str]:
-    with s3_server() as endpoint:
-        yield endpoint
+    with moto_s3() as running:
+        yield running.endpoint
 
 
 @pytest.fixture(params=[pytest.param(name, marks=pytest.mark.e2e) for name in BROKERS])

@@ -1,6 +1,7 @@
 """moto's S3 in server mode on 127.0.0.1, and a local folder uploaded to it.
 
-Why moto: it is already the suite's S3 (tests/kafka_server.py), a real HTTP
+Why moto: it is the suite's one S3 (the model fetcher's store, and the Kafka
+broker's storage in tests/kafka_server.py), a real HTTP
 server speaking S3's REST API with SigV4, ETags, ranged GETs, If-Match and, with
 ``INITIAL_NO_AUTH_ACTION_COUNT=0``, IAM's checks of every request. Every server
 started here is stopped when its ``with`` block ends.
@@ -9,17 +10,15 @@ started here is stopped when its ``with`` block ends.
 from __future__ import annotations
 
 import contextlib
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.servers import free_port, require_marker, stop
+from tests.servers import free_port, require_marker, stop, wait_port
 
 REGION = "us-east-1"
 
@@ -103,18 +102,7 @@ def moto_s3(*, auth: bool = False) -> Iterator[MotoS3]:
                 start_new_session=True,
             )
         try:
-            _wait_port(process, port, log_path)
+            wait_port(process, port, log_path, "moto_server")
             yield MotoS3(f"http://127.0.0.1:{port}")
         finally:
             stop(process)
-
-
-def _wait_port(process: subprocess.Popen[bytes], port: int, log_path: Path) -> None:
-    deadline = time.monotonic() + 30.0
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"moto_server exited:\n{log_path.read_text(errors='replace')}")
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
-            return
-        time.sleep(0.05)
-    raise RuntimeError(f"moto_server not listening:\n{log_path.read_text(errors='replace')}")
