@@ -19,9 +19,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 import requests
 
-from tests.servers import free_port, spawn, stop, wait_for
+from tests.servers import ROOT, free_port, spawn, stop, wait_for
 from tests.stream.conftest import Broker
 from tests.stream.redis_broker import Item
 
@@ -296,3 +297,23 @@ def test_sigterm_finishes_the_batch_in_hand_then_the_worker_exits(
         assert process.wait(POLL_TIMEOUT_S) == 0
     assert set(by_id(broker.results())) == {f"m-{i}" for i in range(8)}
     assert broker.lag() == 0  # published, then acked
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("broker", ["redis"], indirect=True)
+def test_the_stream_master_fetches_the_model_before_preload(broker: Broker, tmp_path: Path) -> None:
+    """SERVING_MODEL_URI under ``serving-core stream``: the consumers' handler reads the
+    folder it names (tests/commands/test_model_uri.py has the other commands)."""
+    weights = tmp_path / "model"
+    weights.mkdir()
+    (weights / "weights.txt").write_text("the weights")
+    artifacts = ROOT / "tests" / "handlers" / "artifacts" / "handler.py"
+    broker.produce([("m-0", b"{}", {})])
+    with stream_worker(
+        broker, tmp_path, SERVING_HANDLER=str(artifacts), SERVING_MODEL_URI=str(weights)
+    ) as (_, url, _log):
+        wait_for(results_at_least(broker, 1), "the result", POLL_TIMEOUT_S)
+        info = metric(url, "serving_model_info", 'revision="sha256:')
+    ((_, body, _),) = broker.results()
+    assert json.loads(body)["weights"] == "the weights"
+    assert info == 1
