@@ -2,8 +2,8 @@
 
 ``current()`` in ``preprocess`` and ``postprocess`` (where the request runs);
 ``batch()`` in ``predict_batch`` (one context per item, in order). A handler
-passes them downstream (a pipeline stage forwards ``X-Request-ID`` and what
-is left of the deadline) or logs with them. Context variables, not
+passes them downstream (a pipeline stage forwards ``X-Request-ID``, what
+is left of the deadline and the ``traceparent``) or logs with them. Context variables, not
 thread-locals: each greenlet of a gevent worker has its own.
 """
 
@@ -22,6 +22,9 @@ class Context:
 
     request_id: str
     deadline: float | None = None
+    # The request's span as a W3C ``traceparent`` (None with traces off): a handler
+    # sends it on to a service it calls, and the batch's span links to it.
+    traceparent: str | None = None
 
     def remaining_s(self) -> float | None:
         """Seconds left before the deadline (never negative), None without one."""

@@ -45,6 +45,7 @@ BatchPolicy = Literal["adaptive", "fixed"]
 ModelProcessMode = Literal["auto", "per-worker", "shared"]
 LogLevel = Literal["debug", "info", "warning", "error", "critical"]
 LogFormat = Literal["text", "json"]
+Traces = Literal["off", "otlp", "console"]
 WorkerClass = Literal["gevent", "gthread"]
 Dtype = Literal["float32", "float16", "bfloat16"]
 
@@ -136,6 +137,11 @@ class Settings:
     log_level: LogLevel = setting("info", one_of(LogLevel), "the lowest level logged")
     log_format: LogFormat = setting(
         "text", one_of(LogFormat), "`json`: one JSON object per line (app and access log)"
+    )
+    traces: Traces = setting(
+        "off",
+        one_of(Traces),
+        "spans to OTLP (`OTEL_EXPORTER_OTLP_*` say where) or stderr; `off` loads no OpenTelemetry",
     )
     docs_enabled: bool = setting(True, BOOLEAN, "`GET /docs`, the API page")
     metrics_dir: str = setting(
