@@ -39,6 +39,8 @@ from serving_core.handler import (
     is_batched,
     is_generating,
 )
+from serving_core.tracing import traceparent
+from serving_core.tracing.tracer import tracer
 
 log = logging.getLogger("serving_core.engine.engine")
 
@@ -56,6 +58,9 @@ class Ran:
 
     results: list[Result]
     calls: int
+    # The batch's ``model`` span as a ``traceparent``, for each item's ``queue`` span to
+    # link back to; None with traces off.
+    span: str | None = None
 
 
 class Engine:
@@ -107,7 +112,8 @@ class Engine:
         # context.serving's token by hand: a context manager costs more than the hook.
         token = context.enter(ctx)
         try:
-            return self.handler.preprocess(params)
+            with tracer().span("preprocess"):
+                return self.handler.preprocess(params)
         except InvalidInput as exc:
             raise InvalidParams(str(exc)) from exc
         finally:
@@ -139,7 +145,8 @@ class Engine:
         """Postprocess one model output into the answer."""
         token = context.enter(ctx)
         try:
-            return self.handler.postprocess(output, params)
+            with tracer().span("postprocess"):
+                return self.handler.postprocess(output, params)
         except InvalidInput as exc:
             raise InvalidParams(str(exc)) from exc
         finally:
@@ -155,10 +162,27 @@ class Engine:
         items with ``ModelError`` (logged once, with their request ids).
         """
         calls = [0]
-        # Busy while it runs, and on the idle peers' cores too (``threads.held``).
-        with threads.held():
-            results = self._call(list(items), list(contexts), calls)
-        return Ran(results, calls[0])
+        traces = tracer()
+        if not traces.enabled:
+            # Busy while it runs, and on the idle peers' cores too (``threads.held``).
+            with threads.held():
+                results = self._call(list(items), list(contexts), calls)
+            return Ran(results, calls[0])
+        # One span for the batch, linked to every request that rode in it. Its parent is
+        # the first sampled request's span, so the sampler keeps it whenever it keeps one
+        # of them, and a trace viewer draws it inside that request's trace.
+        linked = [c.traceparent for c in contexts]
+        parent = next((tp for tp in linked if traceparent.sampled(tp)), None)
+        with traces.span(
+            "model",
+            parent=parent,
+            links=linked,
+            attributes={"serving.batch_size": len(items), "serving.model.name": self.name},
+        ) as span:
+            with threads.held():
+                results = self._call(list(items), list(contexts), calls)
+            span.set("serving.handler_calls", calls[0])
+        return Ran(results, calls[0], span.traceparent)
 
     def _call(self, items: list[Any], contexts: list[Context], calls: list[int]) -> list[Result]:
         calls[0] += 1

@@ -136,6 +136,8 @@ class ModelThread:
             duration = self._clock() - started
             for pending, result in zip(live, ran.results, strict=True):
                 pending.batch_size = len(live)
+                pending.started = started
+                pending.batch_span = ran.span
                 resolve(pending.future, result)
             # Re-runs in halves (an InvalidInput to isolate) are not one batch of
             # this size: their total time would skew the cost model, so only a

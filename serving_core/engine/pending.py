@@ -21,6 +21,8 @@ class Pending:
     enqueued: float = 0.0
     future: Future[Any] = field(default_factory=Future)
     batch_size: int = 0  # the size of the batch that ran it, once it ran (for the log)
+    started: float = 0.0  # monotonic seconds, when that batch began (its queue span's end)
+    batch_span: str | None = None  # that batch's ``model`` span (a ``traceparent``), traced
     gone: bool = False  # its client hung up: dropped unrun at the next sweep or take
     # Asks the client's connection, now, whether it has hung up (the gevent
     # worker's peek; ``WaitQueue.peek`` calls it before refusing anyone).

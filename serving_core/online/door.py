@@ -12,6 +12,8 @@ them) parses what it can without reading the body into a ``Head``, then calls
    for one set of parameters, through the cache and the follow-up; a
    protocol's own (V2's ``Model.infer``, one ``answer`` per row).
 
+With traces on, admission and the read are spans under the front's span of the
+request, and the answer's (``queue``, the batch's ``model``) follow from it.
 What comes back is an ``Answered``: the output, how the cache served it and
 the size of the batch the model ran it in, for the front's access line. Imports
 no Flask and no grpc: the reading of headers, deadlines and sockets is each
@@ -30,6 +32,7 @@ from serving_core.errors import TOO_LARGE, DeadlineExceeded, PayloadTooLarge
 from serving_core.handler import Output, Params
 from serving_core.online.service import Service
 from serving_core.online.streamed import Streamed
+from serving_core.tracing.tracer import tracer
 
 T = TypeVar("T")
 Read = TypeVar("Read")
@@ -76,9 +79,17 @@ class FrontDoor:
         length = head.content_length
         if length is not None and length > self._max_body_bytes:
             raise PayloadTooLarge(TOO_LARGE)
-        # From the head alone: a full worker spends nothing on a body it would refuse.
-        self.service.admit(arrival=head.arrival, timeout_s=head.timeout_s)
-        return answer(read(), head)
+        traces = tracer()
+        if not traces.enabled:
+            # From the head alone: a full worker spends nothing on a body it would refuse.
+            self.service.admit(arrival=head.arrival, timeout_s=head.timeout_s)
+            return answer(read(), head)
+        # The same steps, each a span under the front's own (the request's).
+        with traces.span("admission"):
+            self.service.admit(arrival=head.arrival, timeout_s=head.timeout_s)
+        with traces.span("read"):
+            body = read()
+        return answer(body, head)
 
     def predict(self, head: Head, read: Callable[[], Params]) -> Answered[Output]:
         """``/predict``: ``enter`` with ``answer``."""

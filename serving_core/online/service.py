@@ -39,6 +39,7 @@ from serving_core.online.runner.decoding import DecodingRunner
 from serving_core.online.streamed import Streamed
 from serving_core.runtime import THREADS, Runtime
 from serving_core.settings import Settings
+from serving_core.tracing.tracer import tracer
 
 # The worker's way to notice a client hanging up: (its socket, what to do then)
 # -> what stops watching.
@@ -240,7 +241,8 @@ class Service:
         """The request's context (its deadline checked) and its arrival."""
         deadline = self._live_deadline(arrival, timeout_s)
         arrival = time.monotonic() if arrival is None else arrival
-        return Context(request_id, deadline), arrival
+        # The request's span, current here: the batch's span links to it.
+        return Context(request_id, deadline, tracer().current()), arrival
 
     def _watch(self, client: Any, alone: Callable[[], bool]) -> WatchGone | None:
         watch_client = self._watch_client

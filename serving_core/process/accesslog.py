@@ -33,7 +33,7 @@ from typing import Any
 from gunicorn.glogging import Logger
 
 from serving_core.logs import JsonFormatter
-from serving_core.web.logfields import BATCH_SIZE_KEY, ROUTE_KEY
+from serving_core.web.logfields import BATCH_SIZE_KEY, ROUTE_KEY, TRACE_ID_KEY
 
 _FORMAT = '%s "%s %s %s" %s %s %dms request_id=%s'
 _FORMAT_REVISION = _FORMAT + " model_revision=%s"
@@ -80,10 +80,12 @@ class AccessLogger(_JobIdsCut):
         if isinstance(status, str):
             status = status.split(None, 1)[0]
         sent = resp.sent if getattr(resp, "sent", None) is not None else "-"
+        trace_id = environ.get(TRACE_ID_KEY)
         try:
             _log(
                 self.access_log,
-                _FORMAT_REVISION if self.model_revision else _FORMAT,
+                (_FORMAT_REVISION if self.model_revision else _FORMAT)
+                + (" trace_id=%s" if trace_id else ""),
                 (
                     environ.get("REMOTE_ADDR", "-"),
                     environ["REQUEST_METHOD"],
@@ -94,6 +96,7 @@ class AccessLogger(_JobIdsCut):
                     request_time.seconds * 1000 + request_time.microseconds // 1000,
                     request_id,
                     *((self.model_revision,) if self.model_revision else ()),
+                    *((trace_id,) if trace_id else ()),
                 ),
             )
         except Exception:
@@ -150,6 +153,7 @@ class JsonAccessLogger(_JobIdsCut):
                 "bytes": getattr(resp, "sent", None),
                 "remote_addr": environ.get("REMOTE_ADDR"),
                 "model_revision": self.model_revision or None,
+                "trace_id": environ.get(TRACE_ID_KEY),
             }
             _log(self.access_log, _JSON_MESSAGE, (method, path, status), fields=fields)
         except Exception:

@@ -4,10 +4,10 @@ A ``Hooks`` is made in the master, before fork, over the objects ``build``
 made; its bound methods are gunicorn's hook settings (``options``):
 
 - ``when_ready`` (master, once listening): fork the shared model processes;
-- ``post_fork`` (each worker): its share of torch threads, then the service
-  starts (model thread, sample, watchdog), then its gRPC front when
-  SERVING_GRPC_PORT is set; a respawned worker whose warm-up fails leaves
-  (``recycle``);
+- ``post_fork`` (each worker): its share of torch threads and its tracer
+  (SERVING_TRACES), then the service starts (model thread, sample, watchdog),
+  then its gRPC front when SERVING_GRPC_PORT is set; a respawned worker whose
+  warm-up fails leaves (``recycle``);
 - ``worker_exit`` (each worker, leaving): finish the gRPC calls in hand, then
   the queued items, stop the model thread;
 - ``child_exit`` (master): fold the dead worker's metric files into one;
@@ -28,6 +28,7 @@ from serving_core.online.service import Service
 from serving_core.process import recycle
 from serving_core.settings import Settings
 from serving_core.threads import most_threads, set_worker_threads
+from serving_core.tracing import setup as tracing
 
 if TYPE_CHECKING:
     from serving_core.grpc.front import GrpcFront
@@ -72,6 +73,8 @@ class Hooks:
         worker.drain_s = settings.drain_s
         worker.on_drain = service.drain
         threads = set_worker_threads(settings.workers)
+        # The exporter's thread and connection are the worker's own, made after fork.
+        tracing.start_for(settings, service.engine.handler)
         worker.body_timeout_s = settings.body_timeout_s  # gevent (uploads); gthread ignores it
         try:
             # What only the worker knows: its connections, how its requests wait,
@@ -115,6 +118,7 @@ class Hooks:
             self.grpc.stop(self.settings.graceful_timeout_s)
         if not self.service.stop() and self.service.fault is None:
             log.warning("worker %s: the model thread did not finish in time", worker.pid)
+        tracing.stop()  # the spans of its last requests are sent before it goes
 
     def child_exit(self, server: Any, worker: Any) -> None:
         worker_exited(worker.pid)

@@ -15,9 +15,9 @@ from serving_core.settings.table import PREFIX as PREFIX
 from serving_core.settings.table import BatchPolicy as BatchPolicy
 from serving_core.settings.table import Dtype as Dtype
 from serving_core.settings.table import LogFormat as LogFormat
-from serving_core.settings.table import Traces as Traces
 from serving_core.settings.table import LogLevel as LogLevel
 from serving_core.settings.table import ModelProcessMode as ModelProcessMode
 from serving_core.settings.table import Settings as Settings
 from serving_core.settings.table import SettingsError as SettingsError
+from serving_core.settings.table import Traces as Traces
 from serving_core.settings.table import WorkerClass as WorkerClass

@@ -71,6 +71,14 @@ class OtelSpan(Span):
         self.inner.set_status(Status(StatusCode.ERROR, str(exc)[:200]))
         self.inner.record_exception(exc)
 
+    def answered(self, status: int) -> None:
+        self.inner.set_attribute("http.response.status_code", status)
+        if status >= 500:
+            self.inner.set_status(Status(StatusCode.ERROR))
+
+    def rename(self, name: str) -> None:
+        self.inner.update_name(name)
+
     def end(self, at: float | None = None) -> None:
         self.inner.end(end_time=_wall_ns(at))
 

@@ -13,9 +13,24 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
+from serving_core.handler import Handler, handler_name, model_revision
+from serving_core.settings import Settings
 from serving_core.tracing.tracer import Tracer, install, tracer
 
 DEFAULT_SERVICE = "serving-core"
+
+
+def start_for(settings: Settings, handler: Handler) -> Tracer:
+    """``start`` for a process that serves ``handler``: its spans say which model, and which
+    revision of it (a canary's from the stable's)."""
+    if settings.traces == "off":
+        return tracer()
+    resource = {
+        "serving.model.name": handler_name(handler),
+        "serving.model.version": handler.version,
+        "serving.model.revision": model_revision(handler, settings.model_revision),
+    }
+    return start(settings.traces, {key: value for key, value in resource.items() if value})
 
 
 def start(exporter: str, resource: Mapping[str, str]) -> Tracer:

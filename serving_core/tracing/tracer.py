@@ -44,6 +44,12 @@ class Span:
     def fail(self, exc: BaseException) -> None:
         """The span ends in ``exc``: an error unless it is the client's (a 4xx)."""
 
+    def answered(self, status: int) -> None:
+        """The request's HTTP status: a 5xx is the server's error, by OTel's rules."""
+
+    def rename(self, name: str) -> None:
+        """Its name once known (a route, matched after the span began)."""
+
     def end(self, at: float | None = None) -> None:
         pass
 

@@ -50,6 +50,7 @@ from serving_core.web.routes import (
     Predict,
     Readyz,
 )
+from serving_core.web.traced import Traced
 
 
 class ServingFlask(Flask):
@@ -156,6 +157,12 @@ def create_app(settings: Settings, service: Service, metrics: Metrics) -> Flask:
     # Errors outside Flask-RESTful's routes (unknown URLs, wrong methods) take the same funnel.
     app.register_error_handler(HTTPException, error_response)
     app.register_error_handler(Exception, error_response)
+    return _traced(app)
+
+
+def _traced(app: Flask) -> Flask:
+    # Outermost, so the request's span holds every hook and route (SERVING_TRACES).
+    app.wsgi_app = Traced(app.wsgi_app)  # type: ignore[method-assign]
     return app
 
 

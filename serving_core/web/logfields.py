@@ -8,3 +8,5 @@ from __future__ import annotations
 ROUTE_KEY = "serving_core.route"
 # The size of the batch that ran the request (absent: no model call, e.g. a cache hit).
 BATCH_SIZE_KEY = "serving_core.batch_size"
+# The trace id of the request's span (absent: traces off).
+TRACE_ID_KEY = "serving_core.trace_id"

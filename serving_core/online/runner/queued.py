@@ -19,6 +19,7 @@ from serving_core.engine.pending import Pending
 from serving_core.engine.watchdog import Watched
 from serving_core.errors import DeadlineExceeded
 from serving_core.online.runner.base import Computed, WatchGone
+from serving_core.tracing.tracer import tracer
 
 
 class Describes(Protocol):
@@ -90,6 +91,13 @@ class QueuedRunner:
         finally:
             if watching is not None:
                 watching.stop()
+        traces = tracer()
+        if traces.enabled and pending.started:
+            # Drawn once the batch has run: from the queue to the model, linked to the batch.
+            links = (pending.batch_span,)
+            queued = traces.start("queue", links=links, at=pending.enqueued)
+            queued.set("serving.batch_size", pending.batch_size)
+            queued.end(at=pending.started)
         return Computed(output, pending.batch_size or None)
 
     @property
