@@ -3,7 +3,8 @@
 A JSON line holds ``time`` (UTC, ISO 8601), ``level``, ``logger``,
 ``message`` and ``pid``, then the record's ``fields``: what a caller passed as
 ``extra={"fields": {...}}`` (the access line passes the request's id, method,
-path, route, status and duration). A traceback goes under ``exception``, as
+path, route, status and duration). A line logged inside a traced request has its ``trace_id`` and
+``span_id``. A traceback goes under ``exception``, as
 one string, so a line is always one object a log shipper can parse.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -21,8 +23,17 @@ from serving_core.settings import LogFormat
 TEXT_FORMAT = "%(asctime)s [%(process)d] [%(levelname)s] %(name)s: %(message)s"
 
 
+Context = Callable[[], Mapping[str, Any]]
+
+
 class JsonFormatter(logging.Formatter):
-    """One JSON object per record, encoded with orjson."""
+    """One JSON object per record, encoded with orjson; ``context`` adds the fields of
+    where it was logged (the trace's ids, handed in by the commands: this row imports
+    no tracing)."""
+
+    def __init__(self, context: Context | None = None) -> None:
+        super().__init__()
+        self.context = context
 
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {
@@ -32,6 +43,8 @@ class JsonFormatter(logging.Formatter):
             "message": record.getMessage(),
             "pid": record.process,
         }
+        if self.context is not None:
+            entry.update(self.context())
         fields = getattr(record, "fields", None)
         if fields:
             entry.update(fields)
@@ -43,14 +56,14 @@ class JsonFormatter(logging.Formatter):
         return orjson.dumps(entry, default=str).decode()
 
 
-def formatter(log_format: LogFormat) -> logging.Formatter:
-    return JsonFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT)
+def formatter(log_format: LogFormat, context: Context | None = None) -> logging.Formatter:
+    return JsonFormatter(context) if log_format == "json" else logging.Formatter(TEXT_FORMAT)
 
 
-def configure(level: str, log_format: LogFormat) -> None:
+def configure(level: str, log_format: LogFormat, context: Context | None = None) -> None:
     """The root logger: every ``serving_core.*`` logger and the handler's own write here."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(formatter(log_format))
+    handler.setFormatter(formatter(log_format, context))
     logging.basicConfig(level=level.upper(), handlers=[handler])
     # warnings.warn() would print bare text to stderr; as log records they are JSON too.
     logging.captureWarnings(log_format == "json")

@@ -17,6 +17,7 @@ from serving_core.metrics.directory import enable_multiprocess
 from serving_core.pipeline import transport
 from serving_core.runtime import THREADS, Runtime
 from serving_core.settings import Settings, SettingsError
+from serving_core.tracing.tracer import log_fields
 
 
 def load(
@@ -35,7 +36,7 @@ def load(
     queue, whose store is checked first (before a model loads for minutes).
     """
     try:
-        logs.configure(settings.log_level, settings.log_format)
+        logs.configure(settings.log_level, settings.log_format, log_fields)
         provide_grpc_stages()
         if shared_metrics:
             enable_multiprocess(settings.metrics_dir)

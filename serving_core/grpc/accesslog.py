@@ -38,6 +38,7 @@ def log_call(
     duration_s: float,
     request_id: str,
     batch_size: int | None,
+    trace_id: str | None = None,
 ) -> None:
     if not ACCESS.isEnabledFor(logging.INFO):
         return
@@ -53,15 +54,17 @@ def log_call(
         "protocol": "grpc",
         "duration_ms": round(duration_s * 1000, 3),
         "remote_addr": address,
+        "trace_id": trace_id,
     }
-    args = (address, route, status, int(duration_s * 1000), request_id, grpc_status)
+    args: tuple[object, ...] = (address, route, status, int(duration_s * 1000), request_id)
+    args += (grpc_status, trace_id) if trace_id else (grpc_status,)
     # Not ACCESS.info(): that walks the stack for a file and line no format uses.
     record = ACCESS.makeRecord(
         ACCESS.name,
         logging.INFO,
         "(unknown file)",
         0,
-        _FORMAT,
+        _FORMAT + " trace_id=%s" if trace_id else _FORMAT,
         args,
         None,
         extra={"fields": fields},

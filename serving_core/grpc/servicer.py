@@ -26,6 +26,8 @@ from serving_core.grpc.proto import grpc_predict_v2_pb2 as pb
 from serving_core.grpc.proto import grpc_predict_v2_pb2_grpc as pb_grpc
 from serving_core.metrics.metrics import Metrics
 from serving_core.online.door import FrontDoor, Head
+from serving_core.tracing import traceparent
+from serving_core.tracing.tracer import NO_SPAN, Span, tracer
 from serving_core.v2.model import Model
 
 log = logging.getLogger("serving_core.grpc.servicer")
@@ -111,6 +113,19 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         )
 
     def ModelInfer(self, request: Any, ctx: grpc.ServicerContext) -> Any:
+        traces = tracer()
+        if not traces.enabled:
+            return self._model_infer(request, ctx, NO_SPAN)
+        # The call's server span, its parent the caller's ``traceparent`` metadata (a
+        # pipeline's stage call sends one); the door's spans are its children.
+        parent = dict(ctx.invocation_metadata()).get(traceparent.HEADER)
+        attributes = {"rpc.system": "grpc", "rpc.service": SERVICE, "rpc.method": "ModelInfer"}
+        with traces.span(
+            f"{SERVICE}/ModelInfer", parent=parent, kind="server", attributes=attributes
+        ) as span:
+            return self._model_infer(request, ctx, span)
+
+    def _model_infer(self, request: Any, ctx: grpc.ServicerContext, span: Span) -> Any:
         arrival = time.monotonic()
         request_id = request.id or uuid.uuid4().hex
         # Counted as /predict's requests are, with the HTTP status of the outcome
@@ -127,6 +142,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             status, code = 200, grpc.StatusCode.OK
             return reply
         finally:
+            span.answered(status)
+            span.set("serving.request_id", request_id)
             self._record(
                 ctx, INFER_ROUTE, status, arrival, request_id, batch_size=batch_size, code=code
             )
@@ -195,6 +212,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             duration_s=duration_s,
             request_id=request_id,
             batch_size=batch_size,
+            trace_id=traceparent.trace_id_of(tracer().current()),
         )
 
     def _caller(self, ctx: grpc.ServicerContext) -> str:

@@ -71,9 +71,14 @@ class GrpcStages:
         until: float,
         request_id: str,
         api_key: str | None,
+        traceparent: str | None = None,
     ) -> dict[str, Any]:
         """``params`` as ``model``'s input tensors at ``target``; raises ``StageError``."""
-        metadata = (("authorization", f"Bearer {api_key}"),) if api_key else ()
+        metadata: tuple[tuple[str, str], ...] = (
+            (("authorization", f"Bearer {api_key}"),) if api_key else ()
+        )
+        if traceparent is not None:
+            metadata += (("traceparent", traceparent),)
         inputs = self._model_inputs(target, model, until, metadata)
         request = pb.ModelInferRequest(model_name=model, id=request_id)
         for name, datatype in inputs:

@@ -39,6 +39,8 @@ from serving_core.handler import Output, Params
 from serving_core.pipeline.config import StageSpec
 from serving_core.pipeline.transport import GrpcTransport, StageError, grpc_transport
 from serving_core.runtime import Runtime
+from serving_core.tracing.traceparent import trace_id_of
+from serving_core.tracing.tracer import tracer
 
 log = logging.getLogger("serving_core.pipeline.client")
 
@@ -103,6 +105,30 @@ class StageClient:
     def call(self, stage: StageSpec, params: Params, ctx: Context) -> Outcome:
         """``params`` to ``stage``, again while its connection is refused and both its
         ``retries`` and the budget (its timeout, capped by the request's deadline) last."""
+        traces = tracer()
+        if not traces.enabled:
+            return self._attempts(stage, params, ctx)
+        # Under the batch's span where this thread has it (the request's own trace),
+        # else under the request's: a parallel fan-out's thread has no current span.
+        current = traces.current()
+        same = current is not None and trace_id_of(current) == trace_id_of(ctx.traceparent)
+        attributes = {"serving.stage": stage.name, "serving.stage.protocol": stage.protocol}
+        with traces.span(
+            f"stage {stage.name}",
+            parent=current if same else ctx.traceparent,
+            kind="client",
+            attributes=attributes,
+        ) as span:
+            outcome = self._attempts(stage, params, ctx)
+            span.set("serving.stage.attempts", outcome.attempts)
+            if outcome.failure is not None:
+                span.set("error.type", outcome.failure.kind)
+                # A stage that did not answer is this call's failure, whatever it costs
+                # the request (an optional stage is skipped).
+                span.answered(400 if outcome.failure.kind == "rejected" else 502)
+        return outcome
+
+    def _attempts(self, stage: StageSpec, params: Params, ctx: Context) -> Outcome:
         started = time.monotonic()
         budget = stage.timeout_s
         remaining = ctx.remaining_s()
@@ -166,6 +192,7 @@ class StageClient:
         }
         if stage.api_key is not None:
             headers["Authorization"] = f"Bearer {stage.api_key}"
+        tracer().inject(headers)  # the stage's span: the stage's server span is its child
         response = self._http.request(
             "POST",
             stage.endpoint,
@@ -201,6 +228,7 @@ class StageClient:
                 until=until,
                 request_id=request_id,
                 api_key=stage.api_key,
+                traceparent=tracer().current(),
             )
         except StageError as exc:
             return None, StageFailure(exc.kind, exc.message, detail=exc.detail), exc.retry

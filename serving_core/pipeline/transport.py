@@ -40,8 +40,10 @@ class GrpcTransport(Protocol):
         until: float,
         request_id: str,
         api_key: str | None,
+        traceparent: str | None = None,
     ) -> dict[str, Any]:
-        """``params`` as ``model``'s input tensors at ``target``; raises ``StageError``."""
+        """``params`` as ``model``'s input tensors at ``target``, sending ``traceparent``
+        (the stage call's span) in the metadata; raises ``StageError``."""
         ...
 
     def ready(self, target: str, model: str, timeout_s: float) -> bool: ...

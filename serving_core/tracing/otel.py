@@ -46,10 +46,11 @@ def _span_context(value: str | None) -> trace.SpanContext | None:
 
 
 class OtelSpan(Span):
-    __slots__ = ("inner",)
+    __slots__ = ("inner", "status")
 
     def __init__(self, inner: trace.Span) -> None:
         self.inner = inner
+        self.status: int | None = None  # the request's outcome, once ``answered``
 
     @property
     def traceparent(self) -> str | None:
@@ -64,7 +65,8 @@ class OtelSpan(Span):
         self.inner.set_attribute(key, value)
 
     def fail(self, exc: BaseException) -> None:
-        status = getattr(exc, "status", 500)
+        # An outcome already answered decides (a gRPC abort raises for a 400 too).
+        status = self.status if self.status is not None else getattr(exc, "status", 500)
         self.inner.set_attribute("error.type", type(exc).__name__)
         if isinstance(status, int) and status < 500:
             return  # the client's fault (a 4xx): not the server's error, by OTel's rules
@@ -72,6 +74,7 @@ class OtelSpan(Span):
         self.inner.record_exception(exc)
 
     def answered(self, status: int) -> None:
+        self.status = status
         self.inner.set_attribute("http.response.status_code", status)
         if status >= 500:
             self.inner.set_status(Status(StatusCode.ERROR))

@@ -122,3 +122,12 @@ def installed(chosen: Tracer) -> Iterator[Tracer]:
         yield chosen
     finally:
         install(previous)
+
+
+def log_fields() -> dict[str, str]:
+    """The current span's ids for a JSON log line (``logs.configure``'s ``context``):
+    a line logged while a request runs names its trace. Empty with traces off."""
+    current = _tracer[0].current()
+    if current is None:
+        return {}
+    return {"trace_id": current[3:35], "span_id": current[36:52]}

@@ -151,3 +151,47 @@ def test_requests_that_share_a_batch_have_one_model_span_linked_to_each(
     queues = [s for s in otlp.spans() if s.name == "queue" and s.trace_id in ids]
     assert len(queues) == 16
     assert {q.links for q in queues} == {((model.trace_id, model.span_id),)}
+
+
+def test_a_failed_batch_is_an_error_and_its_log_line_names_the_trace(otlp: Receiver) -> None:
+    with gunicorn_server(probe_env(otlp)) as server:
+        answer = requests.post(
+            server.url + "/predict",
+            json={"fail": True},
+            headers={"traceparent": f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"},
+            timeout=10,
+        )
+        assert answer.status_code == 500, answer.text
+        spans = otlp.wait_for(
+            lambda spans: len([s for s in spans if s.trace_id == CLIENT_TRACE]) >= 2 and spans,
+            "the failed request's spans",
+        )
+        logged = wait_for(
+            lambda: [
+                json.loads(line)
+                for line in server.output().splitlines()
+                if line.startswith("{") and "the handler failed" in line
+            ],
+            "the handler's failure in the log",
+        )
+    trace = {s.name: s for s in spans if s.trace_id == CLIENT_TRACE}
+    assert trace["POST /predict"].status == 2  # ERROR: a 500 is the server's
+    assert trace["POST /predict"].attributes["http.response.status_code"] == 500
+    assert logged[0]["trace_id"] == CLIENT_TRACE
+    assert logged[0]["span_id"] == trace["model"].span_id
+
+
+def test_a_refused_request_is_the_clients_error_not_the_servers(otlp: Receiver) -> None:
+    with gunicorn_server(probe_env(otlp)) as server:
+        answer = requests.post(
+            server.url + "/predict",
+            json={"text": 3},
+            headers={"traceparent": f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"},
+            timeout=10,
+        )
+        assert answer.status_code == 400, answer.text
+        (request,) = otlp.wait_for(
+            lambda spans: [s for s in spans if s.name == "POST /predict"], "the request's span"
+        )
+    assert request.status == 0  # unset: a 4xx is not the server's error
+    assert request.attributes["http.response.status_code"] == 400
