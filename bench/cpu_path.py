@@ -18,7 +18,11 @@ the median and range. ``--profile DIR`` then samples each worker with py-spy
 under the same load and prints the top entries (self and inclusive).
 
     .venv/bin/python bench/cpu_path.py [--rounds 5] [--requests 20000] [--connections 32]
-        [--worker-class gevent] [--env SERVING_X=Y ...] [--profile /tmp/cpu-path]
+        [--worker-class gevent] [--env SERVING_X=Y ...] [--traces] [--profile /tmp/cpu-path]
+
+``--traces`` turns the echo's traces on, every request sampled, exported to an
+OTLP receiver in this process: the rise in µs per request is what tracing
+costs the request path.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ from flask import Flask, request  # noqa: E402
 
 from bench.interleave import busy_s  # noqa: E402
 from serving_core.process.options import WORKER_CLASSES  # noqa: E402
+from tests.otlp_receiver import receiving  # noqa: E402
 from tests.servers import base_env, free_port, gunicorn_server, stop  # noqa: E402
 
 LUA_ARGS = ["-s", str(ROOT / "bench" / "cpu_path.lua")]
@@ -269,6 +274,12 @@ def main() -> None:
     parser.add_argument("--wrk-threads", type=int, default=1)
     parser.add_argument("--worker-class", choices=sorted(WORKER_CLASSES), default="gevent")
     parser.add_argument("--env", nargs="*", default=[], help="extra SERVING_X=Y for the echo")
+    parser.add_argument(
+        "--traces",
+        action="store_true",
+        help="the echo traces every request (SERVING_TRACES=otlp, always sampled) to an "
+        "OTLP receiver in this process",
+    )
     parser.add_argument("--profile", type=Path, help="then py-spy each worker; stacks go here")
     parser.add_argument("--top", type=int, default=25, help="profile entries to print")
     args = parser.parse_args()
@@ -283,10 +294,18 @@ def main() -> None:
     threads = 4 * 16  # serving-core's default gthread threads (4 batches of 16)
     rows: list[dict[str, Any]] = []
     stacks: dict[str, Path] = {}
-    with (
-        hello_server(args.worker_class, threads) as (hello_url, hello_master),
-        gunicorn_server(env) as echo,
-    ):
+    with contextlib.ExitStack() as stack:
+        if args.traces:
+            # The SDK's own batching (OTEL_BSP_* defaults) to a receiver that only
+            # decodes: the worker's CPU holds the spans, their export and its thread.
+            receiver = stack.enter_context(receiving())
+            env.update(
+                SERVING_TRACES="otlp",
+                OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint,
+                OTEL_TRACES_SAMPLER="always_on",
+            )
+        hello_url, hello_master = stack.enter_context(hello_server(args.worker_class, threads))
+        echo = stack.enter_context(gunicorn_server(env))
         servers = {
             "hello": (hello_url, only_worker(hello_master)),
             "echo": (echo.url, only_worker(echo.pid)),

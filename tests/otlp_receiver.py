@@ -9,6 +9,7 @@ spans are kept as plain ``Received`` records for the tests to assert on.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import threading
 from collections.abc import Callable, Iterator
@@ -152,6 +153,13 @@ def _handler_for(receiver: Receiver) -> type[BaseHTTPRequestHandler]:
 
 @pytest.fixture
 def otlp() -> Iterator[Receiver]:
+    with receiving() as receiver:
+        yield receiver
+
+
+@contextlib.contextmanager
+def receiving() -> Iterator[Receiver]:
+    """A receiver on a free port for the block (the fixture's, and ``bench/cpu_path.py``'s)."""
     server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(Receiver(0)))
     receiver = Receiver(server.server_address[1])
     server.RequestHandlerClass = _handler_for(receiver)
@@ -174,3 +182,35 @@ def tracing_env(receiver: Receiver, **more: str) -> dict[str, str]:
         "OTEL_TRACES_SAMPLER": "parentbased_always_on",
         **more,
     }
+
+
+def waterfall(spans: list[Received], width: int = 40) -> str:
+    """One trace's spans as text, a line each, children under their parent, each with
+    its service, a bar where it ran within the trace, and its duration: what
+    docs/observability.md shows from a real run."""
+    if not spans:
+        return ""
+    start = min(s.start_ns for s in spans)
+    total = max(max(s.end_ns for s in spans) - start, 1)
+    ids = {s.span_id for s in spans}
+    children: dict[str, list[Received]] = {}
+    for span in sorted(spans, key=lambda s: s.start_ns):
+        parent = span.parent_id if span.parent_id in ids else ""
+        children.setdefault(parent, []).append(span)
+    lines: list[str] = []
+
+    def draw(span: Received, depth: int) -> None:
+        first = round((span.start_ns - start) / total * width)
+        last = max(first + 1, round((span.end_ns - start) / total * width))
+        bar = " " * first + "█" * (last - first) + " " * (width - last)
+        service = span.resource.get("serving.model.name", "")
+        label = ("  " * depth + span.name)[:44]
+        links = f"  ({len(span.links)} link{'s' * (len(span.links) != 1)})" if span.links else ""
+        ms = (span.end_ns - span.start_ns) / 1e6
+        lines.append(f"{label:<44} {service[:26]:<26} |{bar}| {ms:8.2f} ms{links}")
+        for kid in children.get(span.span_id, []):
+            draw(kid, depth + 1)
+
+    for root in children.get("", []):
+        draw(root, 0)
+    return "\n".join(lines)

@@ -14,8 +14,8 @@ import pytest
 import requests
 
 from tests.nginx_server import nginx_server
-from tests.otlp_receiver import Received, Receiver, tracing_env
-from tests.servers import free_port, gunicorn_server
+from tests.otlp_receiver import Received, Receiver, tracing_env, waterfall
+from tests.servers import ROOT, free_port, gunicorn_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.model]
 
@@ -73,6 +73,10 @@ def test_nginx_a_pipeline_and_its_grpc_stage_give_one_trace(otlp: Receiver) -> N
         )
         logged = nginx.access_entry(answer.headers["X-Request-ID"])
         pred_log = pred.output()
+    # What docs/observability.md draws, from this run.
+    artifacts = ROOT / "test-artifacts"
+    artifacts.mkdir(exist_ok=True)
+    (artifacts / "trace-waterfall.txt").write_text(waterfall(spans) + "\n")
     # The pipeline's request, under the client's span.
     (front,) = [s for s in spans if s.parent_id == CLIENT_SPAN]
     assert (front.name, front.kind) == ("POST /predict", "server")
