@@ -11,6 +11,7 @@ the only one that imports gevent, builds the gevent one and passes it down.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -19,7 +20,10 @@ from typing import Any, Literal, Protocol
 
 
 def _thread(target: Callable[[], None]) -> None:
-    threading.Thread(target=target, name="serving-task", daemon=True).start()
+    # In a copy of the caller's context: a V2 row or a stage call keeps its request's
+    # context variables (``serving_core.context``, the current span).
+    run = contextvars.copy_context().run
+    threading.Thread(target=run, args=(target,), name="serving-task", daemon=True).start()
 
 
 class Signal(Protocol):
@@ -60,8 +64,8 @@ class Runtime:
     new_future: Callable[[], Future[Any]] = Future
     # A lock that may be held across a blocking send.
     new_lock: Callable[[], contextlib.AbstractContextManager[Any]] = threading.Lock
-    # Starts ``target`` beside the caller and returns at once (a daemon thread, or a
-    # greenlet on the caller's hub).
+    # Starts ``target`` beside the caller, in a copy of its context variables, and
+    # returns at once (a daemon thread, or a greenlet on the caller's hub).
     spawn: Callable[[Callable[[], None]], None] = _thread
     # How a request wakes the model thread (``Batcher.defer_wake``); None: at once.
     defer_wake: Callable[[Callable[[], None]], object] | None = None

@@ -6,7 +6,8 @@ is named for the route the app matched (``POST /predict``), and the answer
 carries a ``traceresponse`` header (W3C Trace Context level 2), so a client,
 or nginx's access line, learns the trace id of a request that came without
 one. The door's spans (admission, read, queue, the batch) are its children.
-With traces off it adds one attribute lookup to a request.
+The probes and ``/metrics`` are not traced. With traces off it adds one
+attribute lookup to a request.
 """
 
 from __future__ import annotations
@@ -19,6 +20,10 @@ from serving_core.web.logfields import ROUTE_KEY, TRACE_ID_KEY
 
 WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 TRACE_RESPONSE = "traceresponse"
+# The probes and the scrape: a kubelet and Prometheus ask every few seconds, and a
+# trace of each would bury the requests' (as OTel's own instrumentations let one
+# exclude URLs). V2's health routes are probes too.
+UNTRACED = frozenset(("/healthz", "/readyz", "/metrics", "/v2/health/live", "/v2/health/ready"))
 
 
 class Traced:
@@ -27,7 +32,7 @@ class Traced:
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
         traces = tracer()
-        if not traces.enabled:
+        if not traces.enabled or environ.get("PATH_INFO") in UNTRACED:
             return self.app(environ, start_response)
         method = environ.get("REQUEST_METHOD", "GET")
         attributes = {"http.request.method": method, "url.path": environ.get("PATH_INFO", "")}

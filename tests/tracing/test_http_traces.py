@@ -195,3 +195,39 @@ def test_a_refused_request_is_the_clients_error_not_the_servers(otlp: Receiver) 
         )
     assert request.status == 0  # unset: a 4xx is not the server's error
     assert request.attributes["http.response.status_code"] == 400
+
+
+def test_the_rows_of_a_v2_request_are_under_its_span_and_linked_from_their_batch(
+    otlp: Receiver,
+) -> None:
+    with gunicorn_server(probe_env(otlp)) as server:
+        body = {
+            "inputs": [{"name": "text", "datatype": "BYTES", "shape": [3], "data": ["a", "b", "c"]}]
+        }
+        answer = requests.post(
+            server.url + "/v2/models/probe/infer",
+            json=body,
+            headers={"traceparent": f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"},
+            timeout=10,
+        )
+        assert answer.status_code == 200, answer.text
+        spans = otlp.wait_for(
+            lambda spans: (
+                (found := [s for s in spans if s.trace_id == CLIENT_TRACE and s.kind == "server"])
+                and len([s for s in spans if s.trace_id == CLIENT_TRACE and s.name == "queue"]) == 3
+                and [s for s in spans if s.trace_id == CLIENT_TRACE]
+            ),
+            "the three rows' queue spans",
+        )
+        probes = [s for s in otlp.spans() if "readyz" in s.name]
+    (request,) = [s for s in spans if s.kind == "server"]
+    assert request.name == "POST /v2/models/<name>/infer"
+    assert probes == []  # the probes are not traced
+    assert request.trace_id == CLIENT_TRACE
+    queues = [s for s in spans if s.name == "queue"]
+    assert {(q.trace_id, q.parent_id) for q in queues} == {(CLIENT_TRACE, request.span_id)}
+    models = {s.span_id: s for s in otlp.spans() if s.name == "model" and s.links}
+    # Each row's batch links to the request, once per row it ran.
+    assert sum(len(m.links) for m in models.values()) == 3
+    assert {link for m in models.values() for link in m.links} == {(CLIENT_TRACE, request.span_id)}
+    assert {q.links[0][1] for q in queues} <= set(models)

@@ -35,6 +35,7 @@ choose ``SERVING_WORKER_CLASS=gthread``.
 
 from __future__ import annotations
 
+import contextvars
 import time
 from collections.abc import Callable
 from typing import Any
@@ -140,7 +141,9 @@ def defer_wake(wake: Callable[[], None]) -> object:
 
 
 def _spawn(target: Callable[[], None]) -> None:
-    gevent.spawn(target)
+    # In a copy of the caller's context variables, as ``runtime``'s threads: a greenlet
+    # starts with empty ones.
+    gevent.spawn(contextvars.copy_context().run, target)
 
 
 # How the gevent worker's requests wait: on GreenFuture, gevent's lock, greenlets.
