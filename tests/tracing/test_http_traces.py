@@ -213,7 +213,7 @@ def test_the_rows_of_a_v2_request_are_under_its_span_and_linked_from_their_batch
         assert answer.status_code == 200, answer.text
         spans = otlp.wait_for(
             lambda spans: (
-                (found := [s for s in spans if s.trace_id == CLIENT_TRACE and s.kind == "server"])
+                [s for s in spans if s.trace_id == CLIENT_TRACE and s.kind == "server"]
                 and len([s for s in spans if s.trace_id == CLIENT_TRACE and s.name == "queue"]) == 3
                 and [s for s in spans if s.trace_id == CLIENT_TRACE]
             ),
