@@ -36,6 +36,8 @@ class Ticket:
         self.cancelled = False
         self.done = False  # the decoder has put its last event
         self.last_chunk_at: float | None = None  # the decoder's, for the inter-token latency
+        self.opened = time.monotonic()  # when it was queued to join
+        self.traced = False  # its spans are drawn (``online.runner.decoding``), once
         self.joined_at: float | None = None
         self._on_cancel = on_cancel
         # deque's append and popleft are atomic: one thread puts, the other takes.

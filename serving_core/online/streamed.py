@@ -19,7 +19,7 @@ from serving_core.engine.stepper import Chunk, Event
 from serving_core.engine.ticket import Ticket
 from serving_core.errors import ServingError
 from serving_core.online.runner.base import ClientWatch, WatchGone
-from serving_core.online.runner.decoding import DecodingRunner
+from serving_core.online.runner.decoding import DecodingRunner, trace_generation
 
 
 class Streamed:
@@ -83,6 +83,7 @@ class Streamed:
         """Let the generation go (the decoder drops it before its next step)."""
         if not self._ended:
             self._ticket.cancel()
+        trace_generation(self._ticket, self.chunks)
         if self.watching is not None:
             self.watching.stop()
             self.watching = None

@@ -22,6 +22,7 @@ from serving_core.errors import DeadlineExceeded
 from serving_core.handler import Output
 from serving_core.online.runner.base import Computed, WatchGone
 from serving_core.runtime import Runtime
+from serving_core.tracing.tracer import tracer
 
 
 class DecodingRunner:
@@ -104,11 +105,16 @@ class DecodingRunner:
 
     def events(self, ticket: Ticket) -> Iterator[Event]:
         """``ticket``'s events as they come, to its last."""
-        while True:
-            event = self.next_event(ticket)
-            yield event
-            if not isinstance(event, Chunk):
-                return
+        chunks = 0
+        try:
+            while True:
+                event = self.next_event(ticket)
+                yield event
+                if not isinstance(event, Chunk):
+                    return
+                chunks += 1
+        finally:  # its last event, an error, or a reader that let go
+            trace_generation(ticket, chunks)
 
     def next_event(self, ticket: Ticket) -> Event:
         """``ticket``'s next event; a ``DeadlineExceeded`` (the generation let go) when
@@ -131,3 +137,22 @@ class DecodingRunner:
 
     def describe(self) -> dict[str, Any]:
         return self.decoder.describe()
+
+
+def trace_generation(ticket: Ticket, chunks: int) -> None:
+    """A generation's spans, drawn once it has ended (``events``, ``Streamed.close``):
+    its wait to join the running ones (``queue``) and its steps (``generate``), under its
+    request's span, named explicitly: a stream's events are read after the request's
+    span has ended."""
+    traces = tracer()
+    if not traces.enabled or ticket.traced:
+        return
+    ticket.traced = True
+    parent = ticket.generation.context.traceparent
+    now = time.monotonic()
+    joined = ticket.joined_at if ticket.joined_at is not None else now
+    traces.start("queue", parent=parent, at=ticket.opened).end(at=joined)
+    generated = traces.start("generate", parent=parent, at=joined)
+    generated.set("serving.generation.chunks", chunks)
+    generated.set("serving.generation.cancelled", ticket.cancelled)
+    generated.end(at=now)
