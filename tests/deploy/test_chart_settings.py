@@ -111,6 +111,8 @@ FROM_SECRETS = {
 CHART_MANAGED = {"SERVING_BIND", "SERVING_METRICS_DIR", "SERVING_GRPC_PORT"}
 # Set from `model` (tests/deploy/test_chart_model.py).
 MODEL_SETTINGS = {"SERVING_MODEL_URI", "SERVING_MODEL_CACHE", "SERVING_MODEL_OFFLINE"}
+# Set from `otel` (tests/deploy/test_chart_otel.py): otlp when otel.enabled.
+OTEL_SETTINGS = {"SERVING_TRACES"}
 
 
 @pytest.mark.parametrize(("key", "value", "env", "expected"), SETTINGS_TABLE)
@@ -127,7 +129,7 @@ def test_settings_table_covers_every_serving_value(chart: helm.Chart) -> None:
 
 def test_the_chart_sets_exactly_the_settings_serving_core_has() -> None:
     fields = {PREFIX + f.name.upper() for f in dataclasses.fields(Settings)}
-    chart_sets = {row[2] for row in SETTINGS_TABLE} | CHART_MANAGED | MODEL_SETTINGS
+    chart_sets = {row[2] for row in SETTINGS_TABLE} | CHART_MANAGED | MODEL_SETTINGS | OTEL_SETTINGS
     assert chart_sets | set(STREAM_SETTINGS.values()) == fields
 
 

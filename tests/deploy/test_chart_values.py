@@ -159,6 +159,11 @@ WALK_CONTEXTS: list[tuple[str, dict[str, Any]]] = [
     ("serving.workerConnections", {"serving": {"workerClass": "gevent"}}),
     ("extraVolumeMounts", {"extraVolumes": [{"name": "model", "emptyDir": {}}]}),
     ("batch.extraVolumeMounts", {"batch": {"extraVolumes": [{"name": "out", "emptyDir": {}}]}}),
+    # Every otel value is in the variables of an enabled block only.
+    ("otel.", {"otel": {"enabled": True}}),
+    ("otel.", {"otel": {"endpoint": "http://otel-collector.observability:4318"}}),
+    ("otel.samplerArg", {"otel": {"sampler": "parentbased_traceidratio"}}),
+    ("otel.headersSecret.", {"otel": {"headersSecret": {"name": "otlp"}}}),
 ]
 # A value the schema takes, other than the default, where the walk cannot make one
 # up from the type (strings, lists, objects).
@@ -309,9 +314,18 @@ WALK_SAMPLES: dict[str, Any] = {
     "rollout.canary.service": "demo-canary-serving-core",
     "rollout.mirror.service": "demo-shadow-serving-core",
     "rollout.ingressNginxCanary.header": "X-Canary",
+    "otel.endpoint": "http://jaeger.tracing:4318",
+    "otel.samplerArg": "0.25",
+    "otel.serviceName": "minilm",
+    "otel.environment": "staging",
+    "otel.resourceAttributes": {"team": "search"},
+    "otel.headersSecret.name": "otlp-backend",
+    "otel.headersSecret.key": "api-headers",
+    "otel.extraEnv": [{"name": "OTEL_BSP_MAX_QUEUE_SIZE", "value": "4096"}],
 }
 # Leaves that change nothing by themselves, with the reason.
 WALK_EXCEPTIONS: dict[str, str] = {
+    "otel.protocol": "http/protobuf is its one value: the image ships the OTLP/HTTP exporter only",
     "stream.keda.broker": "a plain stream.source's scheme names the broker already, and with "
     "sourceSecret the chart refuses to render without it (test_chart_stream.py)",
 }

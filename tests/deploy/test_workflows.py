@@ -94,6 +94,7 @@ SCHEMAS = {
         ROOT / "docker-compose.yml",
         ROOT / "compose.gpu.yml",
         ROOT / "compose.model.yml",
+        ROOT / "compose.tracing.yml",
     ],
 }
 

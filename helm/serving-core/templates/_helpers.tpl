@@ -304,6 +304,7 @@ Checks that JSON Schema cannot express; each message says what to change.
 {{- include "serving-core.validateModel" . }}
 {{- include "serving-core.validateRollout" . }}
 {{- include "serving-core.validateStream" . }}
+{{- include "serving-core.validateOtel" . }}
 {{- $b := .Values.batch }}
 {{- if and $b.enabled (not $b.args) }}
 {{- fail "batch.enabled needs batch.args, the arguments of `serving-core batch`: at least [--input, <file or URL>, --output, <file or URL>]" }}
@@ -405,7 +406,8 @@ gunicorn's socket), the worker container (dict "ctx" $ "bind" "0.0.0.0:9090"
 "workers" N: its health/metrics address, and its own SERVING_WORKERS unless N
 is 0), the stream container (the same, plus "stream" true: its
 SERVING_STREAM_* settings) and the batch container (dict "ctx" $), the same settings, so all run
-the same handler the same way. A pipeline's stage URLs (pipeline.stageUrls,
+the same handler the same way. "container" names the container for the
+traces' k8s.container.name (_otel.tpl). A pipeline's stage URLs (pipeline.stageUrls,
 sorted by name) come before extraEnv.
 */}}
 {{- define "serving-core.env" -}}
@@ -467,6 +469,7 @@ worker and batch containers serve no API. */}}
 {{- include "serving-core.streamEnv" .ctx }}
 {{- end }}
 {{- include "serving-core.modelEnv" .ctx }}
+{{- include "serving-core.otelEnv" . }}
 {{- range $name, $url := .ctx.Values.pipeline.stageUrls }}
 - name: {{ $name }}
   value: {{ $url | quote }}
@@ -658,7 +661,7 @@ template:
         args:
           {{- include "serving-core.batchArgs" . | nindent 10 }}
         env:
-          {{- include "serving-core.env" (dict "ctx" .) | trim | nindent 10 }}
+          {{- include "serving-core.env" (dict "ctx" . "container" "batch") | trim | nindent 10 }}
         {{- with .Values.envFrom }}
         envFrom:
           {{- toYaml . | nindent 10 }}

@@ -7,17 +7,21 @@ the ServiceMonitor copies to every series so the dashboard compares the two.
 */}}
 
 {{/*
-The pod label of the model's revision: serving.modelRevision (the model build
-in every cache key), else the image tag, made a label value (at most 63 of
-[A-Za-z0-9._-], alphanumeric at both ends): sha256:0123 -> sha256-0123.
+The pod label of the model's revision (and the spans' serving.model.revision,
+_otel.tpl): serving.modelRevision (the model build in every cache key), else
+the image tag, made a label value (at most 63 of [A-Za-z0-9._-], alphanumeric
+at both ends): sha256:0123 -> sha256-0123.
 */}}
 {{- define "serving-core.revisionLabelKey" -}}serving-core.io/model-revision{{- end }}
 
-{{- define "serving-core.revisionLabel" -}}
+{{- define "serving-core.revision" -}}
 {{- $revision := .Values.serving.modelRevision | default (include "serving-core.imageTag" .) }}
 {{- $value := regexReplaceAll "[^A-Za-z0-9._-]" $revision "-" | trunc 63 }}
-{{- $value = regexReplaceAll "^[^A-Za-z0-9]+|[^A-Za-z0-9]+$" $value "" }}
-{{ include "serving-core.revisionLabelKey" . }}: {{ $value | quote }}
+{{- regexReplaceAll "^[^A-Za-z0-9]+|[^A-Za-z0-9]+$" $value "" }}
+{{- end }}
+
+{{- define "serving-core.revisionLabel" -}}
+{{ include "serving-core.revisionLabelKey" . }}: {{ include "serving-core.revision" . | quote }}
 {{- end }}
 
 {{/*
