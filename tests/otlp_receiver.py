@@ -204,10 +204,10 @@ def waterfall(spans: list[Received], width: int = 40) -> str:
         last = max(first + 1, round((span.end_ns - start) / total * width))
         bar = " " * first + "█" * (last - first) + " " * (width - last)
         service = span.resource.get("serving.model.name", "")
-        label = ("  " * depth + span.name)[:44]
+        label = ("  " * depth + span.name)[:50]
         links = f"  ({len(span.links)} link{'s' * (len(span.links) != 1)})" if span.links else ""
         ms = (span.end_ns - span.start_ns) / 1e6
-        lines.append(f"{label:<44} {service[:26]:<26} |{bar}| {ms:8.2f} ms{links}")
+        lines.append(f"{label:<50} {service[:26]:<26} |{bar}| {ms:8.2f} ms{links}")
         for kid in children.get(span.span_id, []):
             draw(kid, depth + 1)
 
