@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import logging
 import sys
 from collections.abc import Mapping
@@ -41,12 +42,14 @@ from serving_core.loading import give_artifacts, load_handler
 from serving_core.preload import preload
 from serving_core.settings import Settings
 from serving_core.threads import share_idle_cores
+from serving_core.tracing import setup as tracing
 
 log = logging.getLogger("serving_core.batch.command")
 
 
 def main(args: argparse.Namespace, settings: Settings, environ: Mapping[str, str]) -> int:
-    """``serving-core batch``; ``environ`` only for Kubernetes' JOB_COMPLETION_INDEX."""
+    """``serving-core batch``; ``environ`` only for Kubernetes' JOB_COMPLETION_INDEX and
+    OpenTelemetry's TRACEPARENT."""
     with contextlib.ExitStack() as closing:
         try:
             if args.chunk_size < 1 or (args.workers is not None and args.workers < 1):
@@ -94,6 +97,14 @@ def main(args: argparse.Namespace, settings: Settings, environ: Mapping[str, str
             chunk_size=args.chunk_size,
             shard=shard,
             on_result=on_result,
+            start_tracing=(
+                None
+                if settings.traces == "off"
+                else functools.partial(tracing.start_for, settings, loaded.handler)
+            ),
+            # OpenTelemetry's carrier for a process: a workflow (Airflow, a CI job)
+            # that starts the run passes its span down, and the run is drawn in it.
+            traceparent=environ.get("TRACEPARENT"),
         )
         log.info(
             "batch: %s -> %s, shard %d/%d, %d workers, chunks of %d; %d ids already written",

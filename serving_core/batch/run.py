@@ -3,6 +3,10 @@
 The parent is the one writer: a chunk's rows are written whole when its
 results come back, so a kill loses only the chunks in flight, and a rerun
 with the same output skips every id written.
+
+Traced, the run is one ``batch`` span (a child of the ``TRACEPARENT`` the run
+was started with, if any) and each chunk a ``chunk`` span under it, from its
+hand-out to its rows written; the workers' model spans are the chunks' children.
 """
 
 from __future__ import annotations
@@ -19,10 +23,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from serving_core import encoding
-from serving_core.batch.pool import Answers, OnResult, Pool
+from serving_core.batch.pool import Answers, OnResult, Pool, StartTracing
 from serving_core.batch.progress import Counts, Progress
 from serving_core.batch.records import Record, RecordSink, RecordSource, Row, Shard
 from serving_core.handler import Handler
+from serving_core.tracing import setup as tracing
+from serving_core.tracing.tracer import NO_SPAN, Span, tracer
 
 log = logging.getLogger("serving_core.batch.run")
 
@@ -42,16 +48,52 @@ class BatchRun:
     shard: Shard
     on_result: OnResult | None = None
     tally: Counts = field(default_factory=Counts)
+    # SERVING_TRACES on: starts a process's tracer (the parent's, each worker's).
+    start_tracing: StartTracing | None = None
+    traceparent: str | None = None  # the run's parent span (``TRACEPARENT``), if given
 
     def run(self, source: RecordSource, sink: RecordSink, done: Mapping[str, bool]) -> int:
+        pool = Pool(
+            self.handler, self.workers, self.max_batch_size, self.on_result, self.start_tracing
+        )
+        if self.start_tracing is None:
+            return self._run(pool, source, sink, done, NO_SPAN)
+        self.start_tracing()  # after the pool's forks: its exporter's thread is ours alone
+        try:
+            with tracer().span(
+                "batch",
+                parent=self.traceparent,
+                attributes={
+                    "serving.shard": f"{self.shard.index}/{self.shard.count}",
+                    "serving.workers": self.workers,
+                    "serving.chunk_size": self.chunk_size,
+                },
+            ) as span:
+                code = self._run(pool, source, sink, done, span)
+                span.set("serving.records_written", self.tally.written)
+                span.set("serving.records_failed", self.tally.failed)
+                span.set("process.exit.code", code)
+                return code
+        finally:
+            tracing.stop()
+
+    def _run(
+        self,
+        pool: Pool,
+        source: RecordSource,
+        sink: RecordSink,
+        done: Mapping[str, bool],
+        span: Span,
+    ) -> int:
         count = source.count()
         total = None if count is None else math.ceil(count / self.shard.count)
         progress = Progress(total, sys.stderr.isatty())
-        pool = Pool(self.handler, self.workers, self.max_batch_size, self.on_result)
         previous_term = signal.signal(signal.SIGTERM, _interrupt)
         started = time.monotonic()
+        finished = False
         try:
-            self._feed(pool, self._chunks(source, done), sink, progress)
+            self._feed(pool, self._chunks(source, done), sink, progress, span)
+            finished = True
         except BrokenProcessPool as exc:
             log.error(
                 "a worker process died (%s); the chunks in flight were not written: "
@@ -67,7 +109,10 @@ class BatchRun:
             return EXIT_INTERRUPTED
         finally:
             signal.signal(signal.SIGTERM, previous_term)
-            pool.stop()
+            if finished and self.start_tracing is not None:
+                pool.close()  # the idle workers exit on their own, their last spans sent
+            else:
+                pool.stop()
             progress.close()
         elapsed = time.monotonic() - started
         self._summary(sink, elapsed)
@@ -99,40 +144,64 @@ class BatchRun:
             yield chunk
 
     def _feed(
-        self, pool: Pool, chunks: Iterator[list[Record]], sink: RecordSink, progress: Progress
+        self,
+        pool: Pool,
+        chunks: Iterator[list[Record]],
+        sink: RecordSink,
+        progress: Progress,
+        span: Span,
     ) -> None:
-        pending: dict[Future[Answers], list[Record]] = {}
+        pending: dict[Future[Answers], tuple[list[Record], Span]] = {}
         for chunk in chunks:
+            traced = _chunk_span(chunk, span)
             good = [r for r in chunk if r.error is None]
             if not good:
-                self._write(sink, chunk, [], progress)
+                self._write(sink, chunk, [], progress, traced)
                 continue
-            future = pool.submit([r.params for r in good], [r.key for r in good])
-            pending[future] = chunk
+            keys = [r.key for r in good]
+            future = pool.submit([r.params for r in good], keys, traced.traceparent)
+            pending[future] = (chunk, traced)
             while len(pending) >= IN_FLIGHT_PER_WORKER * self.workers:
-                finished, _ = wait(pending, return_when=FIRST_COMPLETED)
-                for future in finished:
-                    self._write(sink, pending.pop(future), future.result(), progress)
+                self._write_next(pending, sink, progress)
         while pending:
-            finished, _ = wait(pending, return_when=FIRST_COMPLETED)
-            for future in finished:
-                self._write(sink, pending.pop(future), future.result(), progress)
+            self._write_next(pending, sink, progress)
+
+    def _write_next(
+        self,
+        pending: dict[Future[Answers], tuple[list[Record], Span]],
+        sink: RecordSink,
+        progress: Progress,
+    ) -> None:
+        """Wait for a chunk in flight to come back, and write those that have."""
+        finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+        for future in finished:
+            chunk, traced = pending.pop(future)
+            self._write(sink, chunk, future.result(), progress, traced)
 
     def _write(
-        self, sink: RecordSink, chunk: Sequence[Record], results: Answers, progress: Progress
+        self,
+        sink: RecordSink,
+        chunk: Sequence[Record],
+        results: Answers,
+        progress: Progress,
+        span: Span = NO_SPAN,
     ) -> None:
         answers = iter(results)
         rows = []
+        failed = 0
         for record in chunk:
             if record.error is not None:
                 ok, data = False, encoding.dumps(record.error)
             else:
                 ok, data = next(answers)
             rows.append(Row(record.id, record.key, data if ok else None, None if ok else data))
-            self.tally.failed += not ok
+            failed += not ok
         sink.write(rows)
+        self.tally.failed += failed
         self.tally.written += len(rows)
         progress.update(self.tally)
+        span.set("serving.chunk_failed", failed)
+        span.end()
 
     def _summary(self, sink: RecordSink, elapsed_s: float) -> None:
         tally = self.tally
@@ -159,6 +228,15 @@ class BatchRun:
                 f"{tally.written} new records" if tally.written else "nothing",
                 sink.where,
             )
+
+
+def _chunk_span(chunk: Sequence[Record], run: Span) -> Span:
+    """A chunk's span, under the run's: from its hand-out to its rows written."""
+    if run is NO_SPAN:
+        return NO_SPAN
+    return tracer().start(
+        "chunk", parent=run.traceparent, attributes={"serving.chunk_size": len(chunk)}
+    )
 
 
 def _interrupt(signum: int, frame: Any) -> None:

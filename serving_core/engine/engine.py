@@ -112,7 +112,9 @@ class Engine:
         # context.serving's token by hand: a context manager costs more than the hook.
         token = context.enter(ctx)
         try:
-            with tracer().span("preprocess"):
+            # Under the item's own span: a job's, a message's or a chunk's, where no
+            # request span is current (in HTTP it is the same span).
+            with tracer().span("preprocess", parent=ctx.traceparent):
                 return self.handler.preprocess(params)
         except InvalidInput as exc:
             raise InvalidParams(str(exc)) from exc
@@ -145,7 +147,7 @@ class Engine:
         """Postprocess one model output into the answer."""
         token = context.enter(ctx)
         try:
-            with tracer().span("postprocess"):
+            with tracer().span("postprocess", parent=ctx.traceparent):
                 return self.handler.postprocess(output, params)
         except InvalidInput as exc:
             raise InvalidParams(str(exc)) from exc
@@ -171,7 +173,8 @@ class Engine:
         # One span for the batch, linked to every request that rode in it. Its parent is
         # the first sampled request's span, so the sampler keeps it whenever it keeps one
         # of them, and a trace viewer draws it inside that request's trace.
-        linked = [c.traceparent for c in contexts]
+        # Once each: a batch run's records share their chunk's span.
+        linked = list(dict.fromkeys(c.traceparent for c in contexts))
         parent = next((tp for tp in linked if traceparent.sampled(tp)), None)
         with traces.span(
             "model",

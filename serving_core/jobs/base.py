@@ -173,11 +173,16 @@ class JobQueue(Protocol):
     queue: str  # its name: the handler's
 
     def submit(
-        self, params: dict[str, Any], *, idempotency_key: str | None = None, owner: str = ""
+        self,
+        params: dict[str, Any],
+        *,
+        idempotency_key: str | None = None,
+        owner: str = "",
+        traceparent: str | None = None,
     ) -> Job:
         """Queue a job for ``owner``. Raises QueueFull or QuotaExceeded; the owner's
         repeated key returns the job it first made, or raises KeyReused when the
-        parameters differ."""
+        parameters differ. ``traceparent`` (the submitter's span) is stored with it."""
         ...
 
     def get(self, job_id: str) -> Job | None:

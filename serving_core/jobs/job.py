@@ -55,15 +55,26 @@ class Job:
     lease: str = ""
     owner: str = ""  # who submitted it: a caller's identity, "" without API keys
     digest: str = ""  # params_digest of its parameters, which it drops once finished
+    # The submitter's span as a W3C ``traceparent`` ("" untraced): the parent of the
+    # span each run of the job is.
+    traceparent: str = ""
 
     @classmethod
     def queued(
-        cls, job_id: str, queue: str, params: dict[str, Any], now: float, *, owner: str, digest: str
+        cls,
+        job_id: str,
+        queue: str,
+        params: dict[str, Any],
+        now: float,
+        *,
+        owner: str,
+        digest: str,
+        traceparent: str = "",
     ) -> Job:
         """A job as ``submit`` just stored it."""
         return cls(
             job_id, queue, "queued", params, 0, now, None, None, None, None,
-            owner=owner, digest=digest,
+            owner=owner, digest=digest, traceparent=traceparent,
         )  # fmt: skip
 
     def public(self) -> dict[str, Any]:

@@ -6,6 +6,11 @@
 
 A stop request is seen between batches: the batch in hand is stored first.
 The leases of a batch that runs long are renewed from one thread (``leases``).
+
+Traced, each job runs under a ``job run`` span (a consumer's) whose parent is
+the job's ``traceparent``, its submitter's span: from its batch's start to
+its result stored. The engine's contexts carry those spans, so the batch's ``model`` span
+links to every job in it.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from serving_core.jobs.base import Job, JobQueue
 from serving_core.loops.isolation import isolate
 from serving_core.loops.leases import LeaseRenewer
 from serving_core.threads import held
+from serving_core.tracing.tracer import Span, tracer
 
 TAKE_WAIT_S = 1.0  # how long a take blocks: the longest a stop request waits to be seen
 
@@ -61,7 +67,23 @@ class JobLoop:
                 self._renewer.close()
 
     def run_batch(self, jobs: list[Job]) -> None:
-        contexts = [Context(job.id) for job in jobs]
+        spans = _run_spans(jobs) if tracer().enabled else None
+        try:
+            self._run_batch(jobs, spans)
+        except BaseException as exc:  # the batch went back to the queue unrun
+            for span in spans or ():
+                span.fail(exc)
+            raise
+        finally:
+            for span in spans or ():
+                span.end()
+
+    def _run_batch(self, jobs: list[Job], spans: list[Span] | None) -> None:
+        if spans is None:
+            contexts = [Context(job.id) for job in jobs]
+        else:
+            pairs = zip(jobs, spans, strict=True)
+            contexts = [Context(job.id, traceparent=span.traceparent) for job, span in pairs]
         params = [job.params for job in jobs]
         with self._renewing(jobs):
             try:
@@ -75,10 +97,12 @@ class JobLoop:
             results, _ = isolate(self.engine, params, contexts, results, max_runs=2, min_failures=2)
         finished: list[tuple[Job, Result]] = []
         failed = 0
-        for job, result in zip(jobs, results, strict=True):
+        for i, (job, result) in enumerate(zip(jobs, results, strict=True)):
             if isinstance(result, ServingError):
                 self.queue.fail(job, result.body()["error"], retry=result.status >= 500)
                 failed += 1
+                if spans is not None:
+                    spans[i].fail(result)
             else:
                 finished.append((job, result))
         # The whole batch's results in one commit (SQLite) or one round trip (Redis),
@@ -93,6 +117,25 @@ class JobLoop:
         else:
             with self._renewer.renewing(jobs):
                 yield
+
+
+def _run_spans(jobs: list[Job]) -> list[Span]:
+    """A ``job run`` span per job, each a child of its submitter's span (the job's
+    ``traceparent``); a job queued untraced starts a trace of its own."""
+    return [
+        tracer().start(
+            "job run",
+            parent=job.traceparent or None,
+            kind="consumer",
+            attributes={
+                "messaging.system": "serving-core",
+                "messaging.destination.name": job.queue,
+                "serving.job_id": job.id,
+                "serving.job.attempt": job.attempts,
+            },
+        )
+        for job in jobs
+    ]
 
 
 def _waited(job: Job) -> float:

@@ -16,6 +16,12 @@ confirmed loses nothing: the source hands the batch out again (at-least-once;
 a result may then be published twice, once per delivery). A ``BrokerError``
 closes the ends and opens them again after a back-off (exponential, jittered,
 capped), so a broker that restarts is waited for rather than crash-looped on.
+
+Traced, each message is a ``message NAME`` span (a consumer's), a child of the
+span its ``traceparent`` header names (a new trace without one); the engine's
+contexts carry those spans, so the batch's ``model`` span links to each. Its
+result (or dead letter) is a ``publish`` span under it, whose ``traceparent``
+the outgoing headers carry: a consumer of the sink continues the trace.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from serving_core import encoding
@@ -32,16 +38,18 @@ from serving_core.context import Context
 from serving_core.engine.engine import Engine
 from serving_core.errors import ServingError
 from serving_core.loops.isolation import isolate
+from serving_core.loops.outcome import Batch
 from serving_core.metrics.stream import StreamMetrics
 from serving_core.stream.base import (
     BrokerError,
     Message,
     MessageSink,
     MessageSource,
-    Outgoing,
     PartitionedSource,
 )
 from serving_core.threads import held
+from serving_core.tracing.traceparent import HEADER as TRACEPARENT
+from serving_core.tracing.tracer import Span, tracer
 
 log = logging.getLogger("serving_core.loops.stream")
 
@@ -51,9 +59,6 @@ TAKE_WAIT_S = 1.0  # how long a take blocks: the longest a stop request waits to
 BACKOFF_FIRST_S = 0.5
 BACKOFF_MAX_S = 30.0
 LAG_EVERY_S = 1.0  # the lag gauge is read from the broker at most this often
-# A dead letter's header holding its error's type, for readers that route on headers
-# (the body holds the whole error).
-ERROR_HEADER = "error"
 
 
 @dataclass
@@ -70,25 +75,6 @@ class Ends:
                 end.close()
             except Exception:  # a lost broker's connection may fail to close too
                 log.debug("closing a stream end failed", exc_info=True)
-
-
-@dataclass
-class Batch:
-    """What became of one batch's messages: results and dead letters to publish."""
-
-    results: list[Outgoing] = field(default_factory=list)
-    dead: list[Outgoing] = field(default_factory=list)
-    reasons: dict[str, int] = field(default_factory=dict)
-
-    def dead_letter(self, message: Message, kind: str, text: str, runs: int, why: str) -> None:
-        body = {
-            "error": {"type": kind, "message": text},
-            "input": message.body.decode(errors="replace"),
-            "attempts": runs,
-        }
-        headers = {**message.headers, ERROR_HEADER: kind}
-        self.dead.append(Outgoing(message.id, encoding.dumps(body), headers, message.key))
-        self.reasons[why] = self.reasons.get(why, 0) + 1
 
 
 @dataclass(frozen=True)
@@ -109,6 +95,7 @@ class StreamLoop:
     max_attempts: int
     stopping: Callable[[], bool]
     metrics: StreamMetrics
+    system: str = ""  # the broker, on each message's span (``brokers.system``)
     _lag_at: float = 0.0
     _failures: int = 0  # BrokerErrors since the last take that worked
 
@@ -157,11 +144,14 @@ class StreamLoop:
             # publishes would oversubscribe the next batch (``threads.held``).
             with held():
                 batch = self.run_batch(messages)
-                if sent:
-                    self._settle(ends, sent)
-                # Results before dead letters, both confirmed before the ack.
-                ends.sink.send(batch.results)
-                ends.dead.send(batch.dead)
+                try:
+                    if sent:
+                        self._settle(ends, sent)
+                    # Results before dead letters, both confirmed before the ack.
+                    ends.sink.send(batch.results)
+                    ends.dead.send(batch.dead)
+                finally:
+                    batch.end_spans()
             sent = Sent(messages, batch)
         if sent:  # stopping: the batch in hand is confirmed and acked before the exit
             self._settle(ends, sent)
@@ -175,7 +165,9 @@ class StreamLoop:
             self.metrics.dead_lettered.labels(why).inc(count)
 
     def run_batch(self, messages: list[Message]) -> Batch:
-        batch = Batch()
+        batch = Batch(system=self.system)
+        if tracer().enabled:
+            batch.spans = {id(message): self._span(message) for message in messages}
         runnable: list[tuple[Message, Params]] = []
         for message in messages:
             if message.deliveries > self.max_attempts:
@@ -206,7 +198,9 @@ class StreamLoop:
                 runnable.append((message, params))
         if not runnable:
             return batch
-        contexts = [Context(message.id) for message, _ in runnable]
+        contexts = [
+            Context(message.id, traceparent=_traceparent(batch, message)) for message, _ in runnable
+        ]
         inputs = [p for _, p in runnable]
         results, runs = isolate(
             self.engine,
@@ -220,10 +214,26 @@ class StreamLoop:
                 error = result.body()["error"]
                 why = "failed" if result.status >= 500 else "invalid"
                 batch.dead_letter(message, str(error["type"]), str(error["message"]), ran, why)
+                if (span := batch.spans.get(id(message))) is not None:
+                    span.fail(result)
             else:
-                output = encoding.dumps(result)
-                batch.results.append(Outgoing(message.id, output, message.headers, message.key))
+                batch.result(message, encoding.dumps(result))
         return batch
+
+    def _span(self, message: Message) -> Span:
+        """The message's span: a child of the producer's (its ``traceparent`` header), or
+        a new trace's root."""
+        return tracer().start(
+            f"message {self.engine.name}",
+            parent=message.headers.get(TRACEPARENT),
+            kind="consumer",
+            attributes={
+                "messaging.system": self.system,
+                "messaging.operation.type": "process",
+                "messaging.message.id": message.id,
+                "serving.deliveries": message.deliveries,
+            },
+        )
 
     def _observe_lag(self, source: MessageSource, partitioned: PartitionedSource | None) -> None:
         if partitioned is not None:
@@ -244,6 +254,11 @@ class StreamLoop:
         deadline = time.monotonic() + seconds
         while not self.stopping() and (left := deadline - time.monotonic()) > 0:
             time.sleep(min(left, 0.1))
+
+
+def _traceparent(batch: Batch, message: Message) -> str | None:
+    span = batch.spans.get(id(message))
+    return None if span is None else span.traceparent
 
 
 def _params(message: Message) -> Params | str:

@@ -103,6 +103,7 @@ class RemoteBatcher:
             arrival,
             item,
             self._open_connections(),
+            context.traceparent,
         )
         link.send(request, pending)
         return pending

@@ -96,6 +96,10 @@ class Link:
             if pending is None or pending.future.done():
                 continue  # its request gave up at its deadline
             pending.batch_size = answer.batch_size
+            # One clock for every process of a machine: the worker draws the queue
+            # span from its own enqueue to the model process's batch start.
+            pending.started = answer.started
+            pending.batch_span = answer.batch_span
             with contextlib.suppress(Exception):  # cancelled meanwhile: nobody waits
                 if answer.error is None:
                     pending.future.set_result(answer.output)

@@ -26,6 +26,7 @@ from serving_core.errors import ModelError, ServingError
 from serving_core.modelprocess.protocol import Answer, Request, recv_frame, send_frame
 from serving_core.settings import Settings
 from serving_core.threads import set_model_threads
+from serving_core.tracing import setup as tracing
 
 log = logging.getLogger("serving_core.modelprocess.main")
 
@@ -115,7 +116,7 @@ class ModelServer:
             conn.close()
 
     def _submit(self, request: Request, answers: Answers) -> None:
-        ctx = Context(request.request_id, request.deadline)
+        ctx = Context(request.request_id, request.deadline, request.traceparent)
         try:
             pending = self.batcher.submit(request.item, ctx, arrival=request.arrival)
         except ServingError as exc:  # refused at admission: answered at once
@@ -137,7 +138,14 @@ def _write(conn: socket.socket, answers: Answers) -> None:
         seq, pending = answer
         exc = pending.future.exception()
         if exc is None:
-            message = Answer(seq, pending.future.result(), None, pending.batch_size)
+            message = Answer(
+                seq,
+                pending.future.result(),
+                None,
+                pending.batch_size,
+                pending.started,
+                pending.batch_span,
+            )
         else:
             message = Answer(seq, None, _serving_error(exc), 0)
         try:
@@ -174,6 +182,8 @@ def run_model_process(
     server = ModelServer(engine, settings, observer)
     server.batcher.start()
     server.warm_up(sample)
+    # After warm-up, which is no request of anyone's; after fork, as in a worker.
+    tracing.start_for(settings, engine.handler)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -197,3 +207,4 @@ def run_model_process(
     # Finish what is queued (the workers drain theirs first), then go.
     listener.close()
     server.batcher.stop(settings.graceful_timeout_s)
+    tracing.stop()  # the last batches' spans are sent before it goes

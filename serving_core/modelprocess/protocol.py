@@ -3,13 +3,16 @@
 Many requests are in flight on one connection, answered in any order by
 sequence number. A request carries its id, its absolute ``time.monotonic()``
 deadline and arrival (CLOCK_MONOTONIC is one clock for every process of a
-machine) and its worker's open client connections: the adaptive policy's
-"everyone who could send has sent" counts the connections of every worker.
+machine), its worker's open client connections (the adaptive policy's
+"everyone who could send has sent" counts the connections of every worker)
+and its request span's ``traceparent``, which the batch's ``model`` span here
+links to.
 
 An answer carries the output, or the ``ServingError`` itself: errors pickle
 with every field (``ServingError.__reduce__``), so a 503's ``Retry-After`` or a
-handler's own error class reaches the worker as it was raised. Both ends are
-forked from one master, so they unpickle each other's classes.
+handler's own error class reaches the worker as it was raised; and, traced,
+when its batch began and that batch's span, for the worker's ``queue`` span.
+Both ends are forked from one master, so they unpickle each other's classes.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ class Request(NamedTuple):
     arrival: float
     item: Any
     open_connections: int | None  # the worker's, for the adaptive policy
+    traceparent: str | None = None  # the request's span; None with traces off
 
 
 class Answer(NamedTuple):
@@ -44,6 +48,8 @@ class Answer(NamedTuple):
     output: Any
     error: ServingError | None
     batch_size: int  # 0 when it never ran in a batch
+    started: float = 0.0  # time.monotonic() when its batch began; 0.0 when it never ran
+    batch_span: str | None = None  # that batch's ``model`` span, traced
 
 
 def send_frame(sock: socket.socket, message: Request | Answer) -> None:

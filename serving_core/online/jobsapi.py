@@ -6,6 +6,10 @@ this handler's ``serving-core worker``) and the follow-up queue
 handler too). Both are opened in ``open``, after fork: neither a SQLite
 connection nor a Redis pool may be shared by forked processes. Imports no Flask.
 
+Traced, a submit is a ``job submit`` span (a producer's, under the request's
+span) and the job keeps it as its ``traceparent``: the worker's ``job run``
+span continues the submitter's trace.
+
 A job belongs to its ``caller`` (``web.guard.caller_of`` the API key; ``""``
 without keys): another caller's job answers the same 404 as an unknown one, so
 a job id, even one that leaked, is no use to anyone else.
@@ -14,6 +18,7 @@ a job id, even one that leaked, is no use to anyone else.
 from __future__ import annotations
 
 import logging
+from contextlib import AbstractContextManager
 from typing import Any
 
 from serving_core.engine.engine import Engine
@@ -38,6 +43,7 @@ from serving_core.jobs.base import (
     params_digest,
 )
 from serving_core.settings import Settings
+from serving_core.tracing.tracer import Span, tracer
 
 log = logging.getLogger("serving_core.online.jobsapi")
 
@@ -74,7 +80,15 @@ class JobsApi:
         queue = self._own()
         self.engine.validate(params)
         try:
-            return queue.submit(params, idempotency_key=idempotency_key, owner=caller)
+            with _submitting(queue) as span:
+                job = queue.submit(
+                    params,
+                    idempotency_key=idempotency_key,
+                    owner=caller,
+                    traceparent=span.traceparent,
+                )
+                span.set("serving.job_id", job.id)
+                return job
         except QueueFull as exc:
             raise Overloaded(
                 f"the job queue is full ({exc.setting}); retry after the Retry-After delay",
@@ -160,7 +174,11 @@ class JobsApi:
             return output
         key = "followup-" + params_digest(params)
         try:
-            job = self.followup.submit(params, idempotency_key=key, owner=caller)
+            with _submitting(self.followup) as span:
+                job = self.followup.submit(
+                    params, idempotency_key=key, owner=caller, traceparent=span.traceparent
+                )
+                span.set("serving.job_id", job.id)
         except (QueueFull, QuotaExceeded, QueueUnavailable) as exc:
             # The fast answer stands on its own; say why there is no slow one.
             log.warning("request %s: the follow-up was not queued: %s", request_id, exc)
@@ -174,6 +192,16 @@ class JobsApi:
         if self.queue is None:
             raise _not_open()
         return self.queue
+
+
+def _submitting(queue: JobQueue) -> AbstractContextManager[Span]:
+    """The ``job submit`` span, under the current (the request's) span: the job keeps it
+    as its ``traceparent``. A refused submit ends it failed."""
+    return tracer().span(
+        "job submit",
+        kind="producer",
+        attributes={"messaging.system": "serving-core", "messaging.destination.name": queue.queue},
+    )
 
 
 def _not_open() -> NotReady:

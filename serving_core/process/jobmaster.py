@@ -2,7 +2,7 @@
 
     master    ``prefork.Prefork``: preload, fork SERVING_WORKERS consumers, fork again
               one that dies; /metrics and /healthz on SERVING_BIND
-    consumer  setup_worker(), torch threads = cores // workers, open the queue,
+    consumer  setup_worker(), torch threads = cores // workers, its tracer, open the queue,
               then ``loops.jobs.JobLoop``: take up to SERVING_MAX_BATCH_SIZE jobs
               → one Engine call → complete or fail each job
 

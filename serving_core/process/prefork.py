@@ -33,6 +33,7 @@ from serving_core.metrics.metrics import CONTENT_TYPE, Metrics
 from serving_core.preload import preload
 from serving_core.settings import Settings
 from serving_core.threads import set_worker_threads, share_idle_cores
+from serving_core.tracing import setup as tracing
 
 log = logging.getLogger("serving_core.process.prefork")
 
@@ -60,9 +61,12 @@ class Prefork:
         return f"{self.command}: {self.settings.workers} consumer(s)"
 
     def consumer_engine(self) -> tuple[Engine, Metrics]:
-        """In a forked consumer: its share of the cores, the handler's per-process
-        setup, and the engine its batches run through (with the metrics it feeds)."""
+        """In a forked consumer: its share of the cores, its tracer (SERVING_TRACES), the
+        handler's per-process setup, and the engine its batches run through (with the
+        metrics it feeds)."""
         set_worker_threads(self.settings.workers)
+        # After fork: the exporter's thread and connection are the consumer's own.
+        tracing.start_for(self.settings, self.loaded.handler)
         self.loaded.handler.setup_worker()
         metrics = Metrics()
         metrics.model_info(self.loaded.handler, self.settings.model_revision)
@@ -149,7 +153,10 @@ class Prefork:
         except BaseException:
             log.exception("consumer %d failed", os.getpid())
         finally:
-            os._exit(code)
+            try:
+                tracing.stop()  # its last batches' spans are sent before it goes
+            finally:
+                os._exit(code)
 
 
 class _Health(http.server.BaseHTTPRequestHandler):

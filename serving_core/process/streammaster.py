@@ -2,8 +2,8 @@
 
     master    ``prefork.Prefork``: preload, fork SERVING_WORKERS consumers, fork again
               one that dies; /metrics and /healthz on SERVING_BIND
-    consumer  setup_worker(), torch threads = cores // workers, open the source, the
-              sink and the dead-letter sink, then ``loops.stream.StreamLoop``
+    consumer  setup_worker(), torch threads = cores // workers, its tracer, open the
+              source, the sink and the dead-letter sink, then ``loops.stream.StreamLoop``
 
 SIGTERM: each consumer publishes and acks the batch in hand, then exits. A
 consumer killed outright loses nothing: the broker hands its unacked messages
@@ -50,6 +50,7 @@ class StreamMaster(Prefork):
             max_attempts=settings.stream_max_attempts,
             stopping=lambda: stopping["asked"],
             metrics=StreamMetrics(),
+            system=brokers.system(settings.stream_source),
         ).run()
         return 0
 

@@ -26,6 +26,17 @@ BROKERS: dict[str, str] = {
     "kafkas": "serving_core.stream.kafka",
 }
 
+# Each scheme's ``messaging.system``, as OpenTelemetry's messaging spans name it.
+SYSTEMS: dict[str, str] = {
+    "amqp": "rabbitmq",
+    "amqps": "rabbitmq",
+    "redis": "redis",
+    "rediss": "redis",
+    "unix": "redis",
+    "kafka": "kafka",
+    "kafkas": "kafka",
+}
+
 SOURCE = "SERVING_STREAM_SOURCE"
 SINK = "SERVING_STREAM_SINK"
 DEAD_LETTER = "SERVING_STREAM_DEAD_LETTER"
@@ -77,6 +88,13 @@ def check(source: str, sink: str, dead_letter: str) -> None:
                 ends.check_sink(url)
         except ValueError as error:
             raise ValueError(f"{variable}={error}") from None
+
+
+def system(url: str) -> str:
+    """The broker's name on a message's span: ``messaging.system`` (a broker added
+    without a line in ``SYSTEMS`` goes by its scheme)."""
+    scheme = url.partition("://")[0]
+    return SYSTEMS.get(scheme, scheme)
 
 
 def open_source(url: str, batch_size: int, consumer: str) -> MessageSource:

@@ -144,7 +144,8 @@ def test_a_full_sqlite_queue_purges_at_once_when_its_jobs_have_expired(tmp_path:
         queue.close()
 
 
-# The schema serving-core made before jobs had owners (2026-11): its files must open.
+# The schema serving-core made before jobs had owners (2026-11) or traceparents
+# (2026-12): its files must open.
 OLD_SCHEMA = """
 CREATE TABLE jobs (
     id TEXT PRIMARY KEY, queue TEXT NOT NULL, status TEXT NOT NULL, params BLOB NOT NULL,
@@ -166,7 +167,7 @@ def test_a_sqlite_file_from_before_owners_opens_with_its_jobs(tmp_path: Any) -> 
     try:
         old = queue.get("0123456789abcdef0123456789abcdef")
         assert old is not None
-        assert (old.params, old.owner) == ({"n": 1}, "")
+        assert (old.params, old.owner, old.traceparent) == ({"n": 1}, "", "")
         assert queue.submit({"n": 1}, idempotency_key="k").id == old.id
         queue.submit({"n": 2})
         with pytest.raises(QueueFull):  # the old job counts among those held

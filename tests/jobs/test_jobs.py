@@ -62,6 +62,20 @@ def test_a_job_goes_from_submit_to_take_to_done_with_its_result(make_queue: Make
     assert "params" not in public
 
 
+def test_a_job_keeps_its_submitters_traceparent_for_its_runs(make_queue: MakeQueue) -> None:
+    queue = make_queue()
+    parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    traced, untraced = queue.submit({"n": 1}, traceparent=parent), queue.submit({"n": 2})
+    assert (traced.traceparent, untraced.traceparent) == (parent, "")
+    taken = {job.id: job for job in queue.take("w1", 2, 0)}
+    assert taken[traced.id].traceparent == parent
+    assert taken[untraced.id].traceparent == ""
+    queue.complete(taken[traced.id], {"ok": True})
+    done = queue.get(traced.id)
+    assert done is not None
+    assert done.traceparent == parent
+
+
 def test_an_unknown_job_is_none(make_queue: MakeQueue) -> None:
     queue = make_queue()
     assert queue.get(uuid.uuid4().hex) is None

@@ -43,4 +43,5 @@ def job_of(pairs: list[str], queue: str) -> Job:
         lease=fields.get("lease", ""),
         owner=fields.get("owner", ""),
         digest=fields.get("digest", ""),
+        traceparent=fields.get("traceparent", ""),
     )

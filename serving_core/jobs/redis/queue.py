@@ -12,8 +12,10 @@ Cluster keeps a queue's keys in one slot and its scripts may touch them all):
 - ``job:ID``'s fields: ``id``, ``status``, ``params`` (deleted when the job
   finishes), ``attempts``, ``created_at``, ``started_at``, ``finished_at``,
   ``result``, ``error``, ``entry`` (its stream entry), ``lease``, ``owner``
-  (the submitting caller's identity, empty without API keys) and ``digest``
-  (the parameters' SHA-256, which an idempotency key is bound to).
+  (the submitting caller's identity, empty without API keys), ``digest``
+  (the parameters' SHA-256, which an idempotency key is bound to) and
+  ``traceparent`` (the submitter's span, empty untraced; absent from a job
+  queued before it was kept, which reads as empty).
 - ``key:OWNER:KEY``: an idempotency key's job id, for ``jobs_ttl_s``; each
   caller's keys are its own.
 - ``dead``: failed job ids scored by when they failed.
@@ -112,7 +114,12 @@ class RedisJobQueue:
         self._renew = script(RENEW)
 
     def submit(
-        self, params: dict[str, Any], *, idempotency_key: str | None = None, owner: str = ""
+        self,
+        params: dict[str, Any],
+        *,
+        idempotency_key: str | None = None,
+        owner: str = "",
+        traceparent: str | None = None,
     ) -> Job:
         now = time.time()
         job_id = new_job_id()
@@ -125,6 +132,7 @@ class RedisJobQueue:
             self.max_stored,
             self.max_per_caller,
             repr(drainrate.expired_after(now, self.ttl_s)),
+            traceparent or "",
         ]
         kind, value, *more = self.redis.run(self._submit, keys, argv)
         if kind == "existing":
@@ -151,7 +159,15 @@ class RedisJobQueue:
             )
         if kind == "quota":
             raise QuotaExceeded(quota_message(int(value), self.max_per_caller))
-        return Job.queued(job_id, self.queue, params, now, owner=owner, digest=digest)
+        return Job.queued(
+            job_id,
+            self.queue,
+            params,
+            now,
+            owner=owner,
+            digest=digest,
+            traceparent=traceparent or "",
+        )
 
     def get(self, job_id: str) -> Job | None:
         fields: Any = self.redis.call(lambda: self.redis.client.hgetall(self._job_key(job_id)))

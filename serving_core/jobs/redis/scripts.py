@@ -13,9 +13,10 @@ from __future__ import annotations
 # KEYS: stream, job hash, idempotency key, finished, owners. ARGV: job id, params,
 # now, ttl_ms, max_queue, has_key ('1'/'0'), prefix, digest, owner, max_stored,
 # max_per_caller, the expiry past which a finished job counts as drained lately
-# (jobs.drainrate). Returns {'new', entry}, {'existing', job fields}, {'full', depth,
-# jobs drained lately}, {'stored', jobs held, the oldest finished job's expiry or ''}
-# or {'quota', held}. ZCOUNT is O(log n), and runs only on a refusal.
+# (jobs.drainrate), traceparent (the submitter's span, '' untraced). Returns
+# {'new', entry}, {'existing', job fields}, {'full', depth, jobs drained lately},
+# {'stored', jobs held, the oldest finished job's expiry or ''} or {'quota', held}.
+# ZCOUNT is O(log n), and runs only on a refusal.
 SUBMIT = """
 if ARGV[6] == '1' then
   local existing = redis.call('GET', KEYS[3])
@@ -42,7 +43,7 @@ end
 local entry = redis.call('XADD', KEYS[1], '*', 'job', ARGV[1])
 redis.call('HSET', KEYS[2], 'id', ARGV[1], 'status', 'queued', 'params', ARGV[2],
   'attempts', 0, 'created_at', ARGV[3], 'entry', entry, 'lease', '', 'owner', owner,
-  'digest', ARGV[8])
+  'digest', ARGV[8], 'traceparent', ARGV[13])
 if owner ~= '' then redis.call('HINCRBY', KEYS[5], owner, 1) end
 if ARGV[6] == '1' then redis.call('SET', KEYS[3], ARGV[1], 'PX', ARGV[4]) end
 return {'new', entry}

@@ -57,22 +57,33 @@ class SqliteJobQueue:
         self._consumers = SqliteConsumers(self.file, queue, lease_s=self.lease_s, ttl_s=self.ttl_s)
 
     def submit(
-        self, params: dict[str, Any], *, idempotency_key: str | None = None, owner: str = ""
+        self,
+        params: dict[str, Any],
+        *,
+        idempotency_key: str | None = None,
+        owner: str = "",
+        traceparent: str | None = None,
     ) -> Job:
         now = time.time()
+        traced = traceparent or ""
         try:
-            job = self._submit(params, idempotency_key, owner, now)
+            job = self._submit(params, idempotency_key, owner, traced, now)
         except QueueFull as full:
             # At jobs_max_stored the expired rows go now, not at the next purge:
             # a place they free is taken at once.
             if full.setting != MAX_STORED or not self.file.purge(now, force=True):
                 raise
-            job = self._submit(params, idempotency_key, owner, now)
+            job = self._submit(params, idempotency_key, owner, traced, now)
         self.file.purge(now)
         return job
 
     def _submit(
-        self, params: dict[str, Any], idempotency_key: str | None, owner: str, now: float
+        self,
+        params: dict[str, Any],
+        idempotency_key: str | None,
+        owner: str,
+        traceparent: str,
+        now: float,
     ) -> Job:
         digest = params_digest(params)
         with self.file.transaction() as db:
@@ -93,7 +104,7 @@ class SqliteJobQueue:
             job_id = new_job_id()
             db.execute(
                 "INSERT INTO jobs (id, queue, status, params, created_at, idempotency_key, due,"
-                " owner, digest) VALUES (?, ?, 'queued', ?, ?, ?, ?, ?, ?)",
+                " owner, digest, traceparent) VALUES (?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?)",
                 (
                     job_id,
                     self.queue,
@@ -103,10 +114,13 @@ class SqliteJobQueue:
                     now,
                     owner,
                     digest,
+                    traceparent,
                 ),
             )
             db.execute("UPDATE stored SET jobs = jobs + 1 WHERE queue = ?", (self.queue,))
-        return Job.queued(job_id, self.queue, params, now, owner=owner, digest=digest)
+        return Job.queued(
+            job_id, self.queue, params, now, owner=owner, digest=digest, traceparent=traceparent
+        )
 
     def get(self, job_id: str) -> Job | None:
         with self.file.reading() as db:

@@ -33,6 +33,7 @@ def job_of(row: sqlite3.Row) -> Job:
         lease=row["lease"],
         owner=row["owner"],
         digest=row["digest"],
+        traceparent=row["traceparent"],
     )
 
 

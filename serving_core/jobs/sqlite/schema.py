@@ -40,7 +40,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     due REAL,
     expires_at REAL,
     owner TEXT NOT NULL DEFAULT '',
-    digest TEXT NOT NULL DEFAULT ''
+    digest TEXT NOT NULL DEFAULT '',
+    traceparent TEXT NOT NULL DEFAULT ''
 );
 CREATE TABLE IF NOT EXISTS consumers (
     queue TEXT NOT NULL,
@@ -55,7 +56,11 @@ CREATE TABLE IF NOT EXISTS stored (
 """
 
 # Columns added since the first schema: (name, definition).
-ADDED = (("owner", "TEXT NOT NULL DEFAULT ''"), ("digest", "TEXT NOT NULL DEFAULT ''"))
+ADDED = (
+    ("owner", "TEXT NOT NULL DEFAULT ''"),
+    ("digest", "TEXT NOT NULL DEFAULT ''"),
+    ("traceparent", "TEXT NOT NULL DEFAULT ''"),  # an older file's jobs: untraced
+)
 
 INDEXES = """
 CREATE INDEX IF NOT EXISTS jobs_due ON jobs (queue, due) WHERE due IS NOT NULL;
