@@ -1,7 +1,7 @@
 """Payload logging in a served app, with real sinks: gunicorn's gevent workers logging to
 a real redis-server (the sampled ids exactly, redacted, every error; then the server
-killed mid-run, which costs no request an error and is counted on /metrics), and V2
-rows logged to a real rabbitmq-server."""
+killed mid-run, which costs no request an error and is counted on /metrics), V2 rows
+logged to a real rabbitmq-server, and a traced request's event under its span."""
 
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ import requests
 
 from serving_core.payloads.sampler import fraction
 from tests.conftest import HANDLERS, make_app
+from tests.otlp_receiver import Receiver, tracing_env
+from tests.payloads.test_httpsink import receiver
 from tests.redis_server import redis_server
 from tests.servers import gunicorn_server, wait_for
 from tests.stream.amqp_broker import AmqpBroker
@@ -221,3 +223,34 @@ def test_v2_rows_land_in_a_rabbitmq_exchange_as_cloudevents():
         "request": {"bad": True, "token": REDACTED},
         "error": {"status": 400, "message": "refused on purpose"},
     }
+
+
+CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+
+
+def test_a_traced_requests_event_carries_its_server_spans_traceparent(otlp: Receiver):
+    with receiver() as sink:
+        env = tracing_env(
+            otlp,
+            SERVING_HANDLER=HANDLER,
+            SERVING_WORKERS="1",
+            SERVING_PAYLOAD_LOG_URL=sink.url + "/events",
+        )
+        with gunicorn_server(env) as server:
+            rows = {
+                "inputs": [{"name": "text", "datatype": "BYTES", "shape": [2], "data": ["a", "b"]}]
+            }
+            answer = requests.post(
+                server.url + "/v2/models/payloads/infer",
+                json=rows,
+                headers={"traceparent": f"00-{CLIENT_TRACE}-00f067aa0ba902b7-01"},
+                timeout=10,
+            )
+            assert answer.status_code == 200, answer.text
+            posts = wait_for(lambda: len(sink.posts) >= 2 and list(sink.posts), "both rows' events")
+            spans = otlp.wait_for(
+                lambda spans: [s for s in spans if s.kind == "server"], "the server span"
+            )
+    [request] = [span for span in spans if span.trace_id == CLIENT_TRACE and span.kind == "server"]
+    for _, _, body in posts:
+        assert orjson.loads(body)["traceparent"] == f"00-{CLIENT_TRACE}-{request.span_id}-01"
