@@ -113,6 +113,10 @@ class Handler:
     #: True: ``predict`` runs where the request runs, concurrently, without the
     #: batcher (see the class docstring); only ``predict``, not ``predict_batch``.
     concurrent: ClassVar[bool] = False
+    #: Field names (any depth, any case) whose values payload logging writes as
+    #: ``[redacted]``, besides SERVING_PAYLOAD_LOG_REDACT's and the defaults (api_key,
+    #: apikey, authorization, password, token): docs/observability.md.
+    redact: ClassVar[tuple[str, ...]] = ()
     #: How the Open Inference Protocol (V2, ``/v2/models/NAME/infer``) maps to the
     #: parameters and the output dict. None: inferred from ``input_schema`` (each
     #: property an input tensor of its name) and from each output's keys.

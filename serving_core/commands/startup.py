@@ -14,6 +14,7 @@ from serving_core.jobs import backends
 from serving_core.jobs.base import StoreRefused
 from serving_core.loading import LoadedHandler, give_artifacts, load_handler
 from serving_core.metrics.directory import enable_multiprocess
+from serving_core.payloads import sinks
 from serving_core.pipeline import transport
 from serving_core.runtime import THREADS, Runtime
 from serving_core.settings import Settings, SettingsError
@@ -41,6 +42,7 @@ def load(
         if shared_metrics:
             enable_multiprocess(settings.metrics_dir)
         check_cache(settings)
+        check_payload_log(settings)
         if uses_queue:
             check_queue(settings)
         loaded = load_handler(
@@ -79,6 +81,14 @@ def check_cache(settings: Settings) -> None:
     """SERVING_CACHE_URL, checked by the store its scheme picks (``cache.stores``)."""
     try:
         stores.check(settings.cache_url)
+    except ValueError as exc:
+        raise Failure(str(exc)) from exc
+
+
+def check_payload_log(settings: Settings) -> None:
+    """SERVING_PAYLOAD_LOG_URL, checked by the sink its scheme picks (``payloads.sinks``)."""
+    try:
+        sinks.check(settings.payload_log_url)
     except ValueError as exc:
         raise Failure(str(exc)) from exc
 

@@ -135,10 +135,21 @@ class Metrics:
             multiprocess_mode="livemax",
             registry=r,
         )
+        self.payloads = Counter(
+            "serving_payload_events_total",
+            "Payload-log events (sampled requests and answers, SERVING_PAYLOAD_LOG_URL), by "
+            "outcome: sent (the sink took it), dropped (the worker's queue was full, or it "
+            "left with events queued), failed (the sink refused it or could not be reached).",
+            ["outcome"],
+            registry=r,
+        )
         for reason in ("queue_full", "predicted_late", "deadline_passed"):
             self.rejections.labels(reason)
         for outcome in ("done", "failed"):
             self.jobs.labels(outcome)
+        self._payload_outcomes = {
+            outcome: self.payloads.labels(outcome) for outcome in ("sent", "dropped", "failed")
+        }
         # Labelled children, kept: ``labels()`` takes a lock and checks its
         # arguments on every call, and these count every request.
         self._cache_results = {
@@ -233,6 +244,11 @@ class Metrics:
     def jobs_taken(self, waits_s: Sequence[float]) -> None:
         for wait in waits_s:
             self.job_wait.observe(wait)
+
+    # -- payload logging's PayloadObserver -------------------------------------
+
+    def payload_events(self, outcome: str, count: int) -> None:
+        self._payload_outcomes[outcome].inc(count)
 
     def exposition(self) -> bytes:
         self.flush()  # this process's own; the others flush when idle, or within FLUSH_S

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from serving_core.cache.cache import CacheResult
-from serving_core.errors import TOO_LARGE, DeadlineExceeded, PayloadTooLarge
+from serving_core.errors import TOO_LARGE, DeadlineExceeded, PayloadTooLarge, ServingError
 from serving_core.handler import Output, Params
 from serving_core.online.service import Service
 from serving_core.online.streamed import Streamed
@@ -99,7 +99,21 @@ class FrontDoor:
         """The answer, from the inference cache when it has it. ``head.caller``'s cache
         entries are its own unless SERVING_CACHE_PER_KEY is off. With a follow-up queue
         (the time-lag pattern), the same request is queued for the slow handler too, as
-        the caller's job (a repeat, such as a cache hit, shares the first one's job)."""
+        the caller's job (a repeat, such as a cache hit, shares the first one's job).
+        With SERVING_PAYLOAD_LOG_URL, the exchange is offered to the payload log: its
+        answer, or the ``ServingError`` it ended in."""
+        payloads = self.service.payloads
+        if payloads is None:
+            return self._answer(params, head)
+        try:
+            answered = self._answer(params, head)
+        except ServingError as error:
+            payloads.offer(head.request_id, params, error=error)
+            raise
+        payloads.offer(head.request_id, params, answered.output)
+        return answered
+
+    def _answer(self, params: Params, head: Head) -> Answered[Output]:
         service = self.service
         cache = service.cache
         batch_size: int | None = None

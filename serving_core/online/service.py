@@ -37,6 +37,7 @@ from serving_core.online.runner.base import (
 from serving_core.online.runner.choice import runner_for
 from serving_core.online.runner.decoding import DecodingRunner
 from serving_core.online.streamed import Streamed
+from serving_core.payloads.logger import PayloadLog
 from serving_core.runtime import THREADS, Runtime
 from serving_core.settings import Settings
 from serving_core.tracing.tracer import tracer
@@ -58,11 +59,13 @@ class Service:
         generation_observer: GenerationObserver | None = None,
         model_sockets: Sequence[str] = (),
         runtime: Runtime = THREADS,
+        payloads: PayloadLog | None = None,
     ) -> None:
         """``model_sockets``: the shared model processes' sockets (SERVING_MODEL_PROCESS=
         shared; one per GPU); the model runs there, not on a model thread of this worker.
         ``runtime``: how this worker's requests wait (threads, or the gevent worker's
-        greenlets)."""
+        greenlets). ``payloads``: the payload log the front door offers each exchange to
+        (None: off), started here after fork."""
         self.settings = settings
         self.runtime = runtime
         self.loaded = loaded
@@ -82,6 +85,7 @@ class Service:
         self.draining = False  # SIGTERM: /readyz answers 503 while requests are still served
         self.watchdog: Watchdog | None = None
         self._watch_client: WatchClient | None = None
+        self.payloads = payloads
 
     # -- lifecycle ----------------------------------------------------------
 
@@ -106,6 +110,8 @@ class Service:
             self.settings, self.handler, self._cache_observer, self.runtime.new_future
         )
         self.jobs.open()
+        if self.payloads is not None:
+            self.payloads.start()
         self.runner = runner_for(
             self.settings,
             self.engine,
@@ -135,7 +141,10 @@ class Service:
         self.jobs.close()
         if self.watchdog is not None:
             self.watchdog.stop()
-        return self.runner.stop(self.settings.graceful_timeout_s)
+        finished = self.runner.stop(self.settings.graceful_timeout_s)
+        if self.payloads is not None:
+            self.payloads.stop()  # after the runner: the last answers' events too
+        return finished
 
     @property
     def fault(self) -> str | None:

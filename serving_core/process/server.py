@@ -44,6 +44,7 @@ from serving_core.metrics.metrics import Metrics
 from serving_core.modelprocess.protocol import socket_path
 from serving_core.modelprocess.supervisor import ModelProcess
 from serving_core.online.service import Service
+from serving_core.payloads.logger import PayloadLog
 from serving_core.preload import preload
 from serving_core.process import wire
 from serving_core.process.drain import DrainingArbiter
@@ -182,6 +183,7 @@ def build_with_metrics(
         generation_observer=observer.generation,
         model_sockets=[model.path for model in models],
         runtime=runtime_for(settings),
+        payloads=PayloadLog.from_settings(settings, loaded.handler, observer),
     )
     return create_app(settings, service, observer), service, models, observer
 

@@ -113,3 +113,9 @@ def _proxies(name: str, raw: str) -> tuple[str, ...]:
 
 
 PROXIES = Parser(_proxies, "comma-separated IP addresses or CIDRs, or `*`")
+# Which sinks, and what each URL names, are serving_core.payloads' own (docs/observability.md).
+PAYLOAD_LOG_URL = url(
+    "empty, or an `http(s)://` endpoint or a broker's URL "
+    "([payload logging](observability.md#payload-logging))",
+    empty="no payload logging",
+)

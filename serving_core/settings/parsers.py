@@ -173,6 +173,23 @@ API_KEYS = Parser(
 )
 
 
+_NAME = re.compile(r"[^,\s]+")
+
+
+def _names(name: str, raw: str) -> tuple[str, ...]:
+    names = tuple(entry.strip() for entry in raw.split(",") if entry.strip())
+    for entry in names:
+        if not _NAME.fullmatch(entry):
+            raise ValueError(
+                f"{name} holds {entry!r}, which is not a field name; use comma-separated "
+                "names without spaces, e.g. ssn,email"
+            )
+    return names
+
+
+NAMES = Parser(_names, "comma-separated names")
+
+
 def _path(name: str, raw: str) -> str:
     if not raw.startswith("/"):
         raise ValueError(f"{name}={raw!r} is not an absolute path; use e.g. /run/secrets/keys")

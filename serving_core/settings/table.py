@@ -21,6 +21,7 @@ from serving_core.settings.addresses import (
     JOBS_URL,
     MODEL_URI,
     ORIGINS,
+    PAYLOAD_LOG_URL,
     PROXIES,
 )
 from serving_core.settings.grpcport import grpc_fault
@@ -29,6 +30,7 @@ from serving_core.settings.parsers import (
     API_KEYS,
     BOOLEAN,
     DEVICE,
+    NAMES,
     TEXT,
     integer,
     number,
@@ -142,6 +144,21 @@ class Settings:
         "off",
         one_of(Traces),
         "spans to OTLP (`OTEL_EXPORTER_OTLP_*` say where) or stderr; `off` loads no OpenTelemetry",
+    )
+    payload_log_url: str = setting(
+        "", PAYLOAD_LOG_URL, "where sampled requests and responses go as CloudEvents; empty: off"
+    )
+    payload_log_rate: float = setting(
+        1.0, number(0.0, 1.0), "the fraction of answered requests logged, picked by request id"
+    )
+    payload_log_errors: bool = setting(
+        True, BOOLEAN, "every request answered with an error is logged, whatever the rate"
+    )
+    payload_log_redact: tuple[str, ...] = setting(
+        (), NAMES, "field names whose values are logged as `[redacted]`, besides the defaults"
+    )
+    payload_log_queue: int = setting(
+        1000, integer(1, 1_000_000), "events a worker holds for the sink before it drops"
     )
     docs_enabled: bool = setting(True, BOOLEAN, "`GET /docs`, the API page")
     metrics_dir: str = setting(
