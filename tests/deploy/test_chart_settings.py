@@ -77,6 +77,16 @@ SETTINGS_TABLE = [
     ("cacheTtlSeconds", 0.25, "SERVING_CACHE_TTL_S", "0.25"),
     ("cachePerKey", False, "SERVING_CACHE_PER_KEY", "false"),
     ("cacheHeader", True, "SERVING_CACHE_HEADER", "true"),
+    (
+        "payloadLogUrl",
+        "https://monitor.example.com/events",
+        "SERVING_PAYLOAD_LOG_URL",
+        "https://monitor.example.com/events",
+    ),
+    ("payloadLogRate", 0.05, "SERVING_PAYLOAD_LOG_RATE", "0.05"),
+    ("payloadLogErrors", False, "SERVING_PAYLOAD_LOG_ERRORS", "false"),
+    ("payloadLogRedact", ["email", "ssn"], "SERVING_PAYLOAD_LOG_REDACT", "email,ssn"),
+    ("payloadLogQueue", 5000, "SERVING_PAYLOAD_LOG_QUEUE", "5000"),
     ("modelRevision", "sha256:abc", "SERVING_MODEL_REVISION", "sha256:abc"),
     ("jobsEnabled", True, "SERVING_JOBS_ENABLED", "true"),
     ("jobsUrl", "redis://queue:6379/1", "SERVING_JOBS_URL", "redis://queue:6379/1"),
@@ -105,6 +115,7 @@ SETTINGS_TABLE = [
 FROM_SECRETS = {
     "cacheUrlSecret": "SERVING_CACHE_URL",
     "jobsUrlSecret": "SERVING_JOBS_URL",
+    "payloadLogUrlSecret": "SERVING_PAYLOAD_LOG_URL",
     "apiKeysSecret": "SERVING_API_KEYS_FILE",  # mounted as a file, not an env value
 }
 # Set by the chart itself, not from `serving`.

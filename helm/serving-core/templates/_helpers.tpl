@@ -245,6 +245,11 @@ cacheSize: {env: SERVING_CACHE_SIZE, kind: int}
 cacheTtlSeconds: {env: SERVING_CACHE_TTL_S, kind: number}
 cachePerKey: {env: SERVING_CACHE_PER_KEY, kind: string}
 cacheHeader: {env: SERVING_CACHE_HEADER, kind: string}
+payloadLogUrl: {env: SERVING_PAYLOAD_LOG_URL, kind: optional, secret: payloadLogUrlSecret}
+payloadLogRate: {env: SERVING_PAYLOAD_LOG_RATE, kind: number}
+payloadLogErrors: {env: SERVING_PAYLOAD_LOG_ERRORS, kind: string}
+payloadLogRedact: {env: SERVING_PAYLOAD_LOG_REDACT, kind: list}
+payloadLogQueue: {env: SERVING_PAYLOAD_LOG_QUEUE, kind: int}
 modelRevision: {env: SERVING_MODEL_REVISION, kind: optional}
 jobsEnabled: {env: SERVING_JOBS_ENABLED, kind: string}
 jobsUrl: {env: SERVING_JOBS_URL, kind: optional, secret: jobsUrlSecret}
