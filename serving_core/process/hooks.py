@@ -4,10 +4,12 @@ A ``Hooks`` is made in the master, before fork, over the objects ``build``
 made; its bound methods are gunicorn's hook settings (``options``):
 
 - ``when_ready`` (master, once listening): fork the shared model processes;
-- ``post_fork`` (each worker): its share of torch threads and its tracer
-  (SERVING_TRACES), then the service starts (model thread, sample, watchdog),
-  then its gRPC front when SERVING_GRPC_PORT is set; a respawned worker whose
-  warm-up fails leaves (``recycle``);
+- ``post_fork`` (each worker): its share of torch threads, then the service
+  starts (model thread, sample, watchdog), then its gRPC front when
+  SERVING_GRPC_PORT is set; a respawned worker whose warm-up fails leaves
+  (``recycle``);
+- ``post_worker_init`` (each worker, patched by gevent): its tracer
+  (SERVING_TRACES);
 - ``worker_exit`` (each worker, leaving): finish the gRPC calls in hand, then
   the queued items, stop the model thread;
 - ``child_exit`` (master): fold the dead worker's metric files into one;
@@ -73,8 +75,6 @@ class Hooks:
         worker.drain_s = settings.drain_s
         worker.on_drain = service.drain
         threads = set_worker_threads(settings.workers)
-        # The exporter's thread and connection are the worker's own, made after fork.
-        tracing.start_for(settings, service.engine.handler)
         worker.body_timeout_s = settings.body_timeout_s  # gevent (uploads); gthread ignores it
         try:
             # What only the worker knows: its connections, how its requests wait,
@@ -92,6 +92,12 @@ class Hooks:
         if settings.grpc_port:
             self._start_grpc(worker)
         log.info("worker %s ready: %s", worker.pid, _torch_threads(threads))
+
+    def post_worker_init(self, worker: Any) -> None:
+        # The worker's own exporter (its thread and connection), once gevent has
+        # patched the worker: the exporter imports ssl, which gevent must patch first.
+        # Nothing is served before this; the warm-up in post_fork is not traced.
+        tracing.start_for(self.settings, self.service.engine.handler)
 
     def _start_grpc(self, worker: Any) -> None:
         # Imported here, after fork: grpcio's threads must not exist in the master.

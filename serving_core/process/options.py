@@ -43,6 +43,7 @@ def gunicorn_options(
         "logger_class": logger_class(settings.log_format, revision),
         "when_ready": hooks.when_ready,
         "post_fork": hooks.post_fork,
+        "post_worker_init": hooks.post_worker_init,
         "worker_exit": hooks.worker_exit,
         "child_exit": hooks.child_exit,
         "on_exit": hooks.on_exit,
