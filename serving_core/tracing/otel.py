@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, MutableMapping, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -117,22 +117,8 @@ class OtelTracer(Tracer):
         )
         return OtelSpan(inner)
 
-    def span(
-        self,
-        name: str,
-        *,
-        parent: str | None = None,
-        kind: Kind = "internal",
-        links: Sequence[str | None] = (),
-        attributes: Attributes | None = None,
-        at: float | None = None,
-    ) -> AbstractContextManager[Span]:
-        return self._current(
-            self.start(name, parent=parent, kind=kind, links=links, attributes=attributes, at=at)
-        )
-
     @contextmanager
-    def _current(self, span: Span) -> Iterator[Span]:
+    def current_in(self, span: Span) -> Iterator[Span]:
         assert isinstance(span, OtelSpan)
         token = otel_context.attach(trace.set_span_in_context(span.inner))
         try:

@@ -87,7 +87,16 @@ class Tracer:
         at: float | None = None,
     ) -> AbstractContextManager[Span]:
         """``start``, current while the block runs, ended (failed by what it raises) after."""
-        return _NO_SPAN_BLOCK
+        if not self.enabled:
+            return _NO_SPAN_BLOCK
+        started = self.start(
+            name, parent=parent, kind=kind, links=links, attributes=attributes, at=at
+        )
+        return self.current_in(started)
+
+    def current_in(self, span: Span) -> AbstractContextManager[Span]:
+        """``span`` current for a block, then ended (a tracer that records overrides it)."""
+        return nullcontext(span)
 
     def current(self) -> str | None:
         """The current span as a ``traceparent``: what to send to the next process."""
