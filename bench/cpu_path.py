@@ -20,9 +20,9 @@ under the same load and prints the top entries (self and inclusive).
     .venv/bin/python bench/cpu_path.py [--rounds 5] [--requests 20000] [--connections 32]
         [--worker-class gevent] [--env SERVING_X=Y ...] [--traces] [--profile /tmp/cpu-path]
 
-``--traces`` turns the echo's traces on, every request sampled, exported to an
-OTLP receiver in this process: the rise in µs per request is what tracing
-costs the request path.
+``--traces`` turns the echo's traces on, every request sampled (unless ``--env``
+names another ``OTEL_TRACES_SAMPLER``), exported to an OTLP receiver in this
+process: the rise in µs per request is what tracing costs the request path.
 """
 
 from __future__ import annotations
@@ -299,11 +299,8 @@ def main() -> None:
             # The SDK's own batching (OTEL_BSP_* defaults) to a receiver that only
             # decodes: the worker's CPU holds the spans, their export and its thread.
             receiver = stack.enter_context(receiving())
-            env.update(
-                SERVING_TRACES="otlp",
-                OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint,
-                OTEL_TRACES_SAMPLER="always_on",
-            )
+            env.update(SERVING_TRACES="otlp", OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint)
+            env.setdefault("OTEL_TRACES_SAMPLER", "always_on")  # --env may name another
         hello_url, hello_master = stack.enter_context(hello_server(args.worker_class, threads))
         echo = stack.enter_context(gunicorn_server(env))
         servers = {

@@ -165,17 +165,21 @@ class Engine:
         """
         calls = [0]
         traces = tracer()
-        if not traces.enabled:
+        # One span for the batch, linked to every request that rode in it. Its parent is
+        # the first sampled request's span, so the sampler keeps it whenever it keeps one
+        # of them, and a trace viewer draws it inside that request's trace. None sampled
+        # (or none traced: a warm-up), no span: nobody would keep it.
+        # Once each: a batch run's records share their chunk's span.
+        linked: list[str | None] = []
+        parent = None
+        if traces.enabled:
+            linked = list(dict.fromkeys(c.traceparent for c in contexts))
+            parent = next((tp for tp in linked if traceparent.sampled(tp)), None)
+        if parent is None:
             # Busy while it runs, and on the idle peers' cores too (``threads.held``).
             with threads.held():
                 results = self._call(list(items), list(contexts), calls)
             return Ran(results, calls[0])
-        # One span for the batch, linked to every request that rode in it. Its parent is
-        # the first sampled request's span, so the sampler keeps it whenever it keeps one
-        # of them, and a trace viewer draws it inside that request's trace.
-        # Once each: a batch run's records share their chunk's span.
-        linked = list(dict.fromkeys(c.traceparent for c in contexts))
-        parent = next((tp for tp in linked if traceparent.sampled(tp)), None)
         with traces.span(
             "model",
             parent=parent,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, MutableMapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -19,7 +19,7 @@ from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from serving_core.tracing import traceparent
-from serving_core.tracing.tracer import Attributes, AttributeValue, Kind, Span, Tracer
+from serving_core.tracing.tracer import NO_SPAN, Attributes, AttributeValue, Kind, Span, Tracer
 
 _KINDS = {
     "internal": SpanKind.INTERNAL,
@@ -43,6 +43,11 @@ def _span_context(value: str | None) -> trace.SpanContext | None:
     if ids is None:
         return None
     return trace.SpanContext(ids[0], ids[1], is_remote=True, trace_flags=trace.TraceFlags(ids[2]))
+
+
+def _recording(span: trace.Span) -> bool:
+    """Whether children of ``span`` are kept: it is recorded, or there is none (a root)."""
+    return span.is_recording() or not span.get_span_context().is_valid
 
 
 class OtelSpan(Span):
@@ -106,6 +111,11 @@ class OtelTracer(Tracer):
         context = None
         if parent is not None and (remote := _span_context(parent)) is not None:
             context = trace.set_span_in_context(trace.NonRecordingSpan(remote))
+        elif kind != "server" and not _recording(trace.get_current_span()):
+            # Under a span the sampler dropped: a child would be dropped too, and making
+            # it costs as much as a kept one's start. A server span is still made, so
+            # that its ids (and the drop) reach the services it calls.
+            return NO_SPAN
         linked = [Link(found) for value in links if (found := _span_context(value)) is not None]
         inner = self._tracer.start_span(
             name,
@@ -117,9 +127,13 @@ class OtelTracer(Tracer):
         )
         return OtelSpan(inner)
 
+    def current_in(self, span: Span) -> AbstractContextManager[Span]:
+        if not isinstance(span, OtelSpan):
+            return nullcontext(span)  # a dropped span: its parent stays current
+        return self._attached(span)
+
     @contextmanager
-    def current_in(self, span: Span) -> Iterator[Span]:
-        assert isinstance(span, OtelSpan)
+    def _attached(self, span: OtelSpan) -> Iterator[Span]:
         token = otel_context.attach(trace.set_span_in_context(span.inner))
         try:
             yield span

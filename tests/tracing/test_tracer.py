@@ -155,3 +155,38 @@ def test_installed_puts_the_previous_tracer_back() -> None:
     with installed(Tracer()) as chosen:
         assert tracer() is chosen
     assert tracer() is before
+
+
+def test_under_a_dropped_span_no_child_is_made_but_the_drop_is_passed_on() -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    dropped = VALID[:-2] + "00"
+    traces = OtelTracer(provider)
+    with installed(traces), traces.span("POST /predict", parent=dropped, kind="server") as request:
+        assert request.traceparent is not None
+        assert request.traceparent.endswith("-00")  # the caller's decision, passed on
+        with traces.span("admission") as admission:
+            assert admission is NO_SPAN
+            assert traces.current() == request.traceparent
+        assert traces.start("queue", at=time.monotonic()) is NO_SPAN
+    assert exporter.get_finished_spans() == ()
+
+
+def test_a_batch_of_dropped_requests_makes_no_model_span(spans: InMemorySpanExporter) -> None:
+    from serving_core.context import Context
+    from serving_core.engine.engine import Engine
+    from serving_core.loading import load_handler
+
+    engine = Engine(load_handler("tests/handlers/probe").handler, max_batch_size=4)
+    engine.handler.setup()
+    dropped = [Context(str(i), traceparent=VALID[:-2] + "00") for i in range(2)]
+    ran = engine.run([{"text": "a"}, {"text": "b"}], dropped)
+    assert ran.span is None
+    assert spans.get_finished_spans() == ()
+    kept = [dropped[0], Context("2", traceparent=VALID)]
+    ran = engine.run([{"text": "a"}, {"text": "b"}], kept)
+    (model,) = spans.get_finished_spans()
+    assert ran.span is not None
+    assert model.parent.span_id == 0x00F067AA0BA902B7
+    assert len(model.links) == 2
