@@ -127,13 +127,13 @@ class OtelTracer(Tracer):
         )
         return OtelSpan(inner)
 
-    def current_in(self, span: Span) -> AbstractContextManager[Span]:
+    def current_in(self, span: Span, *, end: bool = True) -> AbstractContextManager[Span]:
         if not isinstance(span, OtelSpan):
             return nullcontext(span)  # a dropped span: its parent stays current
-        return self._attached(span)
+        return self._attached(span, end)
 
     @contextmanager
-    def _attached(self, span: OtelSpan) -> Iterator[Span]:
+    def _attached(self, span: OtelSpan, end: bool) -> Iterator[Span]:
         token = otel_context.attach(trace.set_span_in_context(span.inner))
         try:
             yield span
@@ -142,7 +142,8 @@ class OtelTracer(Tracer):
             raise
         finally:
             otel_context.detach(token)
-            span.end()
+            if end:
+                span.end()
 
     def current(self) -> str | None:
         ids = trace.get_current_span().get_span_context()

@@ -94,8 +94,9 @@ class Tracer:
         )
         return self.current_in(started)
 
-    def current_in(self, span: Span) -> AbstractContextManager[Span]:
-        """``span`` current for a block, then ended (a tracer that records overrides it)."""
+    def current_in(self, span: Span, *, end: bool = True) -> AbstractContextManager[Span]:
+        """``span`` current for a block, failed by what it raises, then ended unless not
+        ``end`` (a span that outlives the block). A tracer that records overrides it."""
         return nullcontext(span)
 
     def current(self) -> str | None:

@@ -39,8 +39,8 @@ def test_a_request_is_one_trace_with_its_steps_under_the_clients_span(otlp: Rece
         )
         assert answer.status_code == 200, answer.text
         spans = otlp.wait_for(
-            lambda spans: len([s for s in spans if s.trace_id == CLIENT_TRACE]) >= 7 and spans,
-            "the request's seven spans",
+            lambda spans: len([s for s in spans if s.trace_id == CLIENT_TRACE]) >= 8 and spans,
+            "the request's eight spans",
         )
         access = wait_for(
             lambda: [
@@ -57,7 +57,7 @@ def test_a_request_is_one_trace_with_its_steps_under_the_clients_span(otlp: Rece
     assert request.attributes["http.route"] == "/predict"
     assert request.attributes["http.response.status_code"] == 200
     assert request.attributes["serving.request_id"] == answer.headers["X-Request-ID"]
-    for step in ("admission", "read", "queue", "preprocess", "postprocess"):
+    for step in ("admission", "read", "queue", "preprocess", "postprocess", "respond"):
         assert trace[step].parent_id == request.span_id, step
         assert request.start_ns <= trace[step].start_ns <= trace[step].end_ns <= request.end_ns
     # The batch: its own span, under the one request that rode in it, linked to it.
@@ -67,6 +67,9 @@ def test_a_request_is_one_trace_with_its_steps_under_the_clients_span(otlp: Rece
     assert model.attributes["serving.batch_size"] == 1
     assert trace["queue"].links == ((CLIENT_TRACE, model.span_id),)
     assert trace["queue"].end_ns <= model.start_ns + 1_000_000  # the wait ends as the batch starts
+    # The response is sent last: from the app's answer to its last byte.
+    assert trace["respond"].start_ns >= trace["postprocess"].end_ns
+    assert trace["respond"].end_ns <= request.end_ns
     assert request.resource["serving.model.name"] == "probe"
     assert request.resource["serving.model.version"] == "7"
     # The client learns its request's span; the access line has the trace id.
