@@ -55,6 +55,10 @@ def test_nginx_a_pipeline_and_its_grpc_stage_give_one_trace(otlp: Receiver) -> N
         )
         pair = stack.enter_context(gunicorn_server(pair_env))
         nginx = stack.enter_context(nginx_server(pair.bind))
+        # A first request of its own trace: the drawn one shows the services warm (the
+        # gRPC stage's model metadata fetched, each model's first call made).
+        warm = {"text": "warming up"}
+        assert requests.post(nginx.url + "/predict", json=warm, timeout=60).status_code == 200
         answer = requests.post(
             nginx.url + "/predict",
             json={"text": "Paris is the capital of France."},
