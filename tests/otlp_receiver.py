@@ -3,9 +3,10 @@
 No OpenTelemetry Collector installs from PyPI, Debian or npm: it is a Go
 program, which here could only be built from the Go module proxy, a build of
 hundreds of modules added to every CI run. So the tests receive what the
-SDK's exporter sends over HTTP themselves: ``POST /v1/traces`` with an ``ExportTraceServiceRequest``,
-decoded with ``opentelemetry-proto``, the collector's own message types. The
-spans are kept as plain ``Received`` records for the tests to assert on.
+SDK's exporter sends over HTTP themselves: ``POST /v1/traces`` with an
+``ExportTraceServiceRequest``, decoded with ``opentelemetry-proto``, the
+collector's own message types. The spans are kept as plain ``Received``
+records for the tests to assert on.
 """
 
 from __future__ import annotations
