@@ -39,8 +39,7 @@ from serving_core.handler import (
     is_batched,
     is_generating,
 )
-from serving_core.tracing import traceparent
-from serving_core.tracing.tracer import tracer
+from serving_core.tracing.tracer import Attributes, tracer
 
 log = logging.getLogger("serving_core.engine.engine")
 
@@ -164,30 +163,12 @@ class Engine:
         items with ``ModelError`` (logged once, with their request ids).
         """
         calls = [0]
-        traces = tracer()
-        # One span for the batch, linked to every request that rode in it. Its parent is
-        # the first sampled request's span, so the sampler keeps it whenever it keeps one
-        # of them, and a trace viewer draws it inside that request's trace. None sampled
-        # (or none traced: a warm-up), no span: nobody would keep it.
-        # Once each: a batch run's records share their chunk's span.
-        linked: list[str | None] = []
-        parent = None
-        if traces.enabled:
-            linked = list(dict.fromkeys(c.traceparent for c in contexts))
-            parent = next((tp for tp in linked if traceparent.sampled(tp)), None)
-        if parent is None:
-            # Busy while it runs, and on the idle peers' cores too (``threads.held``).
-            with threads.held():
-                results = self._call(list(items), list(contexts), calls)
-            return Ran(results, calls[0])
-        with traces.span(
-            "model",
-            parent=parent,
-            links=linked,
-            attributes={"serving.batch_size": len(items), "serving.model.name": self.name},
-        ) as span:
-            with threads.held():
-                results = self._call(list(items), list(contexts), calls)
+        # One span for the batch, linked to every request that rode in it (``batch_span``);
+        # busy while it runs, and on the idle peers' cores too (``threads.held``).
+        attributes: Attributes = {"serving.batch_size": len(items), "serving.model.name": self.name}
+        members = (c.traceparent for c in contexts)
+        with tracer().batch_span("model", members, attributes) as span, threads.held():
+            results = self._call(list(items), list(contexts), calls)
             span.set("serving.handler_calls", calls[0])
         return Ran(results, calls[0], span.traceparent)
 

@@ -15,9 +15,11 @@ queue wait, known once the batch has run.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, MutableMapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, MutableMapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Literal
+
+from serving_core.tracing import traceparent
 
 AttributeValue = str | bool | int | float
 Attributes = Mapping[str, AttributeValue]
@@ -93,6 +95,22 @@ class Tracer:
             name, parent=parent, kind=kind, links=links, attributes=attributes, at=at
         )
         return self.current_in(started)
+
+    def batch_span(
+        self, name: str, members: Iterable[str | None], attributes: Attributes | None = None
+    ) -> AbstractContextManager[Span]:
+        """A span for work done for several spans at once (a batch of requests), linked to
+        each of ``members`` once. Its parent is the first sampled member, so the sampler
+        keeps it whenever it keeps one of them, and a viewer draws it in that trace; none
+        sampled (or none traced: a warm-up), no span, since nobody would keep it.
+        ``members`` is read only with traces on."""
+        if not self.enabled:
+            return _NO_SPAN_BLOCK
+        linked = list(dict.fromkeys(members))  # a chunk's records share their chunk's span
+        parent = next((member for member in linked if traceparent.sampled(member)), None)
+        if parent is None:
+            return _NO_SPAN_BLOCK
+        return self.span(name, parent=parent, links=linked, attributes=attributes)
 
     def current_in(self, span: Span, *, end: bool = True) -> AbstractContextManager[Span]:
         """``span`` current for a block, failed by what it raises, then ended unless not
