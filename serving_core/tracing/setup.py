@@ -11,6 +11,7 @@ expects: ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or ``..._TRACES_ENDPOINT``) and
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping
 
 from serving_core.handler import Handler, handler_name, model_revision
@@ -56,7 +57,7 @@ def start(exporter: str, resource: Mapping[str, str]) -> Tracer:
     provider = TracerProvider(resource=chosen)
     span_exporter: SpanExporter
     if exporter == "console":
-        span_exporter = ConsoleSpanExporter()
+        span_exporter = ConsoleSpanExporter(out=sys.stderr)  # beside the logs, as documented
     else:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 

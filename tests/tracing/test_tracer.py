@@ -190,3 +190,17 @@ def test_a_batch_of_dropped_requests_makes_no_model_span(spans: InMemorySpanExpo
     assert ran.span is not None
     assert model.parent.span_id == 0x00F067AA0BA902B7
     assert len(model.links) == 2
+
+
+def test_console_traces_go_to_stderr(capsys: pytest.CaptureFixture[str]) -> None:
+    from serving_core.tracing import setup
+
+    setup.start("console", {"serving.model.name": "probe"})
+    try:
+        with tracer().span("seen"):
+            pass
+    finally:
+        setup.stop()  # exports what is queued
+    out, err = capsys.readouterr()
+    assert '"name": "seen"' in err
+    assert out == ""
