@@ -1,11 +1,12 @@
-"""The three fronts of one server at c=32 with MiniLM: ``/predict``, V2 REST and V2 gRPC,
-each as a ratio of the bare-model limit; and the same for the ONNX Runtime handler.
+"""The fronts of one server at c=32 with MiniLM: ``/predict``, V2 REST, V2 gRPC, and
+``both`` (``/predict`` and gRPC at once, half the connections each), each as a ratio
+of the bare-model limit; and the same for the ONNX Runtime handler.
 
-One ``serving-core serve`` per handler (gthread workers, as ``SERVING_GRPC_PORT``
-needs; the cache off, so every request reaches the model), driven closed-loop
-at ``--concurrency`` connections: wrk for the two HTTP fronts (post.lua, with
-``WRK_V2_MODEL`` for V2), ``bench/grpc_load.py`` for gRPC (one channel per
-connection). Each round runs the fronts in a rotated order, so that this VM's
+One ``serving-core serve`` per handler (the default worker class unless
+``--worker-class``; the cache off, so every request reaches the model), driven
+closed-loop at ``--concurrency`` connections: wrk for the two HTTP fronts
+(post.lua, with ``WRK_V2_MODEL`` for V2), ``bench/grpc_load.py`` for gRPC (one
+channel per connection). Each round runs the fronts in a rotated order, so that this VM's
 drift falls on all three alike; the summary gives the median of each front's
 ratios, and gRPC ÷ /predict per round.
 
@@ -18,7 +19,7 @@ does). The server is not stopped during a run to measure, as ``jobs.py`` stops
 its worker (``interleave.py``): the closed-loop load would count the pause.
 
     .venv/bin/python bench/protocols.py [--handlers minilm minilm-onnx] [--rounds 3]
-        [--seconds 10] [--concurrency 32]
+        [--seconds 10] [--concurrency 32] [--worker-class gevent|gthread]
 
 An ONNX row's ratio is still over the torch limit: served onnx against bare
 torch (bench/onnx_vs_torch.py gives the two bare limits side by side).
@@ -32,6 +33,7 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -46,7 +48,7 @@ from bench.bare_model import Bare  # noqa: E402
 from bench.served import wrk  # noqa: E402
 from tests.servers import free_port, gunicorn_server  # noqa: E402
 
-FRONTS = ["predict", "v2-rest", "grpc"]
+FRONTS = ["predict", "v2-rest", "grpc", "both"]
 CELL_S = 3.0  # seconds a measurement of one bare-model cell runs
 
 
@@ -66,11 +68,38 @@ def grpc_load(target: str, model: str, connections: int, seconds: float) -> dict
 
 
 def drive(front: str, server: Any, model: str, connections: int, seconds: float) -> dict[str, Any]:
+    if front == "both":
+        return both(server, model, connections, seconds)
     if front == "grpc":
         return grpc_load(server.grpc, model, connections, seconds)
     row = wrk(server.url, connections, seconds, v2_model=model if front == "v2-rest" else "")
     row["errors"] = row["requests"] - row["statuses"].get("200", 0) + row["socket_errors"]
     return row
+
+
+def both(server: Any, model: str, connections: int, seconds: float) -> dict[str, Any]:
+    """``/predict`` and gRPC at once, half the connections each: their sum, the worse
+    p50 and p99, and each front's own share (``predict_ok_per_s``, ``grpc_ok_per_s``)."""
+    half = max(1, connections // 2)
+    rows: dict[str, dict[str, Any]] = {}
+
+    def run(front: str) -> None:
+        rows[front] = drive(front, server, model, half, seconds)
+
+    threads = [threading.Thread(target=run, args=(front,)) for front in ("predict", "grpc")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    http, grpc = rows["predict"], rows["grpc"]
+    return {
+        "ok_per_s": http["ok_per_s"] + grpc["ok_per_s"],
+        "predict_ok_per_s": http["ok_per_s"],
+        "grpc_ok_per_s": grpc["ok_per_s"],
+        "p50_ms": max(http["p50_ms"], grpc["p50_ms"]),
+        "p99_ms": max(http["p99_ms"], grpc["p99_ms"]),
+        "errors": http["errors"] + grpc["errors"],
+    }
 
 
 def main() -> None:
@@ -79,6 +108,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--worker-class", choices=["gevent", "gthread"], default="gevent")
     args = parser.parse_args()
     rows: list[dict[str, Any]] = []
     with Bare() as bare:
@@ -92,14 +122,14 @@ def main() -> None:
             grpc_port = free_port()
             env = {
                 "SERVING_HANDLER": f"handlers/{handler}/handler.py",
-                "SERVING_WORKER_CLASS": "gthread",
+                "SERVING_WORKER_CLASS": args.worker_class,
                 "SERVING_GRPC_PORT": str(grpc_port),
                 "SERVING_CACHE_SIZE": "0",
             }
             with gunicorn_server(env, ready_timeout_s=300) as server:
                 server.grpc = f"127.0.0.1:{grpc_port}"  # type: ignore[attr-defined]
                 model = requests.get(server.url + "/metadata", timeout=10).json()["name"]
-                for front in FRONTS:  # warm-up: the cost model and the allocator settle
+                for front in FRONTS[:3]:  # warm-up: the cost model and the allocator settle
                     drive(front, server, model, 8, 3)
                 for round_ in range(1, args.rounds + 1):
                     before = bare.measure_cell(selection.cell, CELL_S)

@@ -9,11 +9,16 @@ thread-locals: each greenlet of a gevent worker has its own.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar, Token
 from dataclasses import dataclass
+
+# A request id a client may choose (HTTP's X-Request-ID, a gRPC request's ``id``): one
+# that cannot break a log line or a header. Any other is replaced by a new one.
+REQUEST_ID_OK = re.compile(r"[A-Za-z0-9._:/+=-]{1,128}")
 
 
 @dataclass(frozen=True)

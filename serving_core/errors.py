@@ -125,6 +125,10 @@ class DeadlineExceeded(ServingError):
     status = 504
     type = "deadline_exceeded"
 
+    def __init__(self, message: str, *, reason: str = "deadline_passed") -> None:
+        super().__init__(message)
+        self.reason = reason  # as the rejections metric counts it, when refused at admission
+
 
 class BadGateway(ServingError):
     """A pipeline's required stage failed; the message names the stage."""

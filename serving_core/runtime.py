@@ -26,6 +26,14 @@ def _thread(target: Callable[[], None]) -> None:
     threading.Thread(target=run, args=(target,), name="serving-task", daemon=True).start()
 
 
+def _direct(call: Callable[[], Any]) -> Any:
+    return call()
+
+
+def _nothing() -> None:
+    return None
+
+
 class Signal(Protocol):
     """A wake-up that another thread sets, as often as it likes, and one waiter takes:
     ``wait`` returns once it was set (clearing it) or after ``timeout_s``. A stream's
@@ -71,6 +79,12 @@ class Runtime:
     defer_wake: Callable[[Callable[[], None]], object] | None = None
     # What a stream's request waits on for its next event (set by the decoder's thread).
     new_signal: Callable[[], Signal] = ThreadSignal
+    # Runs a call of a front served on native threads of its own (gRPC's) where this
+    # runtime's requests run, and returns what it returns (or raises): as it is, on
+    # threads; as a greenlet on the hub, the gevent worker's.
+    enter: Callable[[Callable[[], Any]], Any] = _direct
+    # At worker exit: the calls still in ``enter`` give up (the hub no longer runs).
+    abandon: Callable[[], None] = _nothing
 
     @property
     def green(self) -> bool:

@@ -12,6 +12,15 @@ from typing import Any
 import grpc
 
 OPEN_PREFIX = "/grpc.health.v1.Health/"  # as /healthz and /readyz: probes carry no key
+# What the API is: open with SERVING_PUBLIC_METADATA, as /metadata and /openapi.json.
+DESCRIPTION_METHODS = frozenset(
+    {
+        "/inference.GRPCInferenceService/ServerMetadata",
+        "/inference.GRPCInferenceService/ModelMetadata",
+        "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+        "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+    }
+)
 MESSAGE = "this API needs a key: send metadata authorization: Bearer <key> or x-api-key: <key>"
 
 
@@ -25,14 +34,21 @@ def presented(metadata: Sequence[tuple[str, Any]] | None) -> str | None:
 
 
 class KeyCheck(grpc.ServerInterceptor):  # type: ignore[misc]
-    def __init__(self, allows: Callable[[str | None], bool]) -> None:
+    def __init__(
+        self, allows: Callable[[str | None], bool], *, open_description: bool = False
+    ) -> None:
         self.allows = allows
+        self.open_description = open_description
 
     def intercept_service(self, continuation: Any, details: Any) -> Any:
         handler = continuation(details)
-        if handler is None or details.method.startswith(OPEN_PREFIX):
-            return handler
-        if self.allows(presented(details.invocation_metadata)):
+        method = details.method
+        if (
+            handler is None
+            or method.startswith(OPEN_PREFIX)
+            or (self.open_description and method in DESCRIPTION_METHODS)
+            or self.allows(presented(details.invocation_metadata))
+        ):
             return handler
 
         def refuse(request: Any, ctx: grpc.ServicerContext) -> Any:

@@ -10,6 +10,7 @@ kind: a bad tensor ``INVALID_ARGUMENT`` naming the input, a full queue
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
@@ -19,6 +20,7 @@ from typing import Any, NoReturn
 
 import grpc
 
+from serving_core.context import REQUEST_ID_OK
 from serving_core.errors import DeadlineExceeded, NotReady, Overloaded, ServingError
 from serving_core.grpc import accesslog, codec, streams
 from serving_core.grpc.keys import presented
@@ -72,6 +74,16 @@ def abort(ctx: grpc.ServicerContext, error: ServingError) -> NoReturn:
     raise AssertionError("grpc's ServicerContext.abort always raises")  # for the type checker
 
 
+def _direct(call: Callable[[], Any]) -> Any:
+    return call()
+
+
+def _request_id(sent: str) -> str:
+    """The client's id when it is one HTTP's X-Request-ID would take, else a new one: it
+    is written into the access line and the logs as it is (finding L5)."""
+    return sent if REQUEST_ID_OK.fullmatch(sent) else uuid.uuid4().hex
+
+
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     def __init__(
         self,
@@ -79,14 +91,21 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         door: FrontDoor,
         metrics: Metrics | None = None,
         identify: Callable[[str], str] | None = None,
+        *,
+        enter: Callable[[Callable[[], Any]], Any] = _direct,
+        described: bool = True,
     ) -> None:
         """``identify``: the caller identity of an API key (``web.guard.caller_of``, handed
         in by ``process``), so that a call's cache entries are its key's own, as on HTTP;
-        None when the API has no keys."""
+        None when the API has no keys. ``enter``: the worker's ``Runtime.enter``, through
+        which a call reaches the door (on the hub of a gevent worker). ``described``:
+        the metadata methods answer (not with SERVING_PRIVATE_ENDPOINTS and no keys)."""
         self.model = model
         self.door = door
         self.metrics = metrics
         self.identify = identify
+        self.enter = enter
+        self.described = described
 
     def ServerLive(self, request: Any, ctx: grpc.ServicerContext) -> Any:
         return pb.ServerLiveResponse(live=True)
@@ -99,9 +118,11 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return pb.ModelReadyResponse(ready=self.model.ready)
 
     def ServerMetadata(self, request: Any, ctx: grpc.ServicerContext) -> Any:
+        self._described(ctx)
         return pb.ServerMetadataResponse(**self.model.server_metadata())
 
     def ModelMetadata(self, request: Any, ctx: grpc.ServicerContext) -> Any:
+        self._described(ctx)
         self._find(request.name, request.version, ctx)
         found = self.model.metadata()
         return pb.ModelMetadataResponse(
@@ -113,6 +134,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         )
 
     def ModelInfer(self, request: Any, ctx: grpc.ServicerContext) -> Any:
+        return self.enter(lambda: self._traced_infer(request, ctx))
+
+    def _traced_infer(self, request: Any, ctx: grpc.ServicerContext) -> Any:
         traces = tracer()
         if not traces.enabled:
             return self._model_infer(request, ctx, NO_SPAN)
@@ -127,7 +151,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     def _model_infer(self, request: Any, ctx: grpc.ServicerContext, span: Span) -> Any:
         arrival = time.monotonic()
-        request_id = request.id or uuid.uuid4().hex
+        request_id = _request_id(request.id)
         # Counted as /predict's requests are, with the HTTP status of the outcome
         # (200, or the error's: 400, 503…), so one query covers every front.
         status, code, batch_size = 500, grpc.StatusCode.INTERNAL, None
@@ -172,7 +196,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         caller = self._caller(ctx)
         for request in requests:
             arrival = time.monotonic()
-            request_id = request.id or uuid.uuid4().hex
+            request_id = _request_id(request.id)
             head = Head(
                 request_id=request_id,
                 arrival=arrival,
@@ -180,12 +204,14 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 caller=caller,
             )
             outcome = 500  # the HTTP status of the request's outcome: its error's, or 200
+            answered = streams.responses(self.model, self.door, request, head, ctx.add_callback)
             try:
-                answered = streams.responses(self.model, self.door, request, head, ctx.add_callback)
-                for response, status in answered:
-                    outcome = status
+                # Each step on the door's side (``enter``); the requests are read here.
+                while (sent := self.enter(functools.partial(next, answered, None))) is not None:
+                    response, outcome = sent
                     yield response
             finally:
+                self.enter(answered.close)
                 self._record(ctx, STREAM_ROUTE, outcome, arrival, request_id)
 
     def _record(
@@ -229,6 +255,14 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     def RepositoryModelUnload(self, request: Any, ctx: grpc.ServicerContext) -> Any:
         ctx.abort(grpc.StatusCode.UNIMPLEMENTED, "serving-core serves one model, loaded at start")
+
+    def _described(self, ctx: grpc.ServicerContext) -> None:
+        if not self.described:
+            ctx.abort(
+                grpc.StatusCode.UNIMPLEMENTED,
+                "this server does not describe itself: SERVING_PRIVATE_ENDPOINTS is on and "
+                "no API keys are set (set SERVING_API_KEYS to serve metadata to key holders)",
+            )
 
     def _find(self, name: str, version: str, ctx: grpc.ServicerContext) -> None:
         try:

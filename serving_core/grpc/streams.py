@@ -13,7 +13,7 @@ cancels the call lets its generation go before the next step.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
 from serving_core.engine.stepper import Chunk
@@ -39,7 +39,7 @@ def responses(
     request: Any,
     head: Head,
     on_cancel: Callable[[Callable[[], None]], bool],
-) -> Iterator[Sent]:
+) -> Generator[Sent, None, None]:
     """The responses to one request of the stream: its chunks', or its one answer.
     ``on_cancel``: grpc's ``add_callback``, so that a cancelled call lets the
     generation go at once, not when its next chunk finds the call gone."""

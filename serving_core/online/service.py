@@ -278,6 +278,13 @@ class Service:
         if deadline <= now:
             if self._observer is not None:
                 self._observer.rejected("deadline_passed")
+            if timeout_s is not None and timeout_s < self.settings.request_timeout_s:
+                # The client's own deadline (finding F6): say so, not blame a queue.
+                raise DeadlineExceeded(
+                    f"this request's own deadline ({timeout_s:.4g} s, its X-Request-Timeout "
+                    f"or gRPC deadline) passed {now - arrival:.4f} s after it arrived, before "
+                    "it could be served; give it a longer one"
+                )
             raise DeadlineExceeded(
                 f"the request waited {now - arrival:.3f} s before reaching the app (in a proxy "
                 "or the server's connection queue), past its deadline; retry later"

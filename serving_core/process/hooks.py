@@ -5,11 +5,14 @@ made; its bound methods are gunicorn's hook settings (``options``):
 
 - ``when_ready`` (master, once listening): fork the shared model processes;
 - ``post_fork`` (each worker): its share of torch threads, then the service
-  starts (model thread, sample, watchdog), then its gRPC front when
-  SERVING_GRPC_PORT is set; a respawned worker whose warm-up fails leaves
-  (``recycle``);
+  starts (model thread, sample, watchdog); a respawned worker whose warm-up
+  fails leaves (``recycle``); its gRPC front is made when SERVING_GRPC_PORT is
+  set (before gevent patches ``queue``: grpcio's pool must wait on native
+  queues);
 - ``post_worker_init`` (each worker, patched by gevent): its tracer
-  (SERVING_TRACES);
+  (SERVING_TRACES), then the gRPC front starts (its calls reach the service
+  through the worker's ``Runtime.enter``: on a gevent worker, the hub, which
+  runs from here on);
 - ``worker_exit`` (each worker, leaving): finish the gRPC calls in hand, then
   the queued items, stop the model thread;
 - ``child_exit`` (master): fold the dead worker's metric files into one;
@@ -34,6 +37,7 @@ from serving_core.tracing import setup as tracing
 
 if TYPE_CHECKING:
     from serving_core.grpc.front import GrpcFront
+    from serving_core.web.guard import Guard
 
 log = logging.getLogger("serving_core.process.hooks")
 
@@ -47,8 +51,12 @@ class Hooks:
         service: Service,
         models: Sequence[ModelProcess] = (),
         metrics: Metrics | None = None,
+        guard: Guard | None = None,
     ) -> None:
+        """``guard``: the HTTP app's keys check, made in the master; the gRPC front
+        checks the same keys and shares their faults (/readyz)."""
         self.settings = settings
+        self.guard = guard
         self.service = service
         self.models = models
         self.metrics = metrics  # the gRPC front counts its calls there
@@ -90,7 +98,7 @@ class Hooks:
             recycle.warm_up_failed(worker, self.failures, exc)
         self.failures.succeeded()
         if settings.grpc_port:
-            self._start_grpc(worker)
+            self._make_grpc(worker)
         log.info("worker %s ready: %s", worker.pid, _torch_threads(threads))
 
     def post_worker_init(self, worker: Any) -> None:
@@ -98,20 +106,33 @@ class Hooks:
         # patched the worker: the exporter imports ssl, which gevent must patch first.
         # Nothing is served before this; the warm-up in post_fork is not traced.
         tracing.start_for(self.settings, self.service.engine.handler)
+        if self.grpc is not None:
+            self.grpc.start()
 
-    def _start_grpc(self, worker: Any) -> None:
+    def _make_grpc(self, worker: Any) -> None:
         # Imported here, after fork: grpcio's threads must not exist in the master.
         from serving_core.grpc.front import GrpcFront
-        from serving_core.web.guard import ApiKeys, caller_of
+        from serving_core.web.guard import Guard, caller_of
 
         settings = self.settings
-        keys = ApiKeys(settings.api_keys, settings.api_keys_file)  # the HTTP front's check
+        # The HTTP app's own check, made in the master (finding H2): a keys file that
+        # goes bad later shows on /readyz and lets fewer keys pass on both fronts; it
+        # never stops a worker from starting.
+        guard = self.guard if self.guard is not None else Guard(settings)
+        keys = guard.keys
         allows = keys.allows if keys else None
-        # The HTTP front's identity of a key too: a caller's cache entries are its own
-        # on both fronts (SERVING_CACHE_PER_KEY).
+        # The HTTP front's identity of a key too: a caller's cache entries and jobs are
+        # its own on both fronts (SERVING_CACHE_PER_KEY).
         identify = caller_of if keys else None
-        front = self.grpc = GrpcFront(settings, self.service, self.metrics, allows, identify)
-        front.start()
+        front = self.grpc = GrpcFront(
+            settings,
+            self.service,
+            self.metrics,
+            allows,
+            identify,
+            described=guard.serves_private_paths,
+            open_description=bool(keys) and settings.public_metadata,
+        )
 
         def drain() -> None:
             self.service.drain()
@@ -124,6 +145,7 @@ class Hooks:
             self.grpc.stop(self.settings.graceful_timeout_s)
         if not self.service.stop() and self.service.fault is None:
             log.warning("worker %s: the model thread did not finish in time", worker.pid)
+        self.service.runtime.abandon()  # a gRPC call still waiting gives up
         tracing.stop()  # the spans of its last requests are sent before it goes
 
     def child_exit(self, server: Any, worker: Any) -> None:

@@ -46,13 +46,14 @@ from serving_core.modelprocess.supervisor import ModelProcess
 from serving_core.online.service import Service
 from serving_core.payloads.logger import PayloadLog
 from serving_core.preload import preload
-from serving_core.process import wire
+from serving_core.process import grpcport, wire
 from serving_core.process.drain import DrainingArbiter
 from serving_core.process.hooks import Hooks
 from serving_core.process.options import gunicorn_options
 from serving_core.runtime import THREADS, Runtime
 from serving_core.settings import Settings
 from serving_core.threads import share_idle_cores
+from serving_core.web import guard
 from serving_core.web.app import create_app
 
 log = logging.getLogger("serving_core.process.server")
@@ -202,10 +203,14 @@ def serve(settings: Settings, loaded: LoadedHandler) -> None:
         from serving_core.process.workers import fairaccept
 
         fairaccept.share_connections(settings.workers)
+    # Held while the master runs: a second server on the same gRPC port fails here.
+    held = grpcport.hold(settings)
     options = gunicorn_options(
         settings,
-        Hooks(settings, service, models, metrics),
+        Hooks(settings, service, models, metrics, app.extensions[guard.EXTENSION]),
         service.name,
         model_revision(loaded.handler, settings.model_revision),
     )
     ServingApplication(app, options, drain_s=settings.drain_s).run()
+    if held is not None:
+        held.close()

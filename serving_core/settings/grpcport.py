@@ -3,15 +3,8 @@
 from __future__ import annotations
 
 
-def grpc_fault(grpc_port: int, worker_class: str, bind: str) -> str | None:
+def grpc_fault(grpc_port: int, bind: str) -> str | None:
     """What breaks SERVING_GRPC_PORT's rules with the other settings, or None."""
-    if worker_class != "gthread":
-        # grpcio's server threads are OS threads, and a gevent worker's requests
-        # wait on greenlets of its one thread: the two cannot share a batcher.
-        return (
-            f"SERVING_GRPC_PORT={grpc_port} needs SERVING_WORKER_CLASS=gthread "
-            f"(it is {worker_class}): the gRPC front runs in each worker's threads"
-        )
     host, _, port = bind.rpartition(":")
     if bind.startswith("unix:") or not host:
         return (

@@ -76,7 +76,10 @@ class Settings:
         1000, integer(1, 1_000_000), "gevent: client connections per worker"
     )
     threads: int = setting(
-        0, integer(1, 4096), "gthread: request threads per worker", shown="4 times max batch size"
+        0,
+        integer(1, 4096),
+        "gthread: request threads per worker; the gRPC front's concurrent inference calls",
+        shown="4 times max batch size",
     )
     max_batch_size: int = setting(16, integer(1, 4096), "most items per `predict_batch` call")
     lend_cores: bool = setting(
@@ -339,9 +342,7 @@ class Settings:
                 f"SERVING_MAX_BATCH_SIZE={settings.max_batch_size}; "
                 "raise SERVING_MAX_QUEUE so that a full batch can queue"
             )
-        fault = settings.grpc_port and grpc_fault(
-            settings.grpc_port, settings.worker_class, settings.bind
-        )
+        fault = settings.grpc_port and grpc_fault(settings.grpc_port, settings.bind)
         if fault:
             raise SettingsError(fault)
         return settings

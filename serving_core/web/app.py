@@ -90,7 +90,8 @@ def create_app(settings: Settings, service: Service, metrics: Metrics) -> Flask:
     # Flask's place for what an app serves; tests and tools find the service here.
     app.extensions["serving_core"] = service
     # Reads the keys file: a bad one stops the master here, before fork.
-    keys_guard = guard.Guard(settings, metrics.keys_file)
+    # The gRPC front checks the same keys (``process.hooks``).
+    app.extensions[guard.EXTENSION] = keys_guard = guard.Guard(settings, metrics.keys_file)
     if isinstance(service.handler, Pipeline):
         service.handler.check_callers(
             keys=bool(keys_guard.keys), allowed=settings.pipeline_without_keys

@@ -39,7 +39,7 @@ from flask import Flask, g, request
 from flask_cors import CORS
 from werkzeug.datastructures import Headers
 
-from serving_core.errors import Unauthorized
+from serving_core.errors import NotFound, Unauthorized
 from serving_core.settings import Settings, SettingsError
 from serving_core.settings.parsers import MIN_KEY_CHARS, api_keys
 
@@ -50,6 +50,9 @@ OPEN_PATHS = frozenset({"/healthz", "/readyz"})
 PUBLIC_PATHS = frozenset({"/metrics"})
 # What the API is and holds: behind the keys unless SERVING_PUBLIC_METADATA.
 DESCRIPTION_PATHS = frozenset({"/metadata", "/openapi.json"})
+# The V2 protocol's own descriptions (server and model metadata), held to the same
+# rules as DESCRIPTION_PATHS (finding I5); readiness and inference are not these.
+V2_DESCRIPTION = re.compile(r"/v2/?|/v2/models/[^/]+(/versions/[^/]+)?/?")
 KEY_HEADER = "X-API-Key"
 # How often a worker looks at the keys file's mtime: a rotated Secret is taken
 # within this long, and a request costs no stat.
@@ -66,6 +69,7 @@ CORS_HEADERS = [
 CORS_EXPOSED = ["X-Request-ID", "Retry-After", "Location", "WWW-Authenticate"]
 CORS_MAX_AGE_S = 600
 _FILE_VAR = "SERVING_API_KEYS_FILE"
+EXTENSION = "serving_core.guard"  # where the app keeps its Guard (``app.extensions``)
 
 
 # The caller's identity is a digest apart from the check's (its own prefix): what is
@@ -222,12 +226,18 @@ class Guard:
         return not self.private or bool(self.keys)
 
     def check(self) -> None:
-        """A ``before_request`` hook: raises ``Unauthorized`` unless the request may pass."""
+        """A ``before_request`` hook: raises ``Unauthorized`` unless the request may pass,
+        and ``NotFound`` for a V2 description the server does not serve."""
+        path = request.path
+        v2_description = request.method == "GET" and V2_DESCRIPTION.fullmatch(path) is not None
+        if v2_description and not self.serves_private_paths:
+            raise NotFound("not served: SERVING_PRIVATE_ENDPOINTS is on and no API keys are set")
         if not self.keys:
             return
-        path = request.path
         if path in OPEN_PATHS or path in self.public:
             return
+        if v2_description and "/metadata" in self.public:
+            return  # SERVING_PUBLIC_METADATA
         if self.cors and _is_preflight():
             return  # a browser never sends credentials on a preflight
         presented = presented_key(request.headers)

@@ -7,18 +7,16 @@ new one; it goes into the logs and back on the response.
 from __future__ import annotations
 
 import io
-import re
 import time
 from random import getrandbits
 
 from flask import Request, Response, g, request
 from werkzeug.exceptions import ClientDisconnected, RequestEntityTooLarge
 
+from serving_core.context import REQUEST_ID_OK
 from serving_core.web import arrival
 
 REQUEST_ID = "X-Request-ID"
-# A client-sent id is echoed into logs and headers: keep it short and printable.
-REQUEST_ID_OK = re.compile(r"[A-Za-z0-9._:/+=-]{1,128}")
 READ_STEP = 64 * 1024  # a chunked body is read in steps of this much
 
 

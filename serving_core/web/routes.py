@@ -8,6 +8,7 @@ from typing import Any
 from flask import Response, request
 from flask_restful import Resource
 
+from serving_core.context import REQUEST_ID_OK
 from serving_core.errors import BadRequest
 from serving_core.metrics.metrics import CONTENT_TYPE, Metrics
 from serving_core.online.door import FrontDoor
@@ -15,7 +16,7 @@ from serving_core.online.jobsapi import JobsApi, status_url
 from serving_core.online.service import Service
 from serving_core.web import headers, sse
 from serving_core.web.guard import ApiKeys, caller
-from serving_core.web.incoming import REQUEST_ID_OK, this_request
+from serving_core.web.incoming import this_request
 from serving_core.web.params import JsonLimits, request_params
 from serving_core.web.responses import json_response
 

@@ -21,7 +21,7 @@ from tests.nginx_server import render as render_nginx
 
 # --- gRPC: the app's front, nginx's h2c listener, the Service's grpc port ---------
 
-GRPC_ON = {"grpc": {"enabled": True}, "serving": {"workerClass": "gthread"}}
+GRPC_ON = {"grpc": {"enabled": True}}  # on the default worker class (issue 42)
 
 
 def test_grpc_is_off_by_default(chart: helm.Chart) -> None:
@@ -52,9 +52,7 @@ def test_grpc_on_exposes_nginx_h2c_listener_with_app_protocol_grpc(chart: helm.C
     assert nginx["NGINX_UPSTREAM"] == app["SERVING_BIND"] == "127.0.0.1:8000"
     Settings.from_env(serving_env(pod["app"]), cores=2)
     # The probes do not change.
-    off = containers(
-        find(render(chart, tagged({"serving": {"workerClass": "gthread"}})), "Deployment")
-    )
+    off = containers(find(render(chart, tagged({})), "Deployment"))
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert pod["app"][probe] == off["app"][probe]
         assert pod["nginx"].get(probe) == off["nginx"].get(probe)

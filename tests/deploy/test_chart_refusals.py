@@ -43,10 +43,6 @@ TEMPLATE_REFUSALS = [
         "extraEnv sets SERVING_GRPC_PORT, which the chart manages",
     ),
     (
-        {"grpc": {"enabled": True}},  # serving.workerClass is gevent by default
-        "grpc.enabled needs serving.workerClass gthread, not gevent",
-    ),
-    (
         {"grpc": {"enabled": True, "nginxPort": 8080}, "serving": {"workerClass": "gthread"}},
         "grpc.nginxPort (8080) is also nginx.port or nginx.metricsPort",
     ),

@@ -13,12 +13,11 @@ from tests.servers import Server, free_port, gunicorn_server
 
 @pytest.fixture(scope="package")
 def minilm_grpc() -> Iterator[Server]:
-    """MiniLM on one gthread worker, its gRPC front on ``.grpc``; its log holds no
+    """MiniLM on one worker of the default class, its gRPC front on ``.grpc``; its log holds no
     traceback once every test of tests/v2 that used it is done."""
     env = {
         "SERVING_HANDLER": "handlers/minilm/handler.py",
         "SERVING_WORKERS": "1",
-        "SERVING_WORKER_CLASS": "gthread",
         "SERVING_GRPC_PORT": str(free_port()),
     }
     with gunicorn_server(env) as running:

@@ -38,7 +38,6 @@ def scaler_env(**more: str) -> dict[str, str]:
         # Two workers bind the one gRPC port (SO_REUSEPORT); a client's channel is one
         # connection, so its calls meet in one worker's batcher.
         "SERVING_WORKERS": "2",
-        "SERVING_WORKER_CLASS": "gthread",
         "SERVING_THREADS": "128",
         "SERVING_MAX_BATCH_SIZE": "8",
         "SERVING_MAX_QUEUE": str(CALLS),

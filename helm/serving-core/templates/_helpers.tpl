@@ -278,9 +278,6 @@ Checks that JSON Schema cannot express; each message says what to change.
 {{- fail (printf "serving.maxQueue (%d) is smaller than serving.maxBatchSize (%d): raise serving.maxQueue so that a full batch can queue" (int64 $s.maxQueue) (int64 $s.maxBatchSize)) }}
 {{- end }}
 {{- if .Values.grpc.enabled }}
-{{- if ne $s.workerClass "gthread" }}
-{{- fail (printf "grpc.enabled needs serving.workerClass gthread, not %s: the gRPC front runs in the gthread worker's threads, which a gevent worker cannot share; set serving.workerClass=gthread" $s.workerClass) }}
-{{- end }}
 {{- if has (int .Values.grpc.nginxPort) (list (int .Values.nginx.port) (int .Values.nginx.metricsPort)) }}
 {{- fail (printf "grpc.nginxPort (%d) is also nginx.port or nginx.metricsPort: gRPC (HTTP/2) needs a listener of its own" (int .Values.grpc.nginxPort)) }}
 {{- end }}

@@ -48,7 +48,7 @@ from gunicorn.workers import ggevent
 from gunicorn.workers.ggevent import GeventWorker
 
 from serving_core.process.drain import DrainingWorker
-from serving_core.process.workers import clientwatch, fairaccept
+from serving_core.process.workers import clientwatch, fairaccept, greenfuture, hubcalls
 from serving_core.process.workers.fairaccept import FairServer
 from serving_core.process.workers.greenfuture import GreenFuture, GreenSignal
 from serving_core.process.workers.uploads import Connections, TimedBody
@@ -76,6 +76,12 @@ class GreenWorker(DrainingWorker, GeventWorker):  # type: ignore[misc]
             socket.socket(s.FAMILY, socket.SOCK_STREAM, fileno=s.sock.detach())
             for s in self.sockets
         ]
+
+    def load_wsgi(self) -> None:
+        super().load_wsgi()
+        # Patched, the hub made again: its wake-ups are made here, on its thread,
+        # before post_worker_init starts a gRPC front whose threads post to them.
+        greenfuture.prepare()
 
     def init_process(self) -> None:
         FairServer.slot = self.slot
@@ -154,4 +160,6 @@ RUNTIME = Runtime(
     spawn=_spawn,
     defer_wake=defer_wake,
     new_signal=GreenSignal,
+    enter=hubcalls.call,
+    abandon=hubcalls.abandon,
 )

@@ -12,10 +12,16 @@ from __future__ import annotations
 import time
 from collections import deque
 from concurrent.futures import Future
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import gevent
 from gevent.hub import Waiter, get_hub
+
+
+class HubCall(Protocol):
+    """A call from another thread to start on the hub (``hubcalls.HubCall``)."""
+
+    def start(self) -> None: ...
 
 
 class _Wakeups:
@@ -25,6 +31,7 @@ class _Wakeups:
     def __init__(self) -> None:
         self.resolved: deque[GreenFuture] = deque()
         self.signalled: deque[GreenSignal] = deque()
+        self.calls: deque[HubCall] = deque()
         self.watcher: Any = gevent.get_hub().loop.async_()
         self.watcher.start(self._wake)
         # One ``send`` until the hub has run ``_wake``: the decoder's thread sets a
@@ -41,6 +48,10 @@ class _Wakeups:
 
     def post_signal(self, signal: GreenSignal) -> None:
         self.signalled.append(signal)
+        self._send()
+
+    def post_call(self, call: HubCall) -> None:
+        self.calls.append(call)
         self._send()
 
     def _send(self) -> None:
@@ -60,9 +71,26 @@ class _Wakeups:
         signalled = self.signalled
         while signalled:
             signalled.popleft().wake()
+        calls = self.calls
+        while calls:
+            calls.popleft().start()
 
 
 _wakeups: _Wakeups | None = None
+
+
+def prepare() -> None:
+    """Made on the hub's own thread, before another thread posts to it (a gRPC front's
+    ``hubcalls.call``): made there on first use, it would watch that thread's loop."""
+    _the_wakeups()
+
+
+def post_call(call: HubCall) -> None:
+    """From any thread: start ``call`` on the hub (``hubcalls``)."""
+    wakeups = _wakeups
+    if wakeups is None:
+        raise RuntimeError("the hub's wake-ups were not prepared on the hub (prepare())")
+    wakeups.post_call(call)
 
 
 def _the_wakeups() -> _Wakeups:
