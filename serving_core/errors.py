@@ -11,9 +11,6 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 QUOTE_CHARS = 80
-# A body over the limit, whoever refuses it: the front door from its Content-Length,
-# werkzeug while it reads one of unknown length.
-TOO_LARGE = "the request body is larger than SERVING_MAX_BODY_BYTES allows; send less"
 # A bounded repr: a 1 MiB string or a deep structure costs no more than a short one.
 _QUOTE = reprlib.Repr()
 _QUOTE.maxstring = _QUOTE.maxother = QUOTE_CHARS
@@ -25,6 +22,15 @@ def quote(value: Any, limit: int = QUOTE_CHARS) -> str:
     message names a client's value without echoing all of it back."""
     text = _QUOTE.repr(value)
     return text if len(text) <= limit else text[: limit - 1] + "\u2026"
+
+
+def too_large(max_body_bytes: int) -> str:
+    """A body over the limit, whoever refuses it: the front door from its Content-Length,
+    werkzeug while it reads one of unknown length."""
+    return (
+        f"the request body is larger than SERVING_MAX_BODY_BYTES={max_body_bytes} bytes "
+        "allows; send less, or raise the setting"
+    )
 
 
 def shorten(text: str, limit: int) -> str:

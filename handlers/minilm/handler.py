@@ -26,7 +26,7 @@ import torch
 from transformers import AutoModel, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
-from serving_core import Handler
+from serving_core import Handler, Tensor, Tensors
 from serving_core.device import resolve, torch_dtype
 
 MAX_TOKENS = 256  # the model was trained with this sequence length
@@ -62,6 +62,11 @@ class Embedder(Handler):
         "properties": {"text": {"type": "string", "minLength": 1, "maxLength": 100_000}},
         "required": ["text"],
     }
+    # V2's model metadata lists the output, and clients get the model's FP32 vectors.
+    tensors = Tensors(
+        inputs=(Tensor("text", "BYTES"),),
+        outputs=(Tensor("embedding", "FP32", (384,)),),
+    )
 
     def setup(self) -> None:
         # SERVING_MODEL_URI's copy when one is set (the same files, from a store),

@@ -3,8 +3,11 @@
 A tensor comes as ``raw_input_contents`` (one entry per input, little-endian, as
 tritonclient sends it) or as the typed ``contents`` field of its datatype; both
 decode through ``v2.tensors`` (``from_raw``, ``from_json``), so a bad tensor is
-the same ``BadRequest`` naming the input as over REST. Outputs go back as
-``raw_output_contents``, which every V2 client reads.
+the same ``BadRequest`` naming the input as over REST. Outputs go back the way
+the inputs came: as ``raw_output_contents`` after raw inputs (tritonclient's
+way, and what it reads), in each output's typed ``contents`` after typed ones
+(KServe's clients and grpcurl read those). The OIP allows one or the other in
+a response, so an output with no typed field (FP16) sends them all raw.
 """
 
 from __future__ import annotations
@@ -60,7 +63,7 @@ def request(message: Any) -> InferRequest:
             array = from_contents(name, datatype, shape, tensor)
         decoded[name] = (datatype, array)
     asked = tuple(output.name for output in message.outputs) or None
-    return InferRequest(decoded, id=message.id or None, outputs=asked)
+    return InferRequest(decoded, id=message.id or None, outputs=asked, typed=not raws)
 
 
 def from_contents(name: str, datatype: str, shape: tuple[int, ...], tensor: Any) -> Array:
@@ -73,11 +76,31 @@ def from_contents(name: str, datatype: str, shape: tuple[int, ...], tensor: Any)
     return from_json(name, datatype, shape, list(getattr(tensor.contents, field)))
 
 
-def response(model_name: str, model_version: str, request_id: str | None, outputs: Outputs) -> Any:
+def response(
+    model_name: str,
+    model_version: str,
+    request_id: str | None,
+    outputs: Outputs,
+    *,
+    typed: bool = False,
+) -> Any:
+    """The ``ModelInferResponse`` of ``outputs``; in typed ``contents`` when ``typed``
+    (``InferRequest.typed``) and every output has a typed field."""
     reply = pb.ModelInferResponse(
         model_name=model_name, model_version=model_version, id=request_id or ""
     )
+    typed = typed and all(datatype in _CONTENTS for _, datatype, _ in outputs)
     for name, datatype, array in outputs:
-        reply.outputs.add(name=name, datatype=datatype, shape=list(array.shape))
-        reply.raw_output_contents.append(to_raw(array, datatype))
+        tensor = reply.outputs.add(name=name, datatype=datatype, shape=list(array.shape))
+        if typed:
+            getattr(tensor.contents, _CONTENTS[datatype]).extend(_elements(array, datatype))
+        else:
+            reply.raw_output_contents.append(to_raw(array, datatype))
     return reply
+
+
+def _elements(array: Array, datatype: str) -> list[Any]:
+    items: list[Any] = array.ravel().tolist()
+    if datatype == "BYTES":
+        return [item if isinstance(item, bytes) else str(item).encode("utf-8") for item in items]
+    return items

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from serving_core.cache.cache import CacheResult
-from serving_core.errors import TOO_LARGE, DeadlineExceeded, PayloadTooLarge, ServingError
+from serving_core.errors import DeadlineExceeded, PayloadTooLarge, ServingError, too_large
 from serving_core.handler import Output, Params
 from serving_core.online.service import Service
 from serving_core.online.streamed import Streamed
@@ -78,7 +78,7 @@ class FrontDoor:
         """Refuse what the head alone refuses, then read the body and answer it."""
         length = head.content_length
         if length is not None and length > self._max_body_bytes:
-            raise PayloadTooLarge(TOO_LARGE)
+            raise PayloadTooLarge(too_large(self._max_body_bytes))
         traces = tracer()
         if not traces.enabled:
             # From the head alone: a full worker spends nothing on a body it would refuse.

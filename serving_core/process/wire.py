@@ -4,6 +4,8 @@
   ``send`` and the body in another, so each response is two syscalls, two
   TCP segments and two wake-ups of the reader (nginx, or the client). Here the
   headers wait for the first body bytes and leave with them.
+- ``Expect: 100-continue`` is answered on the body's first read
+  (``expectcontinue``): a request refused on its headers is never uploaded.
 - gunicorn's own protocol errors (a malformed request line, headers too large)
   are written before any app runs, as HTML; here they are JSON like every
   other error.
@@ -21,6 +23,7 @@ from gunicorn import util
 from gunicorn.http import wsgi
 
 from serving_core import encoding
+from serving_core.process import expectcontinue
 
 
 def write_json_error(sock: Any, status_int: int, reason: str, mesg: str) -> None:
@@ -41,9 +44,17 @@ class CoalescingResponse(wsgi.Response):  # type: ignore[misc]
     sock: Any
     _head = b""
 
+    def __init__(self, req: Any, sock: Any, cfg: Any, *args: Any) -> None:
+        super().__init__(req, sock, cfg, *args)
+        # Made before gunicorn's wsgi.create would send the 100 Continue.
+        self._continue = expectcontinue.defer(req, sock)
+
     def send_headers(self) -> None:
         if self.headers_sent:
             return
+        if self._continue is not None and not self._continue.sent:
+            # Answered unread: the client may still send the body, or not.
+            self.must_close = True
         # Let gunicorn build the head exactly as it would, but keep it back.
         sock: Any = self.sock
         capture = _Capture()

@@ -109,7 +109,9 @@ class Settings:
     max_body_bytes: int = setting(1024 * 1024, integer(1, 1 << 34), "larger bodies get `413`")
     max_json_depth: int = setting(64, integer(1, 1024), "a JSON body nested deeper gets `400`")
     max_string_chars: int = setting(
-        256 * 1024, integer(1, 1 << 34), "a JSON body with a longer string or key gets `400`"
+        256 * 1024,
+        integer(1, 1 << 34),
+        "a JSON body with a longer string or key, or a V2 `BYTES` element, gets `400`",
     )
     body_timeout_s: float = setting(
         10.0, number(0.001, 3600.0), "gevent: a body slower than this after its headers: `408`"

@@ -66,7 +66,9 @@ class TensorMap:
         (name -> (datatype, array))."""
         batch = None
         columns: dict[str, list[Any]] = {}
-        for name, (datatype, array) in inputs.items():
+        for name, (datatype, tensor) in inputs.items():
+            # A scalar (shape []): one row of one value.
+            array = tensor.reshape(1) if tensor.ndim == 0 else tensor
             spec = self.inputs.get(name)
             if spec is None and not self.open:
                 known = ", ".join(map(repr, self.inputs)) or "none that V2 can carry"

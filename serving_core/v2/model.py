@@ -9,6 +9,7 @@ through ``FrontDoor.enter`` with ``infer`` as its answer: it decodes an
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import logging
@@ -24,7 +25,7 @@ from serving_core.online.door import Answered, FrontDoor, Head
 from serving_core.online.streamed import Streamed
 from serving_core.v2.mapping import OutputNotTensor, TensorMap
 from serving_core.v2.request import InferRequest
-from serving_core.v2.tensors import Array
+from serving_core.v2.tensors import Array, check_chars
 
 log = logging.getLogger("serving_core.v2.model")
 SERVER = "serving-core"
@@ -81,7 +82,7 @@ class Model:
         """The outputs, and how the request was served: the cache's word and the model's
         batch of its first row (each row is its caller's, ``head.caller``, as one
         ``/predict``: whose cache entries and follow-up jobs)."""
-        rows = self.tensors.rows(request.inputs, self._service.settings.max_queue)
+        rows = self._rows(request)
         declared = self.tensors.outputs
         if request.outputs is not None and declared is not None:
             self._check_asked(request.outputs, [t.name for t in declared])
@@ -108,7 +109,7 @@ class Model:
     def open_stream(self, request: InferRequest, head: Head) -> tuple[InferRequest, Streamed]:
         """A generating handler's chunks for a request of one row: the door's answer step
         for a streaming front (gRPC's ``ModelStreamInfer``), its first event in."""
-        rows = self.tensors.rows(request.inputs, self._service.settings.max_queue)
+        rows = self._rows(request)
         if len(rows) != 1:
             raise BadRequest(f"a stream answers one row; this request has {len(rows)}")
         return request, self.door.open_stream(rows[0], head)
@@ -121,6 +122,14 @@ class Model:
         by_name = {name: (name, datatype, array) for name, datatype, array in arrays}
         self._check_asked(request.outputs, list(by_name))
         return [by_name[name] for name in request.outputs]
+
+    def _rows(self, request: InferRequest) -> list[Params]:
+        settings = self._service.settings
+        # Here, for every front: a JSON body's strings are bounded as it is parsed, and
+        # binary BYTES (REST's extension, gRPC's raw or typed contents) only here.
+        for name, (datatype, array) in request.inputs.items():
+            check_chars(name, datatype, array, settings.max_string_chars)
+        return self.tensors.rows(request.inputs, settings.max_queue)
 
     @staticmethod
     def _check_asked(asked: tuple[str, ...], known: list[str]) -> None:
@@ -167,10 +176,20 @@ class Model:
                 results.append(DeadlineExceeded("a row of the request had no answer in time"))
             except Exception as exc:
                 results.append(exc)
-        for result in results:
+        for index, result in enumerate(results):
+            if isinstance(result, BadRequest) and len(results) > 1:
+                raise _of_row(result, index, len(results)) from result
             if isinstance(result, BaseException):
                 raise result
         return [result.output for result in results], results[0]
+
+
+def _of_row(error: BadRequest, index: int, count: int) -> BadRequest:
+    """``error`` as the client's whole request's: which row of the batch it was."""
+    named = copy.copy(error)
+    named.message = f"row {index} of {count} (its index in the batch dimension): {error.message}"
+    named.args = (named.message,)
+    return named
 
 
 def _settle(future: Future[Any], call: Callable[[], Any]) -> Callable[[], None]:

@@ -29,6 +29,9 @@ class InferRequest:
     outputs: tuple[str, ...] | None = None
     binary_outputs: frozenset[str] = field(default_factory=frozenset)
     all_binary: bool = False
+    # gRPC: the inputs came in typed ``contents``, not raw, and so go the outputs
+    # (KServe's clients read an output's ``contents``; tritonclient sends and reads raw).
+    typed: bool = False
 
 
 def parse(body: Any, binary: bytes = b"") -> InferRequest:

@@ -19,12 +19,15 @@ from serving_core.v2.datatypes import DATATYPES, FLOATS, INTEGERS, NUMPY
 
 Array = np.ndarray[Any, Any]
 MAX_RANK = 16
+# A shape's sizes other than 0 multiply to at most this many elements: more than any body
+# holds, and a zero-size tensor of [1, 0, 2**62] has no array to be reshaped into.
+MAX_ELEMENTS = 1 << 32
 _LENGTH = struct.Struct("<I")
 _LARGEST = {"FP16": 65504.0, "FP32": float(np.finfo(np.float32).max), "FP64": math.inf}
 
 
 def check_datatype(name: str, datatype: Any) -> str:
-    if datatype not in NUMPY:
+    if not isinstance(datatype, str) or datatype not in NUMPY:
         raise BadRequest(
             f"input {quote(name)}: datatype {quote(datatype)} is not one of {', '.join(DATATYPES)}"
         )
@@ -32,18 +35,40 @@ def check_datatype(name: str, datatype: Any) -> str:
 
 
 def check_shape(name: str, shape: Any) -> tuple[int, ...]:
-    ok = isinstance(shape, list) and 0 < len(shape) <= MAX_RANK
+    """A tensor's shape: its first size the batch, or ``[]``, a scalar (one row)."""
+    ok = isinstance(shape, list) and len(shape) <= MAX_RANK
     if not ok or not all(type(size) is int and size >= 0 for size in shape):
         raise BadRequest(
-            f"input {quote(name)}: shape {quote(shape)} is not a list of 1 to {MAX_RANK} "
+            f"input {quote(name)}: shape {quote(shape)} is not a list of 0 to {MAX_RANK} "
             "sizes (integers >= 0), the first one the batch; send e.g. [1, 384]"
+        )
+    if math.prod(size for size in shape if size) > MAX_ELEMENTS:
+        raise BadRequest(
+            f"input {quote(name)}: shape {quote(shape)} is larger than any tensor this "
+            f"server takes (its sizes multiply to more than {MAX_ELEMENTS}); send the "
+            "tensor's real shape"
         )
     return tuple(shape)
 
 
+def check_chars(name: str, datatype: str, array: Array, max_chars: int) -> None:
+    """A ``BYTES`` tensor's elements within ``max_chars`` (SERVING_MAX_STRING_CHARS),
+    as a JSON body's strings are: counted in characters when they are UTF-8 text."""
+    if datatype != "BYTES":
+        return
+    for index, item in enumerate(array.ravel().tolist()):
+        # Never fewer bytes than characters: only a long element needs decoding.
+        if len(item) > max_chars and len(_text(item)) > max_chars:
+            raise BadRequest(
+                f"input {quote(name)}: BYTES element {index} is longer than "
+                f"SERVING_MAX_STRING_CHARS={max_chars} characters; send shorter elements"
+            )
+
+
 def from_json(name: str, datatype: str, shape: tuple[int, ...], data: Any) -> Array:
-    """The tensor of a JSON ``data``: an array of elements, nested or flat."""
-    flat = _flatten(name, data)
+    """The tensor of a JSON ``data``: an array of elements, nested or flat (a scalar's
+    may be the element alone)."""
+    flat = _flatten(name, [data] if shape == () and not isinstance(data, list) else data)
     count = math.prod(shape)
     if len(flat) != count:
         raise BadRequest(

@@ -14,6 +14,7 @@ from flask import Request, Response, g, request
 from werkzeug.exceptions import ClientDisconnected, RequestEntityTooLarge
 
 from serving_core.context import REQUEST_ID_OK
+from serving_core.errors import QUOTE_CHARS, BadRequest, ServingError, shorten
 from serving_core.web import arrival
 
 REQUEST_ID = "X-Request-ID"
@@ -81,6 +82,16 @@ def bound_chunked(limit: int) -> None:
             part = stream.read(min(READ_STEP, limit + 1 - size))
         except (OSError, ValueError):
             raise ClientDisconnected() from None  # as werkzeug's stream says it
+        except ServingError:
+            raise  # the gevent worker's 408 for a body that came too slowly
+        except Exception as exc:
+            # gunicorn's parser meets a bad chunk (a size that is not hex, a chunk without
+            # its CRLF) only when the body is read, here: the client's error, not ours.
+            raise BadRequest(
+                f"the chunked request body is malformed ({shorten(str(exc), QUOTE_CHARS)}); "
+                "send each chunk as its size in hex, CRLF, the data, CRLF, and end with "
+                "0 CRLF CRLF, or send a Content-Length body"
+            ) from None
         if not part:
             break
         size += len(part)

@@ -11,7 +11,7 @@ from flask_restful import Api
 from werkzeug.exceptions import HTTPException
 
 from serving_core import encoding
-from serving_core.errors import QUOTE_CHARS, TOO_LARGE, ServingError, shorten
+from serving_core.errors import QUOTE_CHARS, ServingError, shorten, too_large
 from serving_core.openai import errors as openai_errors
 from serving_core.web.incoming import REQUEST_ID
 
@@ -133,5 +133,5 @@ def _http_message(exc: HTTPException, status: int) -> str:
         method, path = shorten(request.method, 16), shorten(request.path, QUOTE_CHARS)
         return f"{method} is not allowed on {path}"
     if status == 413:
-        return TOO_LARGE
+        return too_large(current_app.config["MAX_CONTENT_LENGTH"])
     return exc.description or exc.name

@@ -6,7 +6,8 @@ Errors take the app's one funnel, which gives any path under ``/v2`` V2's
 ``{"error": "..."}`` shape (``responses.error_response``). A body with an
 ``Inference-Header-Content-Length`` header is the binary tensor extension: that
 many bytes of JSON, then the binary inputs; outputs asked for as binary data
-come back the same way.
+come back the same way. Any other Content-Type than JSON, that extension's
+``application/octet-stream`` or none is a 415, as on ``/predict``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 from flask import Flask, Response
 
 from serving_core import encoding
-from serving_core.errors import BadRequest, quote
+from serving_core.errors import BadRequest, UnsupportedMediaType, quote
 from serving_core.online.door import Answered, FrontDoor
 from serving_core.v2 import request as v2request
 from serving_core.v2.model import Model, Outputs
@@ -28,6 +29,7 @@ from serving_core.web.responses import json_response
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 BINARY = "application/octet-stream"
+TYPES = frozenset({"", "application/json", BINARY})
 MODEL = "/v2/models/<name>"
 VERSION = "/v2/models/<name>/versions/<version>"
 
@@ -56,6 +58,7 @@ def add_routes(app: Flask, model: Model, door: FrontDoor, limits: JsonLimits) ->
     def infer(name: str, version: str | None = None) -> Response:
         model.find(name, version)
         req = this_request()
+        _check_type(req.mimetype)
 
         def read() -> v2request.InferRequest:
             header, binary = _split(req.get_data(cache=False), req.headers.get(HEADER_LENGTH))
@@ -65,12 +68,30 @@ def add_routes(app: Flask, model: Model, door: FrontDoor, limits: JsonLimits) ->
         return _response(model, parsed, answered, headers.answer_headers(req, door, answered))
 
     app.add_url_rule("/v2", "v2_server", server_metadata)
+    # Both spellings are the OIP's server metadata; a redirect would lose a POSTing client.
+    app.add_url_rule("/v2/", "v2_server_slash", server_metadata)
     app.add_url_rule("/v2/health/live", "v2_live", live)
     app.add_url_rule("/v2/health/ready", "v2_ready", ready)
     for path in (MODEL, VERSION):
         app.add_url_rule(path, f"v2_metadata{path}", model_metadata)
         app.add_url_rule(f"{path}/ready", f"v2_model_ready{path}", model_ready)
         app.add_url_rule(f"{path}/infer", f"v2_infer{path}", infer, methods=["POST"])
+
+
+def _check_type(mimetype: str) -> None:
+    """JSON (the OIP's), or the binary extension's octet-stream (KServe's client sends it
+    with Inference-Header-Content-Length), or none (tritonclient sends none)."""
+    if mimetype in TYPES or mimetype.endswith("+json"):
+        return
+    hint = (
+        " (curl -d sends that unless told: add -H 'Content-Type: application/json')"
+        if mimetype == "application/x-www-form-urlencoded"
+        else ""
+    )
+    raise UnsupportedMediaType(
+        f"unsupported Content-Type {quote(mimetype)}{hint}; send application/json, or "
+        f"{BINARY} with {HEADER_LENGTH}"
+    )
 
 
 def _split(body: bytes, header_length: str | None) -> tuple[bytes, bytes]:

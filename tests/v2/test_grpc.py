@@ -65,6 +65,7 @@ def test_metadata_and_readiness_over_grpc(client: Any) -> None:
     assert server["name"] == "serving-core"
     model = client.get_model_metadata(MODEL, as_json=True)
     assert model["inputs"] == [{"name": "text", "datatype": "BYTES", "shape": ["-1"]}]
+    assert model["outputs"] == [{"name": "embedding", "datatype": "FP32", "shape": ["-1", "384"]}]
     assert model["versions"] == ["1"]
     with pytest.raises(InferenceServerException) as missing:
         client.get_model_metadata(MODEL, "9")

@@ -179,6 +179,7 @@ def test_a_body_over_the_limit_is_a_v2_413_before_a_refusal_at_admission():
     too_large = client.post(INFER, data=b"{" + b" " * 64 + b"}", content_type="application/json")
     assert too_large.status_code == 413
     assert too_large.get_json() == {
-        "error": "the request body is larger than SERVING_MAX_BODY_BYTES allows; send less"
+        "error": "the request body is larger than SERVING_MAX_BODY_BYTES=64 bytes allows; "
+        "send less, or raise the setting"
     }
     assert client.post(INFER, data=b"{}", content_type="application/json").status_code == 503

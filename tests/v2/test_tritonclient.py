@@ -70,8 +70,8 @@ def test_tritonclient_gets_the_same_embeddings_as_predict(url: str, binary: bool
     result = client.infer(MODEL, [text], outputs=wanted, request_id="r-1")
     embeddings = result.as_numpy("embedding")
     assert embeddings.shape == (len(TEXTS), 384)
-    # Undeclared outputs carry JSON's kinds: a cached answer has the same datatype.
-    assert result.get_output("embedding")["datatype"] == "FP64"
+    # Declared (Handler.tensors): the model's own FP32, a cached answer's too.
+    assert result.get_output("embedding")["datatype"] == "FP32"
     for row, sentence in zip(embeddings, TEXTS, strict=True):
         np.testing.assert_allclose(row, predicted(url, sentence), rtol=0, atol=1e-6)
     assert result.get_response()["id"] == "r-1"
@@ -92,6 +92,8 @@ def test_metadata_and_readiness_through_the_client(url: str) -> None:
     assert "binary_tensor_data" in server["extensions"]
     model = client.get_model_metadata(MODEL)
     assert model["inputs"] == [{"name": "text", "datatype": "BYTES", "shape": [-1]}]
+    # Issue 42, item 6: the outputs were an empty list.
+    assert model["outputs"] == [{"name": "embedding", "datatype": "FP32", "shape": [-1, 384]}]
     assert model["versions"] == ["1"]
     with pytest.raises(InferenceServerException) as missing:
         client.get_model_metadata(MODEL, "9")
