@@ -187,7 +187,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             caller=self._caller(ctx),
         )
         parsed, answered = self.door.enter(head, lambda: codec.request(request), model.answer)
-        reply = codec.response(model.name, model.version, parsed.id, answered.output)
+        reply = codec.response(
+            model.name, model.version, parsed.id, answered.output, typed=parsed.typed
+        )
         return reply, answered.batch_size
 
     def ModelStreamInfer(self, requests: Iterator[Any], ctx: grpc.ServicerContext) -> Any:

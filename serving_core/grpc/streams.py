@@ -87,7 +87,7 @@ def _error(error: ServingError) -> Sent:
 
 
 def _response(model: Model, parsed: InferRequest, outputs: Any, *, final: bool) -> Any:
-    reply = codec.response(model.name, model.version, parsed.id, outputs)
+    reply = codec.response(model.name, model.version, parsed.id, outputs, typed=parsed.typed)
     reply.parameters[FINAL].bool_param = final
     return reply
 

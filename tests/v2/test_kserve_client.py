@@ -80,6 +80,8 @@ def test_kserves_clients_get_the_same_embeddings_as_predict(
     assert result["ready"] is True
     assert result["id"] == f"k-{front}"
     assert result["shape"] == [len(TEXTS), 384]
+    # KServe's gRPC client sends typed contents: the answer's values come typed too.
+    assert result["data"] == len(TEXTS) * 384
     np.testing.assert_allclose(
         np.asarray(result["embedding"], dtype=np.float32), predicted, rtol=0, atol=1e-6
     )
