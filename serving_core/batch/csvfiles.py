@@ -78,9 +78,9 @@ class CsvSource:
                 yield bad_record(
                     position,
                     f"line {first}: the row starting here has a quoted field that is never "
-                    f"closed, so lines {first}-{reader.line_num} (the rest of the file) were read as "
-                    "this one row: the file is torn, or holds a stray quote (a quote inside "
-                    'a field is written ""); fix it and rerun with --retry-failed',
+                    f"closed, so lines {first}-{reader.line_num} (the rest of the file) were "
+                    "read as this one row: the file is torn, or holds a stray quote (a quote "
+                    'inside a field is written ""); fix it and rerun with --retry-failed',
                     value,
                 )
             elif len(row) > len(header):

@@ -86,7 +86,10 @@ class ParquetSink:
                 "(one per chunk, so that a killed run can resume): name a new path"
             )
         if not self._root.is_dir():
-            self._root.mkdir(parents=True, exist_ok=True)  # shards may race here
+            try:
+                self._root.mkdir(parents=True, exist_ok=True)  # shards may race here
+            except OSError as exc:
+                raise RecordsError(f"--output {path} cannot be made: {exc.strerror}") from exc
             fsync_directory(self._root.parent)
         self._id_field = id_field
         self._shard = shard

@@ -59,8 +59,11 @@ class AppendSink:
 
     def __init__(self, path: str) -> None:
         self.where = path
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(path, "ab")  # noqa: SIM115 - closed by close()
+        try:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            self._file = open(path, "ab")  # noqa: SIM115 - closed by close()
+        except OSError as exc:
+            raise RecordsError(f"--output {path} cannot be written: {exc.strerror}") from exc
         self._ready = False
         self._failed: list[tuple[str, int, int]] = []  # an error row's key, start, end
 

@@ -98,3 +98,24 @@ def test_m3_warm_cache_logs_a_unix_redis_without_its_query_password(tmp_path):
     assert result.returncode == 0, result.stderr
     assert f"cache redis: unix://{tmp_path}/none.sock?db=0&password=***: " in result.stderr
     assert "s3cret" not in result.stdout + result.stderr
+
+
+@pytest.mark.example("echo")
+@pytest.mark.parametrize(
+    ("cache", "fault"),
+    [
+        (f"redis://:{quote(SLASHED)}@127.0.0.1:63x79/0", "has a port that is not 0..65535"),
+        (f"unix:///run/r.sock?db=first&password={quote(SLASHED)}", "has ?db='first', which is"),
+    ],
+)
+def test_i1_warm_caches_redis_url_that_redis_py_refuses_names_the_setting(tmp_path, cache, fault):
+    """I1: a number redis-py cannot read in SERVING_CACHE_URL was its own message ("Invalid
+    value for 'db' in connection URL."), naming no setting."""
+    write_jsonl(tmp_path / "in.jsonl", [{"id": 1, "text": "a"}])
+    args = ("--input", str(tmp_path / "in.jsonl"), "--output", str(tmp_path / "out.jsonl"))
+    result = batch(ECHO, *args, "--warm-cache", env={"SERVING_CACHE_URL": cache})
+    assert result.returncode == 2
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("serving-core: error: SERVING_CACHE_URL=")
+    assert fault in line
+    assert "s3cret" not in result.stdout + result.stderr

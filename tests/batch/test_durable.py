@@ -52,3 +52,15 @@ def test_m4_retry_failed_never_writes_through_a_planted_name_and_keeps_the_mode(
             assert stat.S_IMODE(status.st_mode) == 0o600, path
     hidden = [*tmp_path.glob(".*.tmp"), *(out.glob(".*.tmp") if out.is_dir() else [])]
     assert [p for p in hidden if not p.is_symlink()] == []  # no temporary left behind
+
+
+@pytest.mark.parametrize("kind", SUFFIX)
+def test_an_output_whose_folder_cannot_be_made_is_one_line_naming_it(tmp_path, doubler, kind):
+    write_jsonl(tmp_path / "in.jsonl", [{"id": 1, "n": 1}])
+    (tmp_path / "file").write_text("a file, where the output wants a folder")
+    out = tmp_path / "file" / f"out.{SUFFIX[kind]}"
+    result = batch(doubler, "--input", str(tmp_path / "in.jsonl"), "--output", str(out))
+    assert result.returncode == 2
+    (line,) = result.stderr.splitlines()
+    assert line.startswith(f"serving-core: error: --output {out} cannot be")
+    assert "Traceback" not in result.stderr
