@@ -71,9 +71,6 @@ class CsvSource:
                 return
             if not row:
                 continue  # a blank line is no record, as csv.DictReader has it
-            # The id where its field was read whole: not the last, which the quote ran on.
-            whole = row[: len(row) - 1] if lines.ended_in_a_row else row
-            value = dict(zip(header, whole, strict=False)).get(self._id_field) or None
             if lines.ended_in_a_row:
                 yield bad_record(
                     position,
@@ -81,17 +78,23 @@ class CsvSource:
                     f"closed, so lines {first}-{reader.line_num} (the rest of the file) were "
                     "read as this one row: the file is torn, or holds a stray quote (a quote "
                     'inside a field is written ""); fix it and rerun with --retry-failed',
-                    value,
+                    self._id_in(row[:-1]),  # not the last field: the quote ran on in it
                 )
             elif len(row) > len(header):
                 yield bad_record(
-                    position, f"line {reader.line_num} has more fields than the header", value
+                    position,
+                    f"line {reader.line_num} has more fields than the header",
+                    self._id_in(row),
                 )
             else:
                 fields: dict[str, str | None] = dict.fromkeys(header)
                 fields.update(zip(header, row, strict=False))
                 yield make_record(fields, position, self._id_field)
             position += 1
+
+    def _id_in(self, row: list[str]) -> str | None:
+        """The id of a row that cannot be a record, where it was read."""
+        return dict(zip(self._header, row, strict=False)).get(self._id_field) or None
 
     def close(self) -> None:
         self._file.close()

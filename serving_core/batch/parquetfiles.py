@@ -4,9 +4,9 @@ A Parquet file cannot be appended to, and one written at the end is lost
 whole to a kill. So the output is a directory (``out.parquet/``, the layout
 Spark and ``pyarrow.dataset`` write and ``pandas.read_parquet`` reads) with
 one part file per chunk, written under a new hidden temporary name
-(``durable``), fsynced, renamed, and the directory fsynced: a part file is there whole or not at
-all, even after a power cut, and resume reads the ids of the parts that are
-there. A part that cannot be read anyway (a copy cut short, a disk that lied)
+(``durable``), fsynced, renamed, and the directory fsynced: a part file is
+there whole or not at all, even after a power cut, and resume reads the ids
+of the parts that are there. A part that cannot be read anyway (a copy cut short, a disk that lied)
 stops the run with the part's name and the fix: delete it and rerun. Part
 names carry the shard, so the pods of one Indexed Job can write into one
 directory without clashing.

@@ -49,3 +49,16 @@ def test_a_csv_with_a_whole_last_row_and_no_final_newline_is_predicted(tmp_path)
         "1": {"echo": {"text": "a, quoted"}},
         "2": {"echo": {"text": "b"}},
     }
+
+
+@pytest.mark.example("echo")
+def test_a_csv_row_that_cannot_be_a_record_fails_under_its_own_id(tmp_path):
+    """Its position was its id: row 2's position 1 is record 1's id, and it was skipped as
+    a repeat, its error written nowhere."""
+    source, out = tmp_path / "in.csv", tmp_path / "out.jsonl"
+    source.write_text("id,text\n1,a\n7,b,extra\n")
+    result = batch(ECHO, "--input", str(source), "--output", str(out))
+    assert result.returncode == 1, result.stderr
+    rows = {row["id"]: row for row in read_jsonl(out)}
+    assert rows["1"]["output"] == {"echo": {"text": "a"}}
+    assert rows["7"]["error"]["message"] == "line 3 has more fields than the header"
