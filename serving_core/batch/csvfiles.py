@@ -37,28 +37,86 @@ def open_sink(location: Location, id_field: str, shard: Shard) -> RecordSink:
 
 
 class CsvSource:
-    """Every value arrives as text (CSV has no types); an empty cell is an empty string."""
+    """Every value arrives as text (CSV has no types); an empty cell is an empty string,
+    a missing one None. A quote never closed runs to the end of the file (a torn
+    file, or a stray ``"``): that row is a failed record naming its lines, never
+    predicted mangled."""
 
     def __init__(self, path: str, id_field: str) -> None:
         self._path = path
         self._id_field = id_field
         self._file = open_input(path, "r", newline="", encoding="utf-8")
+        self._lines = _Lines(self._file)
+        self._reader = csv.reader(self._lines)
+        header = next(self._reader, None)  # None: an empty file
+        self._header = header or []
+        if header is not None and self._lines.ended_in_a_row:
+            self._file.close()
+            raise RecordsError(
+                f"--input {path}: the header (line 1) opens a quote that is never closed, "
+                "so the whole file was read as the header: close the quote (a quote "
+                'inside a field is written "")'
+            )
 
     def count(self) -> int | None:
         return max(0, count_lines(self._path) - 1)  # less the header
 
     def __iter__(self) -> Iterator[Record]:
-        reader = csv.DictReader(self._file)
-        for position, fields in enumerate(reader):
-            if None in fields:
+        header, reader, lines = self._header, self._reader, self._lines
+        position = 0
+        while True:
+            first = reader.line_num + 1
+            row = next(reader, None)
+            if row is None:
+                return
+            if not row:
+                continue  # a blank line is no record, as csv.DictReader has it
+            if lines.ended_in_a_row:
                 yield bad_record(
-                    position, f"line {reader.line_num} has more fields than the header"
+                    position,
+                    f"line {first}: the row starting here has a quoted field that is never "
+                    f"closed, so lines {first}-{reader.line_num} (the rest of the file) were "
+                    "read as this one row: the file is torn, or holds a stray quote (a quote "
+                    'inside a field is written ""); fix it and rerun with --retry-failed',
+                    self._id_in(row[:-1]),  # not the last field: the quote ran on in it
+                )
+            elif len(row) > len(header):
+                yield bad_record(
+                    position,
+                    f"line {reader.line_num} has more fields than the header",
+                    self._id_in(row),
                 )
             else:
+                fields: dict[str, str | None] = dict.fromkeys(header)
+                fields.update(zip(header, row, strict=False))
                 yield make_record(fields, position, self._id_field)
+            position += 1
+
+    def _id_in(self, row: list[str]) -> str | None:
+        """The id of a row that cannot be a record, where it was read."""
+        return dict(zip(self._header, row, strict=False)).get(self._id_field) or None
 
     def close(self) -> None:
         self._file.close()
+
+
+class _Lines:
+    """A text file's lines for ``csv.reader``, knowing whether the reader asked past
+    the end: it does so only inside a quoted field, since a row ends with its line."""
+
+    def __init__(self, file: IO[str]) -> None:
+        self._file = file
+        self.ended_in_a_row = False
+
+    def __iter__(self) -> Iterator[str]:
+        return self
+
+    def __next__(self) -> str:
+        line = self._file.readline()
+        if not line:
+            self.ended_in_a_row = True
+            raise StopIteration
+        return line
 
 
 class CsvSink(AppendSink):

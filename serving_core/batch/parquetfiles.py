@@ -3,10 +3,10 @@
 A Parquet file cannot be appended to, and one written at the end is lost
 whole to a kill. So the output is a directory (``out.parquet/``, the layout
 Spark and ``pyarrow.dataset`` write and ``pandas.read_parquet`` reads) with
-one part file per chunk, written under a hidden temporary name, fsynced,
-renamed, and the directory fsynced: a part file is there whole or not at
-all, even after a power cut, and resume reads the ids of the parts that are
-there. A part that cannot be read anyway (a copy cut short, a disk that lied)
+one part file per chunk, written under a new hidden temporary name
+(``durable``), fsynced, renamed, and the directory fsynced: a part file is
+there whole or not at all, even after a power cut, and resume reads the ids
+of the parts that are there. A part that cannot be read anyway (a copy cut short, a disk that lied)
 stops the run with the part's name and the fix: delete it and rerun. Part
 names carry the shard, so the pods of one Indexed Job can write into one
 directory without clashing.
@@ -17,7 +17,6 @@ one of them null).
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
@@ -25,7 +24,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from serving_core.batch.durable import fsync_directory
+from serving_core.batch.durable import fsync_directory, replacing
 from serving_core.batch.records import (
     Location,
     Record,
@@ -87,7 +86,10 @@ class ParquetSink:
                 "(one per chunk, so that a killed run can resume): name a new path"
             )
         if not self._root.is_dir():
-            self._root.mkdir(parents=True, exist_ok=True)  # shards may race here
+            try:
+                self._root.mkdir(parents=True, exist_ok=True)  # shards may race here
+            except OSError as exc:
+                raise RecordsError(f"--output {path} cannot be made: {exc.strerror}") from exc
             fsync_directory(self._root.parent)
         self._id_field = id_field
         self._shard = shard
@@ -178,16 +180,13 @@ class ParquetSink:
         self._next += 1
 
     def _replace(self, part: Path, table: pa.Table) -> None:
-        temporary = self._root / f".{part.name}.tmp"
         # The part's bytes reach the disk before its name does, and the name
         # before the next part is written: a power cut leaves a hidden
-        # temporary (removed on resume), never a named part that is torn.
-        with open(temporary, "wb") as file:
+        # temporary (removed on resume), never a named part that is torn. A
+        # part rewritten by --retry-failed keeps its mode.
+        mode = part.stat().st_mode & 0o7777 if part.exists() else None
+        with replacing(part, mode) as file:
             pq.write_table(table, file)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, part)
-        fsync_directory(self._root)
 
     def close(self) -> None:
         pass

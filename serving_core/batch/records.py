@@ -69,9 +69,12 @@ def make_record(fields: dict[str, Any], position: int, id_field: str) -> Record:
     return Record(value, id_key(value), params)
 
 
-def bad_record(position: int, message: str) -> Record:
+def bad_record(position: int, message: str, value: Any = None) -> Record:
+    """A record that could not be read, under its id ``value`` where that was read
+    whole, else its position."""
     error = {"type": "bad_request", "message": message}
-    return Record(position, id_key(position), {}, error)
+    value = position if value is None else value
+    return Record(value, id_key(value), {}, error)
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from serving_core.batch.records import (
     Shard,
     make_record,
 )
-from serving_core.settings.secrets import masked
+from serving_core.settings.secrets import masked, scrubbed
 
 DATABASE = True
 READ_BATCH_ROWS = 1000
@@ -48,13 +48,30 @@ def open_sink(location: Location, id_field: str, shard: Shard) -> RecordSink:
 def _engine(url: str, flag: str) -> sa.Engine:
     try:
         parsed = sa.make_url(url)
+    except ValueError:  # the one ValueError of SQLAlchemy's parse: int(port)
+        raise RecordsError(
+            f"{flag} {masked(url)}: the port after HOST: is not a number; fix it, and "
+            "percent-encode any ':', '/', '@', '?' or '#' in the user or password "
+            "(%3A, %2F, %40, %3F, %23)"
+        ) from None
+    except sa.exc.ArgumentError as exc:
+        raise RecordsError(
+            f"{flag} {masked(url)}: not a database URL SQLAlchemy can open: {_said(exc, url)}"
+        ) from exc
+    try:
         sqlite = parsed.get_backend_name() == "sqlite"
         options: dict[str, Any] = {"timeout": SQLITE_BUSY_TIMEOUT_S} if sqlite else {}
         return sa.create_engine(parsed, connect_args=options)
-    except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError, ImportError) as exc:
+    except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError, ImportError, ValueError) as exc:
         raise RecordsError(
-            f"{flag} {masked(url)}: not a database URL SQLAlchemy can open: {exc}"
+            f"{flag} {masked(url)}: not a database URL SQLAlchemy can open: {_said(exc, url)}"
         ) from exc
+
+
+def _said(exc: BaseException, url: str) -> str:
+    """A driver's or SQLAlchemy's message, on one line, with the URL's secrets hidden
+    wherever it repeats them."""
+    return " ".join(scrubbed(str(exc), url).split())
 
 
 def _shown(engine: sa.Engine) -> str:
@@ -89,7 +106,7 @@ class SqlSource:
                 f"--input-table {table}: no such table in {_shown(self._engine)}"
             ) from exc
         except sa.exc.SQLAlchemyError as exc:
-            raise RecordsError(f"--input {_shown(self._engine)}: {exc}") from exc
+            raise RecordsError(f"--input {_shown(self._engine)}: {_said(exc, url)}") from exc
 
     def count(self) -> int | None:
         return self._rows
@@ -124,7 +141,7 @@ class SqlSink:
         try:
             columns = {c["name"] for c in sa.inspect(self._engine).get_columns(table)}
         except sa.exc.SQLAlchemyError as exc:
-            raise RecordsError(f"--output {self.where}: {exc}") from exc
+            raise RecordsError(f"--output {self.where}: {_said(exc, url)}") from exc
         missing = {id_field, "output", "error"} - columns
         if missing:
             raise RecordsError(

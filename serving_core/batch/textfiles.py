@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from serving_core import encoding
-from serving_core.batch.durable import rewrite_without
+from serving_core.batch.durable import rewrite_without, temporary_glob
 from serving_core.batch.records import RecordsError, Row
 
 log = logging.getLogger("serving_core.batch.textfiles")
@@ -59,14 +59,20 @@ class AppendSink:
 
     def __init__(self, path: str) -> None:
         self.where = path
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(path, "ab")  # noqa: SIM115 - closed by close()
+        try:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            self._file = open(path, "ab")  # noqa: SIM115 - closed by close()
+        except OSError as exc:
+            raise RecordsError(f"--output {path} cannot be written: {exc.strerror}") from exc
         self._ready = False
         self._failed: list[tuple[str, int, int]] = []  # an error row's key, start, end
 
     def written(self) -> dict[str, bool]:
         keys: dict[str, bool] = {}
         self._failed = []
+        path = Path(self.where)
+        for stale in path.parent.glob(temporary_glob(path)):
+            stale.unlink()  # a --retry-failed rewrite that a kill caught
         with open(self.where, "rb") as file:
             end = self._scan(file, keys)
         size = os.path.getsize(self.where)

@@ -36,7 +36,7 @@ from serving_core.payloads.event import Exchange, Origin, encode, event
 from serving_core.payloads.redaction import Redaction
 from serving_core.payloads.sampler import Sampler
 from serving_core.settings import Settings
-from serving_core.settings.secrets import masked
+from serving_core.settings.secrets import masked, scrubbed
 from serving_core.tracing.tracer import tracer
 
 log = logging.getLogger("serving_core.payloads")
@@ -200,7 +200,7 @@ class PayloadLog:
         if self._down:
             return
         self._down = True
-        said = str(error).replace(self.url, masked(self.url))
+        said = scrubbed(str(error), self.url)
         log.warning(
             "payload log: %s failed (%s: %s); events are dropped and counted in "
             "serving_payload_events_total until it takes them again",

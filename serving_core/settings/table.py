@@ -39,6 +39,7 @@ from serving_core.settings.parsers import (
     spec,
 )
 from serving_core.settings.private import default_jobs_path, default_model_cache
+from serving_core.settings.secrets import masked
 
 PREFIX = "SERVING_"
 DEFAULT_HANDLER = "handlers/minilm/handler.py"
@@ -301,6 +302,14 @@ class Settings:
             values["jobs_path"] = default_jobs_path(environ["TMPDIR"])  # as tempfile does
         settings = cls(**values)
         return settings.resolved(usable_cores() if cores is None else cores)
+
+    def __repr__(self) -> str:
+        # Settings are logged and printed: each URL without its password, as in any
+        # message, and the secret fields (repr=False) not at all.
+        shown = ((f.name, getattr(self, f.name)) for f in dataclasses.fields(self) if f.repr)
+        return "Settings({})".format(
+            ", ".join(f"{name}={masked(v) if isinstance(v, str) else v!r}" for name, v in shown)
+        )
 
     @property
     def shared_model(self) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import sqlite3
 
 import pyarrow as pa
@@ -406,7 +407,7 @@ def test_a_truncated_parquet_part_names_the_part_and_the_fix(tmp_path, cut):
 def test_parquet_parts_are_fsynced_before_and_after_their_rename(tmp_path, monkeypatch):
     import os
 
-    from serving_core.batch import parquetfiles
+    from serving_core.batch import durable
 
     events = []
     fsync, replace = os.fsync, os.replace
@@ -419,16 +420,20 @@ def test_parquet_parts_are_fsynced_before_and_after_their_rename(tmp_path, monke
         events.append(("rename", str(target)))
         replace(source, target)
 
-    monkeypatch.setattr(parquetfiles.os, "fsync", record_fsync)
-    monkeypatch.setattr(parquetfiles.os, "replace", record_replace)
+    monkeypatch.setattr(durable.os, "fsync", record_fsync)
+    monkeypatch.setattr(durable.os, "replace", record_replace)
     path = tmp_path / "out.parquet"
     sink = sink_for("parquet", path)
     sink.written()
     events.clear()
     sink.write([ok_row(0)])
     part = str(path / "part-0of1-000000.parquet")
+    (temporary,) = [name for event, name in events if event == "fsync" and name.endswith(".tmp")]
+    assert re.fullmatch(
+        re.escape(str(path / ".part-0of1-000000.parquet.")) + r"\w+\.tmp", temporary
+    )
     assert events == [
-        ("fsync", str(path / ".part-0of1-000000.parquet.tmp")),
+        ("fsync", temporary),
         ("rename", part),
         ("fsync", str(path)),
     ]
