@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from serving_core.web.openapi import REQUEST_HEADERS
+from serving_core.web.openapi import REQUEST_HEADERS, UNBOUNDED, Bounds, too_large
+from serving_core.web.openapirules import bounded
 
 ERROR = {
     "type": "object",
@@ -56,7 +57,7 @@ def _error(description: str) -> dict[str, Any]:
     }
 
 
-def _create(summary: str, request: str, example: dict[str, Any]) -> dict[str, Any]:
+def _create(summary: str, request: str, example: dict[str, Any], bounds: Bounds) -> dict[str, Any]:
     return {
         "post": {
             "summary": summary,
@@ -75,7 +76,7 @@ def _create(summary: str, request: str, example: dict[str, Any]) -> dict[str, An
                 },
                 "400": _error("a field the API or the handler refuses (param names it)"),
                 "404": _error("no such model (GET /v1/models lists it)"),
-                "413": _error("body over SERVING_MAX_BODY_BYTES"),
+                "413": _error(too_large(bounds)),
                 "503": _error("overloaded (see Retry-After) or not ready"),
                 "504": _error("no answer before the deadline"),
             },
@@ -83,8 +84,9 @@ def _create(summary: str, request: str, example: dict[str, Any]) -> dict[str, An
     }
 
 
-def extend(document: dict[str, Any], model: str) -> None:
-    """Add OpenAI's routes to ``document`` (``openapi.document``'s)."""
+def extend(document: dict[str, Any], model: str, bounds: Bounds = UNBOUNDED) -> None:
+    """Add OpenAI's routes to ``document`` (``openapi.document``'s); ``bounds``: the
+    server's limits on a request."""
     listed = {
         "description": "the served model",
         "content": {"application/json": {"schema": {"type": "object"}}},
@@ -104,11 +106,13 @@ def extend(document: dict[str, Any], model: str) -> None:
         f"OpenAI: complete a prompt with {model}",
         "OpenAICompletionRequest",
         {"model": model, "prompt": "Once upon a time", "max_tokens": 16},
+        bounds,
     )
     paths["/v1/chat/completions"] = _create(
         f"OpenAI: answer a chat with {model}",
         "OpenAIChatRequest",
         {"model": model, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 16},
+        bounds,
     )
     messages = {
         "type": "array",
@@ -125,19 +129,25 @@ def extend(document: dict[str, Any], model: str) -> None:
     document["components"]["schemas"].update(
         {
             "OpenAIError": ERROR,
-            "OpenAICompletionRequest": {
-                "type": "object",
-                "required": ["model", "prompt"],
-                "properties": {
-                    "model": {"enum": [model]},
-                    "prompt": {"type": ["string", "array"]},
-                    **_SAMPLING,
+            "OpenAICompletionRequest": bounded(
+                {
+                    "type": "object",
+                    "required": ["model", "prompt"],
+                    "properties": {
+                        "model": {"enum": [model]},
+                        "prompt": {"type": ["string", "array"]},
+                        **_SAMPLING,
+                    },
                 },
-            },
-            "OpenAIChatRequest": {
-                "type": "object",
-                "required": ["model", "messages"],
-                "properties": {"model": {"enum": [model]}, "messages": messages, **_SAMPLING},
-            },
+                bounds.max_string_chars,
+            ),
+            "OpenAIChatRequest": bounded(
+                {
+                    "type": "object",
+                    "required": ["model", "messages"],
+                    "properties": {"model": {"enum": [model]}, "messages": messages, **_SAMPLING},
+                },
+                bounds.max_string_chars,
+            ),
         }
     )

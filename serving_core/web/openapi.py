@@ -7,7 +7,22 @@ OpenAPI 3.1 takes as it is.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
+
+from serving_core.web.incoming import REQUEST_ID_OK
+from serving_core.web.openapirules import bounded
+
+
+class Bounds(NamedTuple):
+    """What the server refuses past, as the document states it: a body's bytes
+    (SERVING_MAX_BODY_BYTES, a 413) and a JSON string's or key's characters
+    (SERVING_MAX_STRING_CHARS, a 400, as ``maxLength``); ``None``: not stated."""
+
+    max_body_bytes: int | None = None
+    max_string_chars: int | None = None
+
+
+UNBOUNDED = Bounds()
 
 # The request headers every inference route takes (/predict, V2's infer).
 REQUEST_HEADERS: list[dict[str, Any]] = [
@@ -72,7 +87,13 @@ JOB = {
 }
 
 
-def _jobs(name: str, body: dict[str, Any]) -> dict[str, Any]:
+def too_large(bounds: Bounds) -> str:
+    """The ``413``'s description, with the limit where it is known."""
+    limit = f" ({bounds.max_body_bytes} bytes here)" if bounds.max_body_bytes else ""
+    return f"body over SERVING_MAX_BODY_BYTES{limit}"
+
+
+def _jobs(name: str, body: dict[str, Any], bounds: Bounds) -> dict[str, Any]:
     job_id = {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"}}
     job = {"$ref": "#/components/schemas/Job"}
     return {
@@ -85,7 +106,10 @@ def _jobs(name: str, body: dict[str, Any]) -> dict[str, Any]:
                         "in": "header",
                         "description": "a repeated submission with the same key returns "
                         "the same job",
-                        "schema": {"type": "string", "maxLength": 128},
+                        "schema": {
+                            "type": "string",
+                            "pattern": f"^{REQUEST_ID_OK.pattern}$",
+                        },
                     }
                 ],
                 "requestBody": body,
@@ -102,6 +126,8 @@ def _jobs(name: str, body: dict[str, Any]) -> dict[str, Any]:
                         },
                     ),
                     "400": _error("malformed body or invalid parameters"),
+                    "413": _error(too_large(bounds)),
+                    "415": _error("a body that is neither JSON nor a form"),
                     "422": _error("Idempotency-Key reused with other parameters"),
                     "429": _error("this API key's unfinished jobs are at its quota"),
                     "503": _error("the job queue is full (see Retry-After)"),
@@ -137,20 +163,26 @@ def document(
     *,
     jobs: bool = False,
     example: dict[str, Any] | None = None,
+    bounds: Bounds = UNBOUNDED,
 ) -> dict[str, Any]:
     """``example`` (the handler's ``sample.json``) becomes the JSON body's example,
-    the body the docs page's "Try it out" starts from."""
+    the body the docs page's "Try it out" starts from. ``bounds``: the server's
+    limits, stated on the request bodies."""
     params = input_schema or {"type": "object"}
-    json_body: dict[str, Any] = {"schema": params}
+    json_body: dict[str, Any] = {"schema": bounded(params, bounds.max_string_chars)}
     if example is not None:
         json_body["example"] = example
     body = {
-        "required": True,
-        "content": {
-            "application/json": json_body,
-            "application/x-www-form-urlencoded": {"schema": params},
-            "multipart/form-data": {"schema": params},
-        },
+        # No body is a request of the query string's parameters alone: one the
+        # handler takes when its schema requires nothing.
+        "required": bool(params.get("required")),
+        "description": (
+            "the handler's parameters, merged over the query string's. They may also come "
+            "as a form (application/x-www-form-urlencoded or multipart/form-data), each "
+            "field a string and each file its bytes; the handler's schema then applies to "
+            "those, which is why only JSON is described here"
+        ),
+        "content": {"application/json": json_body},
     }
     predict = {
         "summary": f"Run {name} on one request",
@@ -177,7 +209,7 @@ def document(
                 },
             },
             "400": _error("malformed body or invalid parameters"),
-            "413": _error("body over SERVING_MAX_BODY_BYTES"),
+            "413": _error(too_large(bounds)),
             "415": _error("a body that is neither JSON nor a form"),
             "500": _error("the handler failed"),
             "503": _error("overloaded (see Retry-After) or not ready"),
@@ -208,6 +240,6 @@ def document(
         "components": {"schemas": {"Error": ERROR}},
     }
     if jobs:
-        document["paths"].update(_jobs(name, body))
+        document["paths"].update(_jobs(name, body, bounds))
         document["components"]["schemas"]["Job"] = JOB
     return document

@@ -7,11 +7,13 @@ from typing import Any
 
 from serving_core.v2.datatypes import DATATYPES
 from serving_core.v2.model import Model
-from serving_core.web.openapi import REQUEST_HEADERS
+from serving_core.v2.tensors import MAX_RANK
+from serving_core.web.openapi import REQUEST_HEADERS, UNBOUNDED, Bounds, too_large
+from serving_core.web.openapirules import bounded
 
 ERROR = {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}}
 _PARAMETERS = {"type": "object", "description": "key/value parameters"}
-TENSOR = {
+TENSOR: dict[str, Any] = {
     "type": "object",
     "required": ["name", "datatype", "shape"],
     "properties": {
@@ -66,7 +68,22 @@ def _ready(summary: str, *, not_found: bool = False) -> dict[str, Any]:
     return operation
 
 
-def _infer(model: Model, example: dict[str, Any] | None) -> dict[str, Any]:
+def _input_tensor(max_rows: int | None) -> dict[str, Any]:
+    """An input tensor as the server takes it: 1 to ``MAX_RANK`` dimensions, the first
+    (the rows) at least 1 and at most ``max_rows`` (SERVING_MAX_QUEUE)."""
+    rows: dict[str, Any] = {"type": "integer", "minimum": 1}
+    if max_rows is not None:
+        rows["maximum"] = max_rows
+    shape = {
+        **TENSOR["properties"]["shape"],
+        "minItems": 1,
+        "maxItems": MAX_RANK,
+        "prefixItems": [rows],
+    }
+    return {**TENSOR, "properties": {**TENSOR["properties"], "shape": shape}}
+
+
+def _infer(model: Model, example: dict[str, Any] | None, bounds: Bounds) -> dict[str, Any]:
     body: dict[str, Any] = {"schema": _ref("V2InferenceRequest")}
     inputs = _example_inputs(model, example)
     if inputs:
@@ -107,7 +124,7 @@ def _infer(model: Model, example: dict[str, Any] | None) -> dict[str, Any]:
                 },
                 "400": _error("a bad tensor (named), or malformed JSON"),
                 "404": _error("no such model or version"),
-                "413": _error("body over SERVING_MAX_BODY_BYTES"),
+                "413": _error(too_large(bounds)),
                 "500": _error("the handler failed"),
                 "503": _error("overloaded (see Retry-After) or not ready"),
                 "504": _error("no answer before the deadline"),
@@ -148,8 +165,15 @@ def _path_params(model: Model) -> tuple[dict[str, Any], dict[str, Any]]:
     return name, version
 
 
-def extend(document: dict[str, Any], model: Model, example: dict[str, Any] | None) -> None:
-    """Add the V2 routes to ``document`` (``openapi.document``'s)."""
+def extend(
+    document: dict[str, Any],
+    model: Model,
+    example: dict[str, Any] | None,
+    bounds: Bounds = UNBOUNDED,
+    max_rows: int | None = None,
+) -> None:
+    """Add the V2 routes to ``document`` (``openapi.document``'s); ``bounds`` and
+    ``max_rows`` (SERVING_MAX_QUEUE) are the server's limits on a request."""
     name, version = _path_params(model)
     paths = document["paths"]
     paths["/v2"] = _get("V2 server metadata", _ref("V2ServerMetadata"))
@@ -161,7 +185,7 @@ def extend(document: dict[str, Any], model: Model, example: dict[str, Any] | Non
     ):
         paths[path] = _get("V2 model metadata", _ref("V2ModelMetadata"), not_found=True)
         paths[f"{path}/ready"] = _ready("V2: the model is ready", not_found=True)
-        paths[f"{path}/infer"] = _infer(model, example)
+        paths[f"{path}/infer"] = _infer(model, example, bounds)
         for suffix in ("", "/ready", "/infer"):
             paths[path + suffix]["parameters"] = parameters
     document["components"]["schemas"].update(
@@ -187,28 +211,38 @@ def extend(document: dict[str, Any], model: Model, example: dict[str, Any] | Non
                     "outputs": {"type": "array", "items": METADATA_TENSOR},
                 },
             },
-            "V2InferenceRequest": {
-                "type": "object",
-                "required": ["inputs"],
-                "properties": {
-                    "id": {"type": "string"},
-                    "parameters": _PARAMETERS,
-                    "inputs": {"type": "array", "minItems": 1, "items": TENSOR},
-                    "outputs": {
-                        "type": "array",
-                        "items": {
-                            "type": "object",
-                            "required": ["name"],
-                            "properties": {"name": {"type": "string"}, "parameters": _PARAMETERS},
+            "V2InferenceRequest": bounded(
+                {
+                    "type": "object",
+                    "required": ["inputs"],
+                    "properties": {
+                        "id": {"type": "string"},
+                        "parameters": _PARAMETERS,
+                        "inputs": {
+                            "type": "array",
+                            "minItems": 1,
+                            "items": _input_tensor(max_rows),
+                        },
+                        "outputs": {
+                            "type": "array",
+                            "items": {
+                                "type": "object",
+                                "required": ["name"],
+                                "properties": {
+                                    "name": {"type": "string"},
+                                    "parameters": _PARAMETERS,
+                                },
+                            },
                         },
                     },
                 },
-            },
+                bounds.max_string_chars,
+            ),
         }
     )
 
 
-def extend_generate(document: dict[str, Any], model: Model) -> None:
+def extend_generate(document: dict[str, Any], model: Model, bounds: Bounds = UNBOUNDED) -> None:
     """Add V2's generate extension (``generateroutes``), served for a text generator."""
     name, version = _path_params(model)
     body = {
@@ -223,7 +257,7 @@ def extend_generate(document: dict[str, Any], model: Model) -> None:
     errors = {
         "400": _error("no text_input, or parameters the handler refuses"),
         "404": _error("no such model or version"),
-        "413": _error("body over SERVING_MAX_BODY_BYTES"),
+        "413": _error(too_large(bounds)),
         "503": _error("overloaded (see Retry-After) or not ready"),
         "504": _error("no answer before the deadline"),
     }
@@ -267,17 +301,20 @@ def extend_generate(document: dict[str, Any], model: Model) -> None:
         }
     document["components"]["schemas"].update(
         {
-            "V2GenerateRequest": {
-                "type": "object",
-                "required": ["text_input"],
-                "properties": {
-                    "text_input": {"type": "string", "description": "the prompt"},
-                    "parameters": {
-                        **_PARAMETERS,
-                        "description": "the handler's parameters (max_tokens, temperature...)",
+            "V2GenerateRequest": bounded(
+                {
+                    "type": "object",
+                    "required": ["text_input"],
+                    "properties": {
+                        "text_input": {"type": "string", "description": "the prompt"},
+                        "parameters": {
+                            **_PARAMETERS,
+                            "description": "the handler's parameters (max_tokens, temperature...)",
+                        },
                     },
                 },
-            },
+                bounds.max_string_chars,
+            ),
             "V2GenerateResponse": {
                 "type": "object",
                 "required": ["model_name", "model_version", "text_output"],
