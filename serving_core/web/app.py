@@ -20,6 +20,7 @@ from serving_core.v2.model import Model
 from serving_core.web import (
     arrival,
     docs,
+    generateopenapi,
     generateroutes,
     guard,
     incoming,
@@ -197,7 +198,7 @@ def _add_text_routes(
     openairoutes.add_routes(app, door, text, limits)
 
     def describe(document: dict[str, Any], bounds: openapi.Bounds) -> None:
-        v2openapi.extend_generate(document, model, bounds)
+        generateopenapi.extend(document, model, bounds)
         openaiopenapi.extend(document, service.name, bounds)
 
     return describe

@@ -10,6 +10,7 @@ import pytest
 from flask import Flask
 from openapi_spec_validator import validate
 
+from serving_core.v2.request import MAX_TENSORS
 from serving_core.v2.tensors import MAX_RANK
 from serving_core.web.openapirules import METHODS
 from tests.conftest import HANDLERS, make_app
@@ -104,6 +105,8 @@ def test_the_bodies_carry_the_servers_limits(started):
     shape = request["properties"]["inputs"]["items"]["properties"]["shape"]
     assert (shape["minItems"], shape["maxItems"]) == (1, MAX_RANK)
     assert shape["prefixItems"] == [{"type": "integer", "minimum": 1, "maximum": 40}]
+    assert request["properties"]["inputs"]["maxItems"] == MAX_TENSORS
+    assert request["properties"]["outputs"]["maxItems"] == MAX_TENSORS
     jobs = document_of(started(jobs_enabled="true"))["paths"]["/jobs"]["post"]
     (key,) = jobs["parameters"]
     assert key["schema"]["pattern"] == "^[A-Za-z0-9._:/+=-]{1,128}$"
