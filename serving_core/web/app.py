@@ -163,7 +163,9 @@ def _document(
 ) -> dict[str, Any]:
     """``/openapi.json``'s document: every route served, the server's limits on their
     requests, and with API keys, which routes need one."""
-    bounds = openapi.Bounds(settings.max_body_bytes, settings.max_string_chars)
+    bounds = openapi.Bounds(
+        settings.max_body_bytes, settings.max_string_chars, settings.max_json_depth
+    )
     document = openapi.document(
         service.name,
         service.handler.version,

@@ -15,11 +15,14 @@ from serving_core.web.openapirules import bounded
 
 class Bounds(NamedTuple):
     """What the server refuses past, as the document states it: a body's bytes
-    (SERVING_MAX_BODY_BYTES, a 413) and a JSON string's or key's characters
-    (SERVING_MAX_STRING_CHARS, a 400, as ``maxLength``); ``None``: not stated."""
+    (SERVING_MAX_BODY_BYTES, a 413), a JSON string's or key's characters
+    (SERVING_MAX_STRING_CHARS, a 400, as ``maxLength``) and a JSON body's depth
+    (SERVING_MAX_JSON_DEPTH, a 400, which JSON Schema cannot bound: in words);
+    ``None``: not stated."""
 
     max_body_bytes: int | None = None
     max_string_chars: int | None = None
+    max_json_depth: int | None = None
 
 
 UNBOUNDED = Bounds()
@@ -91,6 +94,16 @@ def too_large(bounds: Bounds) -> str:
     """The ``413``'s description, with the limit where it is known."""
     limit = f" ({bounds.max_body_bytes} bytes here)" if bounds.max_body_bytes else ""
     return f"body over SERVING_MAX_BODY_BYTES{limit}"
+
+
+def too_deep(bounds: Bounds) -> str:
+    """A JSON body's depth limit, for a body's description."""
+    if bounds.max_json_depth is None:
+        return ""
+    return (
+        f" A JSON body nested deeper than {bounds.max_json_depth} levels "
+        "(SERVING_MAX_JSON_DEPTH) is a 400."
+    )
 
 
 def _jobs(name: str, body: dict[str, Any], bounds: Bounds) -> dict[str, Any]:
@@ -180,7 +193,7 @@ def document(
             "the handler's parameters, merged over the query string's. They may also come "
             "as a form (application/x-www-form-urlencoded or multipart/form-data), each "
             "field a string and each file its bytes; the handler's schema then applies to "
-            "those, which is why only JSON is described here"
+            "those, which is why only JSON is described here." + too_deep(bounds)
         ),
         "content": {"application/json": json_body},
     }

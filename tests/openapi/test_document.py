@@ -93,13 +93,14 @@ def test_with_keys_each_operation_says_whether_it_needs_one_as_the_server_does(
 
 
 def test_the_bodies_carry_the_servers_limits(started):
-    app = started(max_string_chars="300", max_body_bytes="5000", max_queue="40")
+    app = started(max_string_chars="300", max_body_bytes="5000", max_queue="40", max_json_depth="9")
     document = document_of(app)
     predict = document["paths"]["/predict"]["post"]
     body = predict["requestBody"]["content"]["application/json"]["schema"]
     assert body["properties"]["text"]["maxLength"] == 300
     assert body["propertyNames"]["maxLength"] == 300
     assert "5000 bytes" in predict["responses"]["413"]["description"]
+    assert "deeper than 9 levels" in predict["requestBody"]["description"]
     request = document["components"]["schemas"]["V2InferenceRequest"]
     assert request["properties"]["id"]["maxLength"] == 300
     shape = request["properties"]["inputs"]["items"]["properties"]["shape"]
