@@ -164,7 +164,10 @@ def _document(
     """``/openapi.json``'s document: every route served, the server's limits on their
     requests, and with API keys, which routes need one."""
     bounds = openapi.Bounds(
-        settings.max_body_bytes, settings.max_string_chars, settings.max_json_depth
+        settings.max_body_bytes,
+        settings.max_string_chars,
+        settings.max_json_depth,
+        settings.max_tokens if service.generates else None,
     )
     document = openapi.document(
         service.name,

@@ -7,7 +7,7 @@ from typing import Any
 
 from serving_core.v2.model import Model
 from serving_core.web.openapi import REQUEST_HEADERS, UNBOUNDED, Bounds, too_large
-from serving_core.web.openapirules import bounded
+from serving_core.web.openapirules import bounded, sse_events, tokens_bounded
 from serving_core.web.v2openapi import PARAMETERS, error_of, json_of, path_params, ref
 
 
@@ -30,12 +30,12 @@ def extend(document: dict[str, Any], model: Model, bounds: Bounds = UNBOUNDED) -
         "503": error_of("overloaded (see Retry-After) or not ready"),
         "504": error_of("no answer before the deadline"),
     }
-    events = {
-        "type": "string",
-        "description": "server-sent events: `data: {V2GenerateResponse}` per chunk, then one "
-        "with finish_reason (stop or length); an error after the first chunk is a last "
-        '`data: {"error": "..."}`',
-    }
+    events = sse_events(
+        {"anyOf": [ref("V2GenerateResponse"), ref("V2Error")]},
+        "server-sent events: `data: {V2GenerateResponse}` per chunk, then one with "
+        'finish_reason (stop or length); an error after the first chunk is a last `data: {"error": '
+        '"..."}`',
+    )
     paths = document["paths"]
     for path, parameters in (
         ("/v2/models/{name}", [name]),
@@ -76,10 +76,15 @@ def extend(document: dict[str, Any], model: Model, bounds: Bounds = UNBOUNDED) -
                     "required": ["text_input"],
                     "properties": {
                         "text_input": {"type": "string", "description": "the prompt"},
-                        "parameters": {
-                            **PARAMETERS,
-                            "description": "the handler's parameters (max_tokens, temperature...)",
-                        },
+                        "parameters": tokens_bounded(
+                            {
+                                **PARAMETERS,
+                                "description": "the handler's parameters (max_tokens, "
+                                "temperature...)",
+                                "properties": {"max_tokens": {"type": "integer"}},
+                            },
+                            bounds.max_tokens,
+                        ),
                     },
                 },
                 bounds.max_string_chars,

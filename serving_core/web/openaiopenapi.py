@@ -24,25 +24,37 @@ ERROR = {
         }
     },
 }
-_SAMPLING = {
+_SAMPLING: dict[str, dict[str, Any]] = {
     "max_tokens": {"type": ["integer", "null"], "minimum": 1},
     "max_completion_tokens": {"type": ["integer", "null"], "minimum": 1},
     "temperature": {"type": ["number", "null"]},
     "top_p": {"type": ["number", "null"]},
     "stop": {"type": ["string", "array", "null"]},
     "seed": {"type": ["integer", "null"]},
-    "n": {"const": 1},
+    # One choice a request; null is the default's.
+    "n": {"type": ["integer", "null"], "minimum": 1, "maximum": 1},
     "stream": {"type": ["boolean", "null"]},
     "stream_options": {
         "type": ["object", "null"],
         "properties": {"include_usage": {"type": "boolean"}},
     },
 }
+# Each event's data: a chunk or, after the first, an error, both JSON; then [DONE].
 _STREAM = {
-    "type": "string",
+    "type": "object",
+    "required": ["data"],
     "description": "with stream: true, server-sent events: `data: {chunk}` per chunk, the last "
     "with finish_reason, then `data: [DONE]`; an error after the first chunk is a last "
     '`data: {"error": {...}}`',
+    "properties": {
+        "data": {
+            "type": "string",
+            "anyOf": [
+                {"const": "[DONE]"},
+                {"contentMediaType": "application/json", "contentSchema": {"type": "object"}},
+            ],
+        }
+    },
 }
 
 
@@ -122,10 +134,27 @@ def extend(document: dict[str, Any], model: str, bounds: Bounds = UNBOUNDED) -> 
             "required": ["role"],
             "properties": {
                 "role": {"type": "string"},
-                "content": {"type": ["string", "array", "null"]},
+                # Text only: a string, or parts each {"type": "text", "text": ...}.
+                "content": {
+                    "type": ["string", "array", "null"],
+                    "items": {
+                        "type": "object",
+                        "required": ["type", "text"],
+                        "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
+                    },
+                },
             },
         },
     }
+    sampling = _SAMPLING
+    if bounds.max_tokens is not None:
+        # Either name is the generation's max_tokens (SERVING_MAX_TOKENS at most).
+        most = {"maximum": bounds.max_tokens}
+        sampling = {
+            **_SAMPLING,
+            "max_tokens": {**_SAMPLING["max_tokens"], **most},
+            "max_completion_tokens": {**_SAMPLING["max_completion_tokens"], **most},
+        }
     document["components"]["schemas"].update(
         {
             "OpenAIError": ERROR,
@@ -135,8 +164,9 @@ def extend(document: dict[str, Any], model: str, bounds: Bounds = UNBOUNDED) -> 
                     "required": ["model", "prompt"],
                     "properties": {
                         "model": {"enum": [model]},
-                        "prompt": {"type": ["string", "array"]},
-                        **_SAMPLING,
+                        # One prompt, a string: token arrays and several prompts are refused.
+                        "prompt": {"type": "string"},
+                        **sampling,
                     },
                 },
                 bounds.max_string_chars,
@@ -145,7 +175,7 @@ def extend(document: dict[str, Any], model: str, bounds: Bounds = UNBOUNDED) -> 
                 {
                     "type": "object",
                     "required": ["model", "messages"],
-                    "properties": {"model": {"enum": [model]}, "messages": messages, **_SAMPLING},
+                    "properties": {"model": {"enum": [model]}, "messages": messages, **sampling},
                 },
                 bounds.max_string_chars,
             ),

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from serving_core.web.incoming import REQUEST_ID_OK
-from serving_core.web.openapirules import bounded
+from serving_core.web.openapirules import bounded, tokens_bounded
 
 
 class Bounds(NamedTuple):
@@ -23,6 +23,8 @@ class Bounds(NamedTuple):
     max_body_bytes: int | None = None
     max_string_chars: int | None = None
     max_json_depth: int | None = None
+    # A generating handler's SERVING_MAX_TOKENS, on its max_tokens parameter.
+    max_tokens: int | None = None
 
 
 UNBOUNDED = Bounds()
@@ -182,7 +184,8 @@ def document(
     the body the docs page's "Try it out" starts from. ``bounds``: the server's
     limits, stated on the request bodies."""
     params = input_schema or {"type": "object"}
-    json_body: dict[str, Any] = {"schema": bounded(params, bounds.max_string_chars)}
+    schema = bounded(params, bounds.max_string_chars)
+    json_body: dict[str, Any] = {"schema": schema}
     if example is not None:
         json_body["example"] = example
     body = {
@@ -197,6 +200,9 @@ def document(
         ),
         "content": {"application/json": json_body},
     }
+    # /predict refuses a max_tokens past SERVING_MAX_TOKENS before it runs.
+    predict_json = {**json_body, "schema": tokens_bounded(schema, bounds.max_tokens)}
+    predict_body = {**body, "content": {"application/json": predict_json}}
     predict = {
         "summary": f"Run {name} on one request",
         "description": (
@@ -204,7 +210,7 @@ def document(
             "are the handler's parameters."
         ),
         "parameters": REQUEST_HEADERS,
-        "requestBody": body,
+        "requestBody": predict_body,
         "responses": {
             "200": {
                 **_json("the handler's output"),
@@ -253,6 +259,7 @@ def document(
         "components": {"schemas": {"Error": ERROR}},
     }
     if jobs:
+        # A job's max_tokens is checked when it runs (a failed job), not when it is queued.
         document["paths"].update(_jobs(name, body, bounds))
         document["components"]["schemas"]["Job"] = JOB
     return document

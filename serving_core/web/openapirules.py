@@ -105,3 +105,35 @@ def _bound(schema: Any, max_chars: int) -> None:
     for keyword in _SCHEMA_LISTS:
         for sub in schema.get(keyword) or []:
             _bound(sub, max_chars)
+
+
+def sse_events(data: dict[str, Any], description: str) -> dict[str, Any]:
+    """The schema of one server-sent event whose ``data`` is JSON of the schema ``data``:
+    what a client, or schemathesis, checks each event of a ``text/event-stream`` by."""
+    return {
+        "type": "object",
+        "required": ["data"],
+        "description": description,
+        "properties": {
+            "data": {
+                "type": "string",
+                "contentMediaType": "application/json",
+                "contentSchema": data,
+            }
+        },
+    }
+
+
+def tokens_bounded(schema: dict[str, Any], max_tokens: int | None) -> dict[str, Any]:
+    """``schema`` with its ``max_tokens`` property, where it has one, from 1 to
+    ``max_tokens`` (SERVING_MAX_TOKENS: a generating handler refuses more)."""
+    asked = (schema.get("properties") or {}).get("max_tokens")
+    if max_tokens is None or not isinstance(asked, dict):
+        return schema
+    least = max(asked.get("minimum", 1), 1)
+    most = min(asked.get("maximum", max_tokens), max_tokens)
+    properties = {
+        **schema["properties"],
+        "max_tokens": {**asked, "minimum": least, "maximum": most},
+    }
+    return {**schema, "properties": properties}

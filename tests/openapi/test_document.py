@@ -138,3 +138,42 @@ def test_no_body_is_optional_only_when_the_handler_requires_nothing(started):
     document = document_of(app)
     assert document["paths"]["/predict"]["post"]["requestBody"]["required"] is False
     assert app.test_client().post("/predict?text=from-the-query").status_code == 200
+
+
+GENERATING = str(HANDLERS / "generating" / "handler.py")
+
+
+def test_a_generators_max_tokens_is_bounded_where_the_server_refuses_more(started):
+    app = started(handler=GENERATING, max_tokens="40")
+    document = document_of(app)
+    schemas = document["components"]["schemas"]
+    predict = document["paths"]["/predict"]["post"]["requestBody"]["content"]
+    assert predict["application/json"]["schema"]["properties"]["max_tokens"]["maximum"] == 40
+    # A job's max_tokens is checked when it runs: /jobs takes it.
+    jobs = document["paths"]["/jobs"]["post"]["requestBody"]["content"]
+    assert "maximum" not in jobs["application/json"]["schema"]["properties"]["max_tokens"]
+    for name in ("OpenAICompletionRequest", "OpenAIChatRequest"):
+        for field in ("max_tokens", "max_completion_tokens"):
+            assert schemas[name]["properties"][field]["maximum"] == 40
+    generate = schemas["V2GenerateRequest"]["properties"]["parameters"]
+    assert generate["properties"]["max_tokens"] == {"type": "integer", "minimum": 1, "maximum": 40}
+    client = app.test_client()
+    over = {"text_input": "a", "parameters": {"max_tokens": 41}}
+    assert client.post("/v2/models/generating/generate", json=over).status_code == 400
+    assert client.post("/predict", json={"prompt": "a", "max_tokens": 41}).status_code == 400
+
+
+def test_a_streams_events_are_described_one_by_one(started):
+    """schemathesis checks each server-sent event against the schema: its data's JSON."""
+    document = document_of(started(handler=GENERATING))
+    stream = document["paths"]["/v2/models/{name}/generate_stream"]["post"]["responses"]["200"]
+    event = stream["content"]["text/event-stream"]["schema"]
+    assert event["required"] == ["data"]
+    data = event["properties"]["data"]
+    assert data["contentMediaType"] == "application/json"
+    assert data["contentSchema"]["anyOf"][0] == {"$ref": "#/components/schemas/V2GenerateResponse"}
+    completions = document["paths"]["/v1/completions"]["post"]["responses"]["200"]["content"]
+    done = completions["text/event-stream"]["schema"]["properties"]["data"]["anyOf"][0]
+    assert done == {"const": "[DONE]"}
+    prompt = document["components"]["schemas"]["OpenAICompletionRequest"]["properties"]["prompt"]
+    assert prompt == {"type": "string", "maxLength": 256 * 1024}
