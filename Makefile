@@ -65,7 +65,7 @@ HANDLER_DIR ?= $(DEFAULT_HANDLER_DIR)
 SHARED_DIRS ?=
 IMAGE ?= serving-core:$(notdir $(patsubst %/,%,$(HANDLER_DIR)))$(if $(filter-out cpu,$(TORCH_VARIANT)),-$(TORCH_VARIANT))
 
-.PHONY: serve test test-fast test-template fuzz lint typecheck docs check image install install-dev install-handlers \
+.PHONY: serve test test-fast test-template fuzz schemathesis lint typecheck docs check image install install-dev install-handlers \
 	system-deps bench clean docs-settings chart-docs chart-docs-tools textgen-model
 
 ## make serve: install the framework and $SERVING_HANDLER's requirements, then serve it.
@@ -90,6 +90,11 @@ test-template: install-dev system-deps
 ## make fuzz: tests/web/test_fuzz.py with 1,000 generated cases per test (make test runs 15).
 fuzz: install-dev
 	FUZZ_EXAMPLES=$${FUZZ_EXAMPLES:-1000} $(BIN)/pytest -p no:cacheprovider tests/web/test_fuzz.py
+
+## make schemathesis: tests/openapi/test_schemathesis.py with 500 cases per operation (make test runs 10).
+schemathesis: install-dev
+	SCHEMATHESIS_EXAMPLES=$${SCHEMATHESIS_EXAMPLES:-500} $(BIN)/pytest -p no:cacheprovider \
+	  tests/openapi/test_schemathesis.py
 
 lint: $(BIN)/.dev
 	$(BIN)/ruff check .

@@ -20,12 +20,14 @@ from serving_core.v2.model import Model
 from serving_core.web import (
     arrival,
     docs,
+    generateopenapi,
     generateroutes,
     guard,
     incoming,
     openaiopenapi,
     openairoutes,
     openapi,
+    openapirules,
     v2openapi,
     v2routes,
 )
@@ -121,15 +123,7 @@ def create_app(settings: Settings, service: Service, metrics: Metrics) -> Flask:
     if described:
         api.add_resource(Metadata, "/metadata", resource_class_args=(service,))
         api.add_resource(MetricsEndpoint, "/metrics", resource_class_args=(metrics, service.jobs))
-        document = openapi.document(
-            service.name,
-            service.handler.version,
-            service.handler.input_schema,
-            jobs=settings.jobs_enabled,
-            example=service.loaded.sample,
-        )
-        v2openapi.extend(document, v2model, service.loaded.sample)
-        describe_text(document)
+        document = _document(settings, service, v2model, keys_guard, describe_text)
         api.add_resource(OpenAPI, "/openapi.json", resource_class_args=(document,))
     if settings.docs_enabled and described:
         # Plain routes, not Resources: HTML and static files, not JSON. When
@@ -161,6 +155,36 @@ def create_app(settings: Settings, service: Service, metrics: Metrics) -> Flask:
     return _traced(app)
 
 
+def _document(
+    settings: Settings,
+    service: Service,
+    model: Model,
+    keys_guard: guard.Guard,
+    describe_text: Callable[[dict[str, Any], openapi.Bounds], None],
+) -> dict[str, Any]:
+    """``/openapi.json``'s document: every route served, the server's limits on their
+    requests, and with API keys, which routes need one."""
+    bounds = openapi.Bounds(
+        settings.max_body_bytes,
+        settings.max_string_chars,
+        settings.max_json_depth,
+        settings.max_tokens if service.generates else None,
+    )
+    document = openapi.document(
+        service.name,
+        service.handler.version,
+        service.handler.input_schema,
+        jobs=settings.jobs_enabled,
+        example=service.loaded.sample,
+        bounds=bounds,
+    )
+    v2openapi.extend(document, model, service.loaded.sample, bounds, settings.max_queue)
+    describe_text(document, bounds)
+    if keys_guard.keys:
+        openapirules.secure(document, guard.OPEN_PATHS | keys_guard.public)
+    return document
+
+
 def _traced(app: Flask) -> Flask:
     # Outermost, so the request's span holds every hook and route (SERVING_TRACES).
     app.wsgi_app = Traced(app.wsgi_app)  # type: ignore[method-assign]
@@ -169,19 +193,19 @@ def _traced(app: Flask) -> Flask:
 
 def _add_text_routes(
     app: Flask, model: Model, door: FrontDoor, limits: JsonLimits
-) -> Callable[[dict[str, Any]], None]:
+) -> Callable[[dict[str, Any], openapi.Bounds], None]:
     """A text generator's own fronts, V2's generate extension and OpenAI's API; what
     adds their paths to the OpenAPI document. Any other handler's app has neither."""
     service = door.service
     text = service.handler.text if service.generates else None
     if text is None:
-        return lambda document: None
+        return lambda document, bounds: None
     generateroutes.add_routes(app, model, door, text, limits)
     openairoutes.add_routes(app, door, text, limits)
 
-    def describe(document: dict[str, Any]) -> None:
-        v2openapi.extend_generate(document, model)
-        openaiopenapi.extend(document, service.name)
+    def describe(document: dict[str, Any], bounds: openapi.Bounds) -> None:
+        generateopenapi.extend(document, model, bounds)
+        openaiopenapi.extend(document, service.name, bounds)
 
     return describe
 

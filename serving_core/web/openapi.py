@@ -7,7 +7,27 @@ OpenAPI 3.1 takes as it is.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
+
+from serving_core.web.incoming import REQUEST_ID_OK
+from serving_core.web.openapirules import bounded, tokens_bounded
+
+
+class Bounds(NamedTuple):
+    """What the server refuses past, as the document states it: a body's bytes
+    (SERVING_MAX_BODY_BYTES, a 413), a JSON string's or key's characters
+    (SERVING_MAX_STRING_CHARS, a 400, as ``maxLength``) and a JSON body's depth
+    (SERVING_MAX_JSON_DEPTH, a 400, which JSON Schema cannot bound: in words);
+    ``None``: not stated."""
+
+    max_body_bytes: int | None = None
+    max_string_chars: int | None = None
+    max_json_depth: int | None = None
+    # A generating handler's SERVING_MAX_TOKENS, on its max_tokens parameter.
+    max_tokens: int | None = None
+
+
+UNBOUNDED = Bounds()
 
 # The request headers every inference route takes (/predict, V2's infer).
 REQUEST_HEADERS: list[dict[str, Any]] = [
@@ -72,7 +92,23 @@ JOB = {
 }
 
 
-def _jobs(name: str, body: dict[str, Any]) -> dict[str, Any]:
+def too_large(bounds: Bounds) -> str:
+    """The ``413``'s description, with the limit where it is known."""
+    limit = f" ({bounds.max_body_bytes} bytes here)" if bounds.max_body_bytes else ""
+    return f"body over SERVING_MAX_BODY_BYTES{limit}"
+
+
+def too_deep(bounds: Bounds) -> str:
+    """A JSON body's depth limit, for a body's description."""
+    if bounds.max_json_depth is None:
+        return ""
+    return (
+        f" A JSON body nested deeper than {bounds.max_json_depth} levels "
+        "(SERVING_MAX_JSON_DEPTH) is a 400."
+    )
+
+
+def _jobs(name: str, body: dict[str, Any], bounds: Bounds) -> dict[str, Any]:
     job_id = {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"}}
     job = {"$ref": "#/components/schemas/Job"}
     return {
@@ -85,7 +121,10 @@ def _jobs(name: str, body: dict[str, Any]) -> dict[str, Any]:
                         "in": "header",
                         "description": "a repeated submission with the same key returns "
                         "the same job",
-                        "schema": {"type": "string", "maxLength": 128},
+                        "schema": {
+                            "type": "string",
+                            "pattern": f"^{REQUEST_ID_OK.pattern}$",
+                        },
                     }
                 ],
                 "requestBody": body,
@@ -102,6 +141,8 @@ def _jobs(name: str, body: dict[str, Any]) -> dict[str, Any]:
                         },
                     ),
                     "400": _error("malformed body or invalid parameters"),
+                    "413": _error(too_large(bounds)),
+                    "415": _error("a body that is neither JSON nor a form"),
                     "422": _error("Idempotency-Key reused with other parameters"),
                     "429": _error("this API key's unfinished jobs are at its quota"),
                     "503": _error("the job queue is full (see Retry-After)"),
@@ -137,21 +178,31 @@ def document(
     *,
     jobs: bool = False,
     example: dict[str, Any] | None = None,
+    bounds: Bounds = UNBOUNDED,
 ) -> dict[str, Any]:
     """``example`` (the handler's ``sample.json``) becomes the JSON body's example,
-    the body the docs page's "Try it out" starts from."""
+    the body the docs page's "Try it out" starts from. ``bounds``: the server's
+    limits, stated on the request bodies."""
     params = input_schema or {"type": "object"}
-    json_body: dict[str, Any] = {"schema": params}
+    schema = bounded(params, bounds.max_string_chars)
+    json_body: dict[str, Any] = {"schema": schema}
     if example is not None:
         json_body["example"] = example
     body = {
-        "required": True,
-        "content": {
-            "application/json": json_body,
-            "application/x-www-form-urlencoded": {"schema": params},
-            "multipart/form-data": {"schema": params},
-        },
+        # No body is a request of the query string's parameters alone: one the
+        # handler takes when its schema requires nothing.
+        "required": bool(params.get("required")),
+        "description": (
+            "the handler's parameters, merged over the query string's. They may also come "
+            "as a form (application/x-www-form-urlencoded or multipart/form-data), each "
+            "field a string and each file its bytes; the handler's schema then applies to "
+            "those, which is why only JSON is described here." + too_deep(bounds)
+        ),
+        "content": {"application/json": json_body},
     }
+    # /predict refuses a max_tokens past SERVING_MAX_TOKENS before it runs.
+    predict_json = {**json_body, "schema": tokens_bounded(schema, bounds.max_tokens)}
+    predict_body = {**body, "content": {"application/json": predict_json}}
     predict = {
         "summary": f"Run {name} on one request",
         "description": (
@@ -159,7 +210,7 @@ def document(
             "are the handler's parameters."
         ),
         "parameters": REQUEST_HEADERS,
-        "requestBody": body,
+        "requestBody": predict_body,
         "responses": {
             "200": {
                 **_json("the handler's output"),
@@ -177,7 +228,7 @@ def document(
                 },
             },
             "400": _error("malformed body or invalid parameters"),
-            "413": _error("body over SERVING_MAX_BODY_BYTES"),
+            "413": _error(too_large(bounds)),
             "415": _error("a body that is neither JSON nor a form"),
             "500": _error("the handler failed"),
             "503": _error("overloaded (see Retry-After) or not ready"),
@@ -208,6 +259,7 @@ def document(
         "components": {"schemas": {"Error": ERROR}},
     }
     if jobs:
-        document["paths"].update(_jobs(name, body))
+        # A job's max_tokens is checked when it runs (a failed job), not when it is queued.
+        document["paths"].update(_jobs(name, body, bounds))
         document["components"]["schemas"]["Job"] = JOB
     return document

@@ -151,11 +151,19 @@ def _urlencoded(data: bytes) -> dict[str, Any]:
 
 
 def _multipart(request: Request) -> dict[str, Any]:
+    # Not request.form: werkzeug's parser is silent there, and a cut or malformed body
+    # (no closing boundary, a part without its headers) would be served as an empty form.
+    parser = request.make_form_data_parser()
+    parser.silent = False
     try:
-        form = request.form
-        files = request.files
+        _, form, files = parser.parse(
+            request.stream, request.mimetype, request.content_length, request.mimetype_params
+        )
     except ValueError as exc:
-        raise BadRequest(f"malformed multipart body: {shorten(str(exc), QUOTE_CHARS)}") from None
+        raise BadRequest(
+            f"malformed multipart body: {shorten(str(exc), QUOTE_CHARS)}; send each part "
+            "with its headers, and end the body with the closing boundary"
+        ) from None
     params = _flatten(form)
     for name, uploads in files.lists():
         contents = []

@@ -7,11 +7,14 @@ from typing import Any
 
 from serving_core.v2.datatypes import DATATYPES
 from serving_core.v2.model import Model
-from serving_core.web.openapi import REQUEST_HEADERS
+from serving_core.v2.request import MAX_TENSORS
+from serving_core.v2.tensors import MAX_RANK
+from serving_core.web.openapi import REQUEST_HEADERS, UNBOUNDED, Bounds, too_large
+from serving_core.web.openapirules import bounded
 
 ERROR = {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}}
-_PARAMETERS = {"type": "object", "description": "key/value parameters"}
-TENSOR = {
+PARAMETERS = {"type": "object", "description": "key/value parameters"}
+TENSOR: dict[str, Any] = {
     "type": "object",
     "required": ["name", "datatype", "shape"],
     "properties": {
@@ -23,7 +26,7 @@ TENSOR = {
             "description": "the first dimension is the batch: one row per handler request",
         },
         "parameters": {
-            **_PARAMETERS,
+            **PARAMETERS,
             "description": "binary_data_size: the tensor's bytes follow the JSON "
             "(Inference-Header-Content-Length), instead of data",
         },
@@ -41,33 +44,74 @@ METADATA_TENSOR = {
 }
 
 
-def _ref(name: str) -> dict[str, str]:
+def ref(name: str) -> dict[str, str]:
     return {"$ref": f"#/components/schemas/{name}"}
 
 
-def _json(description: str, schema: dict[str, Any]) -> dict[str, Any]:
+def json_of(description: str, schema: dict[str, Any]) -> dict[str, Any]:
     return {"description": description, "content": {"application/json": {"schema": schema}}}
 
 
-def _error(description: str) -> dict[str, Any]:
-    return _json(description, _ref("V2Error"))
+def error_of(description: str) -> dict[str, Any]:
+    return json_of(description, ref("V2Error"))
 
 
 def _get(summary: str, schema: dict[str, Any], *, not_found: bool = False) -> dict[str, Any]:
-    responses = {"200": _json("ok", schema)}
+    responses = {"200": json_of("ok", schema)}
     if not_found:
-        responses["404"] = _error("no such model or version")
+        responses["404"] = error_of("no such model or version")
     return {"get": {"summary": summary, "responses": responses}}
 
 
 def _ready(summary: str, *, not_found: bool = False) -> dict[str, Any]:
     operation = _get(summary, {"type": "object"}, not_found=not_found)
-    operation["get"]["responses"]["503"] = _json("not ready", {"type": "object"})
+    operation["get"]["responses"]["503"] = json_of("not ready", {"type": "object"})
     return operation
 
 
-def _infer(model: Model, example: dict[str, Any] | None) -> dict[str, Any]:
-    body: dict[str, Any] = {"schema": _ref("V2InferenceRequest")}
+def _input_tensor(max_rows: int | None) -> dict[str, Any]:
+    """An input tensor as the server takes it: 1 to ``MAX_RANK`` dimensions, the first
+    (the rows) at least 1 and at most ``max_rows`` (SERVING_MAX_QUEUE)."""
+    rows: dict[str, Any] = {"type": "integer", "minimum": 1}
+    if max_rows is not None:
+        rows["maximum"] = max_rows
+    shape = {
+        **TENSOR["properties"]["shape"],
+        "minItems": 1,
+        "maxItems": MAX_RANK,
+        "prefixItems": [rows],
+    }
+    size = {"type": "integer", "minimum": 0}
+    binary = {"type": "object", "required": ["binary_data_size"]}
+    return {
+        **TENSOR,
+        "properties": {
+            **TENSOR["properties"],
+            "shape": shape,
+            "parameters": {
+                **TENSOR["properties"]["parameters"],
+                "properties": {"binary_data_size": size},
+            },
+        },
+        # Its elements come as JSON data, or after the JSON with binary_data_size.
+        "oneOf": [
+            {"required": ["data"], "properties": {"parameters": {"not": binary}}},
+            {
+                "required": ["parameters"],
+                "properties": {"parameters": binary},
+                "not": {"required": ["data"]},
+            },
+        ],
+    }
+
+
+def _flags(*names: str) -> dict[str, Any]:
+    """Parameters whose ``names`` are true or false (the binary extension's)."""
+    return {**PARAMETERS, "properties": {name: {"type": "boolean"} for name in names}}
+
+
+def _infer(model: Model, example: dict[str, Any] | None, bounds: Bounds) -> dict[str, Any]:
+    body: dict[str, Any] = {"schema": ref("V2InferenceRequest")}
     inputs = _example_inputs(model, example)
     if inputs:
         body["example"] = {"inputs": inputs}
@@ -96,7 +140,7 @@ def _infer(model: Model, example: dict[str, Any] | None) -> dict[str, Any]:
             "requestBody": {"required": True, "content": {"application/json": body}},
             "responses": {
                 "200": {
-                    **_json("the output tensors", response),
+                    **json_of("the output tensors", response),
                     "headers": {
                         "Inference-Header-Content-Length": {
                             "description": "with binary outputs: the JSON's length, the "
@@ -105,12 +149,12 @@ def _infer(model: Model, example: dict[str, Any] | None) -> dict[str, Any]:
                         }
                     },
                 },
-                "400": _error("a bad tensor (named), or malformed JSON"),
-                "404": _error("no such model or version"),
-                "413": _error("body over SERVING_MAX_BODY_BYTES"),
-                "500": _error("the handler failed"),
-                "503": _error("overloaded (see Retry-After) or not ready"),
-                "504": _error("no answer before the deadline"),
+                "400": error_of("a bad tensor (named), or malformed JSON"),
+                "404": error_of("no such model or version"),
+                "413": error_of(too_large(bounds)),
+                "500": error_of("the handler failed"),
+                "503": error_of("overloaded (see Retry-After) or not ready"),
+                "504": error_of("no answer before the deadline"),
             },
         }
     }
@@ -136,7 +180,7 @@ def _example_inputs(model: Model, example: dict[str, Any] | None) -> list[dict[s
     return inputs
 
 
-def _path_params(model: Model) -> tuple[dict[str, Any], dict[str, Any]]:
+def path_params(model: Model) -> tuple[dict[str, Any], dict[str, Any]]:
     """The ``{name}`` and ``{version}`` path parameters: this model's only."""
     name = {"name": "name", "in": "path", "required": True, "schema": {"enum": [model.name]}}
     version = {
@@ -148,20 +192,27 @@ def _path_params(model: Model) -> tuple[dict[str, Any], dict[str, Any]]:
     return name, version
 
 
-def extend(document: dict[str, Any], model: Model, example: dict[str, Any] | None) -> None:
-    """Add the V2 routes to ``document`` (``openapi.document``'s)."""
-    name, version = _path_params(model)
+def extend(
+    document: dict[str, Any],
+    model: Model,
+    example: dict[str, Any] | None,
+    bounds: Bounds = UNBOUNDED,
+    max_rows: int | None = None,
+) -> None:
+    """Add the V2 routes to ``document`` (``openapi.document``'s); ``bounds`` and
+    ``max_rows`` (SERVING_MAX_QUEUE) are the server's limits on a request."""
+    name, version = path_params(model)
     paths = document["paths"]
-    paths["/v2"] = _get("V2 server metadata", _ref("V2ServerMetadata"))
+    paths["/v2"] = _get("V2 server metadata", ref("V2ServerMetadata"))
     paths["/v2/health/live"] = _get("V2: alive", {"type": "object"})
     paths["/v2/health/ready"] = _ready("V2: ready to serve")
     for path, parameters in (
         ("/v2/models/{name}", [name]),
         ("/v2/models/{name}/versions/{version}", [name, version]),
     ):
-        paths[path] = _get("V2 model metadata", _ref("V2ModelMetadata"), not_found=True)
+        paths[path] = _get("V2 model metadata", ref("V2ModelMetadata"), not_found=True)
         paths[f"{path}/ready"] = _ready("V2: the model is ready", not_found=True)
-        paths[f"{path}/infer"] = _infer(model, example)
+        paths[f"{path}/infer"] = _infer(model, example, bounds)
         for suffix in ("", "/ready", "/infer"):
             paths[path + suffix]["parameters"] = parameters
     document["components"]["schemas"].update(
@@ -187,106 +238,34 @@ def extend(document: dict[str, Any], model: Model, example: dict[str, Any] | Non
                     "outputs": {"type": "array", "items": METADATA_TENSOR},
                 },
             },
-            "V2InferenceRequest": {
-                "type": "object",
-                "required": ["inputs"],
-                "properties": {
-                    "id": {"type": "string"},
-                    "parameters": _PARAMETERS,
-                    "inputs": {"type": "array", "minItems": 1, "items": TENSOR},
-                    "outputs": {
-                        "type": "array",
-                        "items": {
-                            "type": "object",
-                            "required": ["name"],
-                            "properties": {"name": {"type": "string"}, "parameters": _PARAMETERS},
+            "V2InferenceRequest": bounded(
+                {
+                    "type": "object",
+                    "required": ["inputs"],
+                    "properties": {
+                        "id": {"type": "string"},
+                        "parameters": _flags("binary_data_output"),
+                        "inputs": {
+                            "type": "array",
+                            "minItems": 1,
+                            "maxItems": MAX_TENSORS,
+                            "items": _input_tensor(max_rows),
+                        },
+                        "outputs": {
+                            "type": "array",
+                            "maxItems": MAX_TENSORS,
+                            "items": {
+                                "type": "object",
+                                "required": ["name"],
+                                "properties": {
+                                    "name": {"type": "string"},
+                                    "parameters": _flags("binary_data"),
+                                },
+                            },
                         },
                     },
                 },
-            },
-        }
-    )
-
-
-def extend_generate(document: dict[str, Any], model: Model) -> None:
-    """Add V2's generate extension (``generateroutes``), served for a text generator."""
-    name, version = _path_params(model)
-    body = {
-        "required": True,
-        "content": {
-            "application/json": {
-                "schema": _ref("V2GenerateRequest"),
-                "example": {"text_input": "Once upon a time", "parameters": {"max_tokens": 16}},
-            }
-        },
-    }
-    errors = {
-        "400": _error("no text_input, or parameters the handler refuses"),
-        "404": _error("no such model or version"),
-        "413": _error("body over SERVING_MAX_BODY_BYTES"),
-        "503": _error("overloaded (see Retry-After) or not ready"),
-        "504": _error("no answer before the deadline"),
-    }
-    events = {
-        "type": "string",
-        "description": "server-sent events: `data: {V2GenerateResponse}` per chunk, then one "
-        "with finish_reason (stop or length); an error after the first chunk is a last "
-        '`data: {"error": "..."}`',
-    }
-    paths = document["paths"]
-    for path, parameters in (
-        ("/v2/models/{name}", [name]),
-        ("/v2/models/{name}/versions/{version}", [name, version]),
-    ):
-        paths[f"{path}/generate"] = {
-            "parameters": parameters,
-            "post": {
-                "summary": f"Generate text with {model.name}: the whole output at once",
-                "parameters": REQUEST_HEADERS,
-                "requestBody": body,
-                "responses": {
-                    "200": _json("the generated text", _ref("V2GenerateResponse")),
-                    **errors,
-                },
-            },
-        }
-        paths[f"{path}/generate_stream"] = {
-            "parameters": parameters,
-            "post": {
-                "summary": f"Generate text with {model.name}, each chunk as it comes",
-                "parameters": REQUEST_HEADERS,
-                "requestBody": body,
-                "responses": {
-                    "200": {
-                        "description": "one event per chunk",
-                        "content": {"text/event-stream": {"schema": events}},
-                    },
-                    **errors,
-                },
-            },
-        }
-    document["components"]["schemas"].update(
-        {
-            "V2GenerateRequest": {
-                "type": "object",
-                "required": ["text_input"],
-                "properties": {
-                    "text_input": {"type": "string", "description": "the prompt"},
-                    "parameters": {
-                        **_PARAMETERS,
-                        "description": "the handler's parameters (max_tokens, temperature...)",
-                    },
-                },
-            },
-            "V2GenerateResponse": {
-                "type": "object",
-                "required": ["model_name", "model_version", "text_output"],
-                "properties": {
-                    "model_name": {"type": "string"},
-                    "model_version": {"type": "string"},
-                    "text_output": {"type": "string"},
-                    "finish_reason": {"enum": ["stop", "length"]},
-                },
-            },
+                bounds.max_string_chars,
+            ),
         }
     )

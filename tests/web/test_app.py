@@ -11,6 +11,7 @@ import pytest
 
 from serving_core.context import Context
 from serving_core.web.incoming import REQUEST_ID_OK, new_request_id
+from serving_core.web.openapirules import bounded
 from tests.conftest import make_app
 from tests.servers import wait_for
 
@@ -288,8 +289,11 @@ def test_the_openapi_document_is_valid_and_carries_the_handlers_schema(app, clie
     document = client.get("/openapi.json").get_json()
     validate(document)
     body = document["paths"]["/predict"]["post"]["requestBody"]["content"]
-    handler = app.extensions["serving_core"].handler
-    assert body["application/json"]["schema"] == handler.input_schema
+    service = app.extensions["serving_core"]
+    # The handler's schema, with SERVING_MAX_STRING_CHARS on its strings (openapirules).
+    limit = service.settings.max_string_chars
+    assert body["application/json"]["schema"] == bounded(service.handler.input_schema, limit)
+    assert body["application/json"]["schema"]["properties"]["text"]["maxLength"] == limit
     assert document["info"] == {"title": "probe", "version": "7"}
 
 

@@ -49,6 +49,10 @@ def test_multipart_fields_and_an_uploaded_file_as_bytes():
     assert request_params(request) == {"text": "hi", "image": b"\x89PNG\x00\xff"}
 
 
+def test_an_empty_multipart_form_is_no_fields():
+    assert request_params(make(b"--B--\r\n", "multipart/form-data; boundary=B")) == {}
+
+
 def test_no_body_and_no_content_type_is_just_the_query():
     assert request_params(make(query="a=1")) == {"a": "1"}
 
@@ -73,6 +77,15 @@ def test_no_body_and_no_content_type_is_just_the_query():
             "multipart/form-data; boundary=B",
             "not valid UTF-8",
         ),
+        # Found by schemathesis (issue 42): werkzeug's silent parser served these as {}.
+        (b"--B\r\nNone--B--\r\n", "multipart/form-data; boundary=B", "malformed multipart"),
+        (
+            b'--B\r\nContent-Disposition: form-data; name="text"\r\n\r\ncut short',
+            "multipart/form-data; boundary=B",
+            "end the body with the closing boundary",
+        ),
+        (b"garbage", "multipart/form-data; boundary=B", "malformed multipart"),
+        (b"x", "multipart/form-data", "malformed multipart body: Missing boundary"),
     ],
 )
 def test_a_bad_body_is_a_400_that_says_what_is_wrong(data, content_type, expected):
