@@ -181,7 +181,10 @@ def _document(
     v2openapi.extend(document, model, service.loaded.sample, bounds, settings.max_queue)
     describe_text(document, bounds)
     if keys_guard.keys:
-        openapirules.secure(document, guard.OPEN_PATHS | keys_guard.public)
+        opened = guard.OPEN_PATHS | keys_guard.public
+        if "/metadata" in keys_guard.public:  # SERVING_PUBLIC_METADATA: V2's too
+            opened |= {p for p in document["paths"] if guard.V2_DESCRIPTION.fullmatch(p)}
+        openapirules.secure(document, opened)
     return document
 
 

@@ -61,7 +61,12 @@ def test_without_keys_the_document_declares_no_security(started):
     [
         ({}, {"/healthz", "/readyz", "/metrics"}),
         ({"private_endpoints": "true"}, {"/healthz", "/readyz"}),
-        ({"public_metadata": "true"}, {"/healthz", "/readyz", "/metrics", "/metadata"}),
+        (
+            {"public_metadata": "true"},
+            # The V2 descriptions as /metadata (issue 42's I5).
+            {"/healthz", "/readyz", "/metrics", "/metadata", "/v2", "/v2/models/{name}"}
+            | {"/v2/models/{name}/versions/{version}"},
+        ),
     ],
 )
 def test_with_keys_each_operation_says_whether_it_needs_one_as_the_server_does(
