@@ -10,12 +10,18 @@
     → send the results, then the dead letters
     → after the next batch has run (or when none came): await both sinks'
       confirms, then ack the whole batch
+      a sink's ``Refused`` (the broker refused a message for its size): what it did
+      not confirm is sent again alone; a result refused alone → dead letter; a dead
+      letter refused alone → again with its input cut short (``outcome.Batch.cut``);
+      refused even so → logged. Then acked, all the same: never delivered for ever.
 
 Acked last, so a consumer that dies, or loses its broker, before the sinks
 confirmed loses nothing: the source hands the batch out again (at-least-once;
 a result may then be published twice, once per delivery). A ``BrokerError``
 closes the ends and opens them again after a back-off (exponential, jittered,
-capped), so a broker that restarts is waited for rather than crash-looped on.
+capped), so a broker that restarts is waited for rather than crash-looped on;
+it starts again from its first step only once a batch has been acked (or a
+take found nothing to do), not at the first take that works.
 
 Traced, each message is a ``message NAME`` span (a consumer's), a child of the
 span its ``traceparent`` header names (a new trace without one); the engine's
@@ -45,7 +51,9 @@ from serving_core.stream.base import (
     Message,
     MessageSink,
     MessageSource,
+    Outgoing,
     PartitionedSource,
+    Refused,
 )
 from serving_core.threads import held
 from serving_core.tracing.traceparent import HEADER as TRACEPARENT
@@ -127,7 +135,7 @@ class StreamLoop:
             # With a batch awaiting its confirms, take what is already here and no more:
             # waiting for new messages would hold that batch's acks.
             messages = ends.source.take(self.max_batch_size, 0.0 if sent else TAKE_WAIT_S)
-            if self._failures:
+            if self._failures and not messages and not sent:  # idle, and the broker answers
                 log.info("reconnected to the stream's broker after %d failure(s)", self._failures)
                 self._failures = 0
             self._observe_lag(ends.source, partitioned)
@@ -157,12 +165,55 @@ class StreamLoop:
             self._settle(ends, sent)
 
     def _settle(self, ends: Ends, sent: Sent) -> None:
-        ends.sink.confirm()
-        ends.dead.confirm()
+        refusals: list[tuple[MessageSink, Refused]] = []
+        for sink in (ends.sink, ends.dead):
+            try:
+                sink.confirm()
+            except Refused as error:  # both confirmed first: nothing is left in flight
+                refusals.append((sink, error))
+        for sink, refused in refusals:
+            log.warning("%s; each message of the batch not confirmed is sent again alone", refused)
+            for outgoing in refused.undelivered:
+                self._salvage(ends, sent.batch, outgoing, dead=sink is ends.dead)
         ends.source.ack(sent.messages)
-        self.metrics.published.inc(len(sent.batch.results))
+        # A batch went all the way round: the back-off starts again from its first step.
+        # (Not after a take: a broker that takes but refuses to publish would make the
+        # consumer reconnect at once, for ever.)
+        if self._failures:
+            log.info("reconnected to the stream's broker after %d failure(s)", self._failures)
+            self._failures = 0
+        self.metrics.published.inc(sent.batch.published)
         for why, count in sent.batch.reasons.items():
             self.metrics.dead_lettered.labels(why).inc(count)
+
+    def _salvage(self, ends: Ends, batch: Batch, outgoing: Outgoing, *, dead: bool) -> None:
+        """A result or dead letter the broker may have refused, sent alone: a result
+        refused alone becomes a dead letter, a dead letter refused alone is sent with its
+        input cut, and one refused even so is logged. Either way its input is acked
+        after: a message that cannot be published must not come back for ever."""
+        sink = ends.dead if dead else ends.sink
+        try:
+            sink.publish([outgoing])
+            return
+        except Refused as alone:
+            reason = alone.reason
+        letter = outgoing
+        if not dead:
+            letter = batch.result_refused(outgoing, reason)
+            try:
+                ends.dead.publish([letter])
+                return
+            except Refused as whole:
+                reason = whole.reason
+        try:
+            ends.dead.publish([batch.cut(letter, reason)])
+        except Refused as cut:
+            log.error(
+                "message %r: the broker refused its result and its dead letter, even cut "
+                "short (%s); it is acked unpublished",
+                outgoing.id,
+                cut.reason,
+            )
 
     def run_batch(self, messages: list[Message]) -> Batch:
         batch = Batch(system=self.system)

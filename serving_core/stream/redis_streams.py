@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from serving_core.settings.secrets import masked
-from serving_core.stream.base import BrokerError, Message, Outgoing
+from serving_core.stream.base import BrokerError, Message, Outgoing, Refused
 from serving_core.stream.redis_replies import Deferred
 
 if TYPE_CHECKING:
@@ -38,6 +38,7 @@ log = logging.getLogger("serving_core.stream.redis_streams")
 DEFAULT_GROUP = "serving-core"
 CLAIM_IDLE_MS = 60_000
 CLAIM_EVERY_S = 5.0  # how often an otherwise idle consumer looks for a dead one's entries
+MAX_BULK_BYTES = 512 * 1024 * 1024  # Redis' default proto-max-bulk-len
 COMMAND_TIMEOUT_S = 10.0  # connect, and every command but the blocking read
 OURS = ("stream", "group", "maxlen", "claim_idle_ms")  # the query keys redis-py must not see
 WHOLE_NUMBERS = ("maxlen", "claim_idle_ms")
@@ -250,7 +251,11 @@ class RedisSource:
 
 class RedisSink:
     """XADD of every result in one write (``send``); the replies, read after the
-    consumer's next batch (``confirm``), are the confirmation (``redis_replies``)."""
+    consumer's next batch (``confirm``), are the confirmation (``redis_replies``).
+
+    An entry with a field longer than the server's ``proto-max-bulk-len`` is not
+    sent: Redis would answer it by closing the connection, the entries written
+    after it with it. ``confirm`` raises ``Refused`` for it instead."""
 
     def __init__(self, url: str) -> None:
         self.redis = _Redis(url, "a Redis Streams sink")
@@ -258,6 +263,21 @@ class RedisSink:
         maxlen = self.redis.query.get("maxlen")
         self.maxlen = int(maxlen) if maxlen else None
         self._replies = Deferred(self.redis.client, self.redis.call)
+        self._refused: list[tuple[Outgoing, str]] = []
+        self.max_field_bytes = self._max_field_bytes()
+
+    def _max_field_bytes(self) -> int:
+        """The server's ``proto-max-bulk-len``: its default where CONFIG is refused (a
+        managed Redis may rename or forbid it)."""
+        import redis
+
+        try:
+            said = self.redis.client.config_get("proto-max-bulk-len")
+            return int(said.get("proto-max-bulk-len") or MAX_BULK_BYTES)
+        except redis.ResponseError:
+            return MAX_BULK_BYTES
+        except (redis.RedisError, OSError) as error:
+            raise BrokerError(f"Redis stream {self.stream!r}: {error}") from error
 
     def send(self, messages: Sequence[Outgoing]) -> None:
         trim = ["MAXLEN", "~", self.maxlen] if self.maxlen else []
@@ -266,12 +286,23 @@ class RedisSink:
             fields: list[Any] = []
             for key, value in {**message.headers, "id": message.id, "body": message.body}.items():
                 fields += [key, value]
+            if (longest := max(map(_length, fields))) > self.max_field_bytes:
+                self._refused.append((message, f"a field of {longest} bytes"))
+                continue
             commands.append(["XADD", self.stream, *trim, "*", *fields])
         if commands:
             self._replies.write(commands)
 
     def confirm(self) -> None:
         self._replies.read()
+        refused, self._refused = self._refused, []
+        if refused:
+            sizes = ", ".join(f"{message.id!r} ({why})" for message, why in refused[:5])
+            raise Refused(
+                f"Redis stream {self.stream!r}: an entry's fields may be at most "
+                f"{self.max_field_bytes} bytes (the server's proto-max-bulk-len): {sizes}",
+                [message for message, _ in refused],
+            )
 
     def publish(self, messages: Sequence[Outgoing]) -> None:
         self.send(messages)
@@ -280,6 +311,10 @@ class RedisSink:
     def close(self) -> None:
         self._replies.drop()
         self.redis.close()
+
+
+def _length(value: object) -> int:
+    return len(value) if isinstance(value, bytes) else len(str(value).encode())
 
 
 def _entries(read: Any) -> list[Any]:

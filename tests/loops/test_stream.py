@@ -5,14 +5,18 @@ tests/stream)."""
 from __future__ import annotations
 
 import json
+import logging
+import re
 from collections.abc import Callable
 from typing import Any
+
+import pytest
 
 from serving_core import Handler
 from serving_core.engine.engine import Engine
 from serving_core.loops.stream import Ends, StreamLoop
 from serving_core.metrics.stream import StreamMetrics
-from serving_core.stream.base import Message
+from serving_core.stream.base import BrokerError, Message, Refused
 from tests.loops.flaky import Flaky
 
 
@@ -197,3 +201,92 @@ def test_a_stop_confirms_and_acks_the_batch_in_hand_before_the_consumer_returns(
     log = Log([[message("a", {"n": 1})]])
     run(log, lambda: any(e.startswith("run") for e in log.events))
     assert log.events[-3:] == ["confirm out", "confirm dead", "ack a"]
+
+
+class Limited(ListSink):
+    """A sink whose broker refuses a message over ``limit`` bytes, as Redis' or
+    RabbitMQ's size limits do (tests/stream has the real ones)."""
+
+    def __init__(self, log: Log, name: str, limit: int) -> None:
+        super().__init__(log, name)
+        self.limit = limit
+        self.sent: list[Any] = []
+        self.kept: list[Any] = []
+
+    def send(self, messages: Any) -> None:
+        super().send(messages)
+        self.sent += messages
+
+    def confirm(self) -> None:
+        super().confirm()
+        sent, self.sent = self.sent, []
+        refused = [m for m in sent if len(m.body) > self.limit]
+        self.kept += [m for m in sent if len(m.body) <= self.limit]
+        if refused:
+            raise Refused(f"over {self.limit} bytes", refused)
+
+
+class Echo(Handler):
+    name = "echo"
+
+    def predict_batch(self, items: list[Any]) -> list[Any]:
+        return [{"pad": "x" * item["pad"]} for item in items]
+
+
+def test_h3_a_message_whose_result_and_dead_letters_are_all_refused_is_logged_and_acked(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """H3: even a dead letter cut short can be refused (a limit below it): the message is
+    acked all the same, its end in the log, never delivered again."""
+    log = Log([[message("ok", {"pad": 1}), message("huge", {"pad": 500})]])
+    out, dead = Limited(log, "out", 100), Limited(log, "dead", 10)
+    StreamLoop(
+        Engine(Echo(), max_batch_size=8),
+        lambda: Ends(ListSource(log), out, dead),
+        max_batch_size=8,
+        max_attempts=3,
+        # Or a bound, where it would go round for ever.
+        stopping=lambda: any(e.startswith("ack") for e in log.events) or len(log.waits) > 100,
+        metrics=StreamMetrics(),
+    ).run()
+    assert [m.id for m in out.kept] == ["ok"]
+    assert dead.kept == []
+    assert log.events[-1] == "ack ok,huge"
+    assert "'huge': the broker refused its result and its dead letter" in caplog.text
+
+
+def test_h3_a_broker_that_takes_but_never_confirms_is_reconnected_to_with_growing_pauses(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """H3: the back-off started again at every take that worked, so a broker that hands
+    messages out but fails every publish was reconnected to every ~0.3 s for ever. It
+    starts again only once a batch is acked."""
+
+    class Failing(ListSink):
+        def confirm(self) -> None:
+            raise BrokerError("unroutable")
+
+    class Redelivering(ListSource):
+        def take(self, max_n: int, wait_s: float) -> list[Message]:
+            return [message("again", {"n": 1}, deliveries=2)]
+
+    log = Log([])
+    opened: list[int] = []
+
+    def ends() -> Ends:
+        opened.append(1)
+        return Ends(Redelivering(log), Failing(log, "out"), ListSink(log, "dead"))
+
+    caplog.set_level(logging.WARNING, "serving_core.loops.stream")
+    StreamLoop(
+        Engine(Recorder(log), max_batch_size=8),
+        ends,
+        max_batch_size=8,
+        max_attempts=3,
+        stopping=lambda: len(opened) > 3,
+        metrics=StreamMetrics(),
+    ).run()
+    pauses = [float(p) for p in re.findall(r"reconnecting in ([0-9.]+) s", caplog.text)]
+    assert len(pauses) == 3
+    # Full jitter over a doubling ceiling: the third is at least half of 2.0 s.
+    assert pauses[2] >= 1.0
