@@ -2,7 +2,8 @@
 
     take up to SERVING_MAX_BATCH_SIZE messages
     → each: delivered more than SERVING_STREAM_MAX_ATTEMPTS times → dead letter, unrun
-            no id (an AMQP message without message_id), not a JSON object → dead letter
+            no id (an AMQP message without message_id), no body, not a JSON object
+            → dead letter
     → one Engine call; a handler's refusal (4xx) → dead letter
       a model failure (5xx): its items run again alone (``isolation``: a poison
       message fails without its batch-mates), up to SERVING_STREAM_MAX_ATTEMPTS
@@ -243,8 +244,8 @@ class StreamLoop:
                 )
                 continue
             params = _params(message)
-            if isinstance(params, str):
-                batch.dead_letter(message, "invalid_json", params, 0, "invalid")
+            if isinstance(params, tuple):
+                batch.dead_letter(message, *params, 0, "invalid")
             else:
                 runnable.append((message, params))
         if not runnable:
@@ -312,14 +313,23 @@ def _traceparent(batch: Batch, message: Message) -> str | None:
     return None if span is None else span.traceparent
 
 
-def _params(message: Message) -> Params | str:
-    """The message's params, or why it has none (its dead letter's message)."""
+def _params(message: Message) -> Params | tuple[str, str]:
+    """The message's params, or why it has none (its dead letter's type and message)."""
+    if not message.body:
+        return (
+            "missing_body",
+            "the message has no body (a Redis Streams entry's 'body' field, or an AMQP or "
+            "Kafka message's body, was missing or empty); send the handler's params in it "
+            "as a JSON object",
+        )
     try:
         params = encoding.loads(message.body)
     except encoding.JSONDecodeError as error:
-        return f"the message body is not JSON ({error}); send the handler's params as JSON"
+        text = f"the message body is not JSON ({error}); send the handler's params as JSON"
+        return "invalid_json", text
     if not isinstance(params, dict):
-        return "the message body is JSON but not an object; send the handler's params"
+        text = "the message body is JSON but not an object; send the handler's params"
+        return "invalid_json", text
     return params
 
 

@@ -67,6 +67,18 @@ def open_sink(url: str) -> AmqpSink:
     return AmqpSink(url)
 
 
+def _deliveries(redelivered: bool, count: object) -> int:
+    """This delivery's number. A quorum queue sets ``x-delivery-count`` on a message it
+    hands out again (with the ``redelivered`` flag); on a first delivery the header can
+    only be a producer's, which neither crashes the consumer (not a number) nor
+    dead-letters the message unrun (a forged count)."""
+    if not redelivered:
+        return 1
+    if isinstance(count, int) and not isinstance(count, bool) and count > 0:
+        return count + 1
+    return 2  # handed out again, the broker's count unreadable: at least the second
+
+
 def _text(value: object) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
@@ -102,7 +114,7 @@ class AmqpSource(Connected):
     ) -> None:
         headers: dict[str, Any] = dict(properties.headers or {})
         # The broker's count, not the producer's header: it does not travel to the result.
-        redelivered = int(headers.pop("x-delivery-count", 0) or 0)
+        count = headers.pop("x-delivery-count", None)
         tag = int(method.delivery_tag or 0)
         self._unacked.add(tag)
         self._taken.append(
@@ -110,7 +122,7 @@ class AmqpSource(Connected):
                 id=properties.message_id or "",
                 body=body,
                 headers={str(k): _text(v) for k, v in headers.items()},
-                deliveries=redelivered + 1,
+                deliveries=_deliveries(bool(method.redelivered), count),
                 tag=(self._token, tag),
             )
         )

@@ -134,6 +134,7 @@ class RedisSource:
         self.consumer = consumer
         self._ready = False  # the group exists, and our own pending entries were read
         self._history = True  # read our own pending entries before new ones
+        self._history_from = "0"  # past those already read (they are pending until acked)
         self._claim_at = 0.0  # monotonic: the next XAUTOCLAIM
         self._claim_from = "0-0"  # XAUTOCLAIM's cursor
         self._acks = Deferred(self.redis.client, self.redis.call)
@@ -148,9 +149,10 @@ class RedisSource:
             self._ready = True
         if self._history:
             # After a (re)connection: what this consumer took and did not ack.
-            read = client.xreadgroup(self.group, self.consumer, {self.stream: "0"}, count=max_n)
-            entries = _entries(read)
+            history: dict[Any, Any] = {self.stream: self._history_from}
+            entries = _entries(client.xreadgroup(self.group, self.consumer, history, count=max_n))
             if entries:
+                self._history_from = _text(entries[-1][0])
                 return self._messages(entries, redelivered=True)
             self._history = False
         if time.monotonic() >= self._claim_at:
@@ -213,12 +215,20 @@ class RedisSource:
         return messages
 
     def _deliveries(self, entries: list[Any]) -> dict[str, int]:
-        """Each entry's delivery count, from the group's pending entries."""
-        first, last = _text(entries[0][0]), _text(entries[-1][0])
-        pending = self.redis.client.xpending_range(
-            self.stream, self.group, first, last, len(entries), consumername=self.consumer
-        )
-        return {_text(p["message_id"]): int(p["times_delivered"]) for p in pending}
+        """Each entry's delivery count, from the group's pending entries: one XPENDING
+        per entry (in one round trip), since a range from the first to the last would
+        hold this consumer's other pending entries too, and its count cut some of the
+        claimed ones off (read as first deliveries)."""
+        pipe = self.redis.client.pipeline(transaction=False)
+        for entry_id, _ in entries:
+            pipe.xpending_range(
+                self.stream, self.group, entry_id, entry_id, 1, consumername=self.consumer
+            )
+        return {
+            _text(p["message_id"]): int(p["times_delivered"])
+            for pending in pipe.execute()
+            for p in pending
+        }
 
     def ack(self, messages: Sequence[Message]) -> None:
         """Writes the XACK and reads the previous one's reply: its fsync has long been
@@ -246,7 +256,7 @@ class RedisSource:
     def close(self) -> None:
         self._acks.close()
         self.redis.close()
-        self._ready, self._history = False, True
+        self._ready, self._history, self._history_from = False, True, "0"
 
 
 class RedisSink:

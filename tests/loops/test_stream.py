@@ -290,3 +290,16 @@ def test_h3_a_broker_that_takes_but_never_confirms_is_reconnected_to_with_growin
     assert len(pauses) == 3
     # Full jitter over a doubling ceiling: the third is at least half of 2.0 s.
     assert pauses[2] >= 1.0
+
+
+def test_a_message_without_a_body_is_dead_lettered_saying_the_body_is_missing() -> None:
+    """New user's walk: a Redis entry with no ``body`` field was dead-lettered as "the
+    message body is not JSON"."""
+    handler = Flaky()
+    batch = loop(handler).run_batch([message("empty", b""), message("ok", {"n": 1})])
+    (dead,) = batch.dead
+    error = json.loads(dead.body)["error"]
+    assert error["type"] == "missing_body"
+    assert "'body' field" in error["message"]
+    assert "not JSON" not in error["message"]
+    assert handler.batches == [[1]]
