@@ -1,10 +1,11 @@
 """A ``serving-core stream`` consumer's loop: take a batch, run it, publish, then ack.
 
     take up to SERVING_MAX_BATCH_SIZE messages
-    → each: delivered more than SERVING_STREAM_MAX_ATTEMPTS times → dead letter, unrun
-            no id (an AMQP message without message_id), no body, not a JSON object
-            → dead letter
-    → one Engine call; a handler's refusal (4xx) → dead letter
+    → run them (``running.MessageRunner``): no id (an AMQP message without
+      message_id), no body, not a JSON object → dead letter; one handed out again
+      runs alone, and one that killed its consumer SERVING_STREAM_MAX_ATTEMPTS
+      times → dead letter, unrun (``suspects``: only the killer, not its batch-mates)
+    → one Engine call for the rest; a handler's refusal (4xx) → dead letter
       a model failure (5xx): its items run again alone (``isolation``: a poison
       message fails without its batch-mates), up to SERVING_STREAM_MAX_ATTEMPTS
       runs → dead letter
@@ -37,15 +38,12 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
 
-from serving_core import encoding
-from serving_core.context import Context
 from serving_core.engine.engine import Engine
-from serving_core.errors import ServingError
-from serving_core.loops.isolation import isolate
 from serving_core.loops.outcome import Batch
+from serving_core.loops.running import MessageRunner
+from serving_core.loops.suspects import Suspects
 from serving_core.metrics.stream import StreamMetrics
 from serving_core.stream.base import (
     BrokerError,
@@ -57,12 +55,8 @@ from serving_core.stream.base import (
     Refused,
 )
 from serving_core.threads import held
-from serving_core.tracing.traceparent import HEADER as TRACEPARENT
-from serving_core.tracing.tracer import Span, tracer
 
 log = logging.getLogger("serving_core.loops.stream")
-
-Params = dict[str, Any]
 
 TAKE_WAIT_S = 1.0  # how long a take blocks: the longest a stop request waits to be seen
 BACKOFF_FIRST_S = 0.5
@@ -105,8 +99,13 @@ class StreamLoop:
     stopping: Callable[[], bool]
     metrics: StreamMetrics
     system: str = ""  # the broker, on each message's span (``brokers.system``)
+    # Where the count of consumers each message killed outlives them (``suspects``).
+    suspects: Suspects = field(default_factory=Suspects)
     _lag_at: float = 0.0
-    _failures: int = 0  # BrokerErrors since the last take that worked
+    _failures: int = 0  # BrokerErrors since the last batch that was acked
+
+    def __post_init__(self) -> None:
+        self.runner = MessageRunner(self.engine, self.max_attempts, self.suspects, self.system)
 
     def run(self) -> None:
         while not self.stopping():
@@ -217,75 +216,7 @@ class StreamLoop:
             )
 
     def run_batch(self, messages: list[Message]) -> Batch:
-        batch = Batch(system=self.system)
-        if tracer().enabled:
-            batch.spans = {id(message): self._span(message) for message in messages}
-        runnable: list[tuple[Message, Params]] = []
-        for message in messages:
-            if message.deliveries > self.max_attempts:
-                batch.dead_letter(
-                    message,
-                    "attempts_exhausted",
-                    f"delivered {message.deliveries} times, more than "
-                    f"SERVING_STREAM_MAX_ATTEMPTS={self.max_attempts}: its consumers died "
-                    "running it, so it is not run again",
-                    0,
-                    "exhausted",
-                )
-                continue
-            if not message.id:
-                batch.dead_letter(
-                    message,
-                    "missing_id",
-                    "the message has no id, so its result could not be matched to it; set "
-                    "the AMQP message_id property (or the Redis entry's id field)",
-                    0,
-                    "invalid",
-                )
-                continue
-            params = _params(message)
-            if isinstance(params, tuple):
-                batch.dead_letter(message, *params, 0, "invalid")
-            else:
-                runnable.append((message, params))
-        if not runnable:
-            return batch
-        contexts = [
-            Context(message.id, traceparent=_traceparent(batch, message)) for message, _ in runnable
-        ]
-        inputs = [p for _, p in runnable]
-        results, runs = isolate(
-            self.engine,
-            inputs,
-            contexts,
-            self.engine.predict_many(inputs, contexts),
-            max_runs=self.max_attempts,
-        )
-        for (message, _), result, ran in zip(runnable, results, runs, strict=True):
-            if isinstance(result, ServingError):
-                error = result.body()["error"]
-                why = "failed" if result.status >= 500 else "invalid"
-                batch.dead_letter(message, str(error["type"]), str(error["message"]), ran, why)
-                if (span := batch.spans.get(id(message))) is not None:
-                    span.fail(result)
-            else:
-                batch.result(message, encoding.dumps(result))
-        return batch
-
-    def _span(self, message: Message) -> Span:
-        """The message's span: a child of the producer's (its ``traceparent`` header), or
-        a new trace's root."""
-        return tracer().start(
-            f"message {self.engine.name}",
-            parent=message.headers.get(TRACEPARENT),
-            kind="consumer",
-            attributes={
-                "messaging.system": self.system,
-                "messaging.operation.type": "process",
-                "messaging.message.id": message.id,
-                "serving.deliveries": message.deliveries,
-            },
-        )
+        return self.runner.run(messages)
 
     def _observe_lag(self, source: MessageSource, partitioned: PartitionedSource | None) -> None:
         if partitioned is not None:
@@ -306,31 +237,6 @@ class StreamLoop:
         deadline = time.monotonic() + seconds
         while not self.stopping() and (left := deadline - time.monotonic()) > 0:
             time.sleep(min(left, 0.1))
-
-
-def _traceparent(batch: Batch, message: Message) -> str | None:
-    span = batch.spans.get(id(message))
-    return None if span is None else span.traceparent
-
-
-def _params(message: Message) -> Params | tuple[str, str]:
-    """The message's params, or why it has none (its dead letter's type and message)."""
-    if not message.body:
-        return (
-            "missing_body",
-            "the message has no body (a Redis Streams entry's 'body' field, or an AMQP or "
-            "Kafka message's body, was missing or empty); send the handler's params in it "
-            "as a JSON object",
-        )
-    try:
-        params = encoding.loads(message.body)
-    except encoding.JSONDecodeError as error:
-        text = f"the message body is not JSON ({error}); send the handler's params as JSON"
-        return "invalid_json", text
-    if not isinstance(params, dict):
-        text = "the message body is JSON but not an object; send the handler's params"
-        return "invalid_json", text
-    return params
 
 
 def _backoff_s(failures: int) -> float:

@@ -274,7 +274,7 @@ class RedisSink:
         self.maxlen = int(maxlen) if maxlen else None
         self._replies = Deferred(self.redis.client, self.redis.call)
         self._refused: list[tuple[Outgoing, str]] = []
-        self.max_field_bytes = self._max_field_bytes()
+        self.max_field_bytes = 0  # read at the first send: opening connects to nothing
 
     def _max_field_bytes(self) -> int:
         """The server's ``proto-max-bulk-len``: its default where CONFIG is refused (a
@@ -290,6 +290,8 @@ class RedisSink:
             raise BrokerError(f"Redis stream {self.stream!r}: {error}") from error
 
     def send(self, messages: Sequence[Outgoing]) -> None:
+        if not self.max_field_bytes:
+            self.max_field_bytes = self._max_field_bytes()
         trim = ["MAXLEN", "~", self.maxlen] if self.maxlen else []
         commands = []
         for message in messages:

@@ -15,12 +15,13 @@ import pytest
 from serving_core import Handler
 from serving_core.engine.engine import Engine
 from serving_core.loops.stream import Ends, StreamLoop
+from serving_core.loops.suspects import Suspects
 from serving_core.metrics.stream import StreamMetrics
 from serving_core.stream.base import BrokerError, Message, Refused
 from tests.loops.flaky import Flaky
 
 
-def loop(handler: Handler) -> StreamLoop:
+def loop(handler: Handler, suspects: Suspects | None = None) -> StreamLoop:
     def no_ends() -> Ends:
         raise AssertionError("run_batch opens no broker")
 
@@ -31,6 +32,7 @@ def loop(handler: Handler) -> StreamLoop:
         max_attempts=3,
         stopping=lambda: False,
         metrics=StreamMetrics(),
+        suspects=suspects or Suspects(),
     )
 
 
@@ -72,15 +74,54 @@ def test_a_poison_message_runs_max_attempts_times_then_is_a_dead_letter() -> Non
     assert batch.reasons == {"failed": 1}
 
 
-def test_a_message_delivered_more_than_max_attempts_times_is_dead_lettered_unrun() -> None:
+def test_m2_messages_handed_out_again_run_alone_and_only_the_killer_is_dead_lettered() -> None:
+    """M2: a message that killed its consumer took its batch-mates into the dead letters
+    (all of them handed out as often). Each message handed out again runs alone,
+    counted while it runs: only the one whose consumers died running it is dead."""
     handler = Flaky()
-    batch = loop(handler).run_batch([message("crashy", {"n": 5}, deliveries=4)])
+    suspects = Suspects()
+    killer = message("killer", {"n": 9}, deliveries=4)
+    for _ in range(2):  # two consumers died running it alone (``running``, never ``done``)
+        suspects.running(killer)
+    runner = loop(handler, suspects)
+    batch = runner.run_batch(
+        [message("a", {"n": 1}, deliveries=4), killer, message("b", {"n": 2}, deliveries=4)]
+    )
+    assert handler.batches == [[1], [2]]  # each alone
+    assert [r.id for r in batch.results] == ["a", "b"]
+    (dead,) = batch.dead
+    letter = json.loads(dead.body)
+    assert (dead.id, letter["error"]["type"], letter["attempts"]) == (
+        "killer",
+        "attempts_exhausted",
+        3,
+    )
+    assert "SERVING_STREAM_MAX_ATTEMPTS=3" in letter["error"]["message"]
+    assert batch.reasons == {"exhausted": 1}
+    # Those that ran are forgotten: handed out again, they would run again.
+    assert suspects.deaths(message("a", {"n": 1})) == 0
+    assert suspects.deaths(killer) == 0
+
+
+def test_a_message_handed_out_more_than_four_times_max_attempts_is_dead_lettered_unrun() -> None:
+    """Whatever this host counted (its consumers die on other hosts, say)."""
+    handler = Flaky()
+    batch = loop(handler).run_batch([message("crashy", {"n": 5}, deliveries=13)])
     (dead,) = batch.dead
     letter = json.loads(dead.body)
     assert letter["error"]["type"] == "attempts_exhausted"
-    assert "SERVING_STREAM_MAX_ATTEMPTS=3" in letter["error"]["message"]
+    assert "handed out 13 times" in letter["error"]["message"]
     assert handler.batches == []
-    assert batch.reasons == {"exhausted": 1}
+
+
+def test_suspects_in_a_directory_outlive_the_process_that_counted_them(tmp_path: Any) -> None:
+    killer = message("killer", {"n": 9}, deliveries=2)
+    Suspects(str(tmp_path)).running(killer)  # its consumer died: nothing undid it
+    again = Suspects(str(tmp_path))
+    assert again.deaths(killer) == 1
+    assert again.deaths(message("killer", {"n": 8})) == 0  # another body, another message
+    again.done(killer)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_bodies_that_are_not_a_json_object_are_dead_letters_and_never_run() -> None:

@@ -47,11 +47,14 @@ class Doubler(Handler):
             "poison": {"type": "boolean"},
             "gate": {"type": "string"},
             "pad": {"type": "integer"},
+            "kill": {"type": "boolean"},
         },
         "required": ["n"],
     }
 
     def predict_batch(self, items):
+        if any(item.get("kill") for item in items):
+            os._exit(9)  # as a segfault or the OOM killer would
         if any(item.get("poison") for item in items):
             raise RuntimeError("poisoned batch")
         for item in items:
@@ -395,3 +398,45 @@ def test_h3_what_the_broker_refuses_to_publish_ends_as_a_dead_letter_and_is_acke
     assert (letter["input_truncated"], letter["input_bytes"]) == (True, len(big_letter))
     assert headers["trace"] == "l"
     assert (refused, published, redelivered) == (1, 4, 0)
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("broker", ["redis", "amqp"], indirect=True)
+def test_m2_a_message_that_kills_its_consumer_is_the_only_one_dead_lettered(
+    broker: Broker, tmp_path: Path
+) -> None:
+    """M2: a message that killed its consumer took its batch-mates into the dead letters
+    as attempts_exhausted (handed out as often as it was), some after their results
+    had been published. Kafka keeps no delivery count: it hands the batch out again
+    as new, so there the killer is run again until one consumer survives it
+    (docs/streams.md)."""
+    killer = ("killer", b'{"n": 100, "kill": true}', {"trace": "k"})
+    broker.produce([*numbers(3), killer, *numbers(4, start=3)], one_batch=True)
+    with stream_worker(broker, tmp_path, SERVING_STREAM_MAX_ATTEMPTS="3") as (
+        process,
+        url,
+        log_path,
+    ):
+        wait_for(
+            lambda: len(broker.dead()) >= 1,
+            lambda: f"the killer's dead letter:\n{log_path.read_text()}",
+            POLL_TIMEOUT_S,
+        )
+        wait_for(results_at_least(broker, 7), "the others' results", POLL_TIMEOUT_S)
+        wait_for(lambda: broker.lag() == 0, "every message acked", POLL_TIMEOUT_S)
+        exhausted = metric(url, "serving_stream_dead_lettered_total", 'reason="exhausted"')
+        assert process.poll() is None
+    ((message_id, body, _),) = broker.dead()
+    letter = json.loads(body)
+    assert (message_id, letter["error"]["type"], letter["attempts"]) == (
+        "killer",
+        "attempts_exhausted",
+        3,
+    )
+    seen = by_id(broker.results())
+    assert set(seen) == {f"m-{i}" for i in range(7)}
+    # Each batch-mate's result once: none was published before the killer was found.
+    assert {message_id: len(results) for message_id, results in seen.items()} == {
+        f"m-{i}": 1 for i in range(7)
+    }
+    assert exhausted == 1
