@@ -18,10 +18,13 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import os
 from pathlib import Path
 
 from serving_core.stream.base import Message
+
+log = logging.getLogger("serving_core.loops.suspects")
 
 
 class Suspects:
@@ -50,8 +53,11 @@ class Suspects:
             return
         # Whole or not at all: a consumer killed mid-write leaves the old count.
         part = self.directory / f".{key}.{os.getpid()}"
-        part.write_text(str(count))
-        part.replace(self.directory / key)
+        try:
+            part.write_text(str(count))
+            part.replace(self.directory / key)
+        except OSError as error:  # uncounted: the broker's count still ends it (running)
+            log.warning("cannot count message %r's run in %s: %s", message.id, part, error)
 
     def done(self, message: Message) -> None:
         """It ran (or was dead-lettered): its count is forgotten."""
@@ -59,7 +65,7 @@ class Suspects:
         if self.directory is None:
             self._memory.pop(key, None)
             return
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(OSError):
             (self.directory / key).unlink()
 
 
