@@ -26,6 +26,7 @@ from tests.servers import free_port, require_marker, stop
 
 # The script itself, not /usr/sbin's wrapper, which switches to the rabbitmq user.
 RABBITMQ_SERVER = "/usr/lib/rabbitmq/bin/rabbitmq-server"
+RABBITMQCTL = "/usr/lib/rabbitmq/bin/rabbitmqctl"
 EPMD = shutil.which("epmd") or "/usr/bin/epmd"
 # AMQP 0-9-1's protocol header; a broker that is up answers it with Connection.Start,
 # a method frame (type 1).
@@ -118,6 +119,19 @@ class RabbitMQServer:
     def process_groups(self) -> list[int]:
         """The node's and epmd's process groups, for a test that they are gone."""
         return [p.pid for p in (self._broker, self._epmd) if p is not None]
+
+    def eval(self, expression: str) -> str:
+        """An Erlang expression run on the node (``rabbitmqctl eval``): a setting changed
+        while it runs, for one test."""
+        done = subprocess.run(
+            [RABBITMQCTL, "-n", self._env["RABBITMQ_NODENAME"], "eval", expression],
+            env=self._env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+        return done.stdout.strip()
 
     def output(self) -> str:
         return self.log_path.read_text(errors="replace")

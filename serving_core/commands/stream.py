@@ -6,6 +6,7 @@ import logging
 
 from serving_core.commands import startup
 from serving_core.commands.failure import Failure
+from serving_core.process.health import BindError
 from serving_core.process.streammaster import StreamMaster, check
 from serving_core.settings import Settings
 
@@ -18,6 +19,8 @@ def main(settings: Settings) -> int:
     loaded = startup.load(settings, shared_metrics=True)
     try:
         return StreamMaster(settings, loaded).run()
+    except BindError as exc:  # a setting, not the handler: no traceback
+        raise Failure(str(exc)) from exc
     except Exception as exc:
         logging.getLogger("serving_core").exception("stream failed")
         raise Failure(f"{loaded.source}: {exc!r}") from exc

@@ -1,21 +1,29 @@
 """A ``serving-core stream`` consumer's loop: take a batch, run it, publish, then ack.
 
     take up to SERVING_MAX_BATCH_SIZE messages
-    → each: delivered more than SERVING_STREAM_MAX_ATTEMPTS times → dead letter, unrun
-            no id (an AMQP message without message_id), not a JSON object → dead letter
-    → one Engine call; a handler's refusal (4xx) → dead letter
+    → run them (``running.MessageRunner``): no id (an AMQP message without
+      message_id), no body, not a JSON object → dead letter; one handed out again
+      runs alone, and one that killed its consumer SERVING_STREAM_MAX_ATTEMPTS
+      times → dead letter, unrun (``suspects``: only the killer, not its batch-mates)
+    → one Engine call for the rest; a handler's refusal (4xx) → dead letter
       a model failure (5xx): its items run again alone (``isolation``: a poison
       message fails without its batch-mates), up to SERVING_STREAM_MAX_ATTEMPTS
       runs → dead letter
     → send the results, then the dead letters
     → after the next batch has run (or when none came): await both sinks'
       confirms, then ack the whole batch
+      a sink's ``Refused`` (the broker refused a message for its size): what it did
+      not confirm is sent again alone; a result refused alone → dead letter; a dead
+      letter refused alone → again with its input cut short (``outcome.Batch.cut``);
+      refused even so → logged. Then acked, all the same: never delivered for ever.
 
 Acked last, so a consumer that dies, or loses its broker, before the sinks
 confirmed loses nothing: the source hands the batch out again (at-least-once;
 a result may then be published twice, once per delivery). A ``BrokerError``
 closes the ends and opens them again after a back-off (exponential, jittered,
-capped), so a broker that restarts is waited for rather than crash-looped on.
+capped), so a broker that restarts is waited for rather than crash-looped on;
+it starts again from its first step only once a batch has been acked (or a
+take found nothing to do), not at the first take that works.
 
 Traced, each message is a ``message NAME`` span (a consumer's), a child of the
 span its ``traceparent`` header names (a new trace without one); the engine's
@@ -30,30 +38,25 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
 
-from serving_core import encoding
-from serving_core.context import Context
 from serving_core.engine.engine import Engine
-from serving_core.errors import ServingError
-from serving_core.loops.isolation import isolate
 from serving_core.loops.outcome import Batch
+from serving_core.loops.running import MessageRunner
+from serving_core.loops.suspects import Suspects
 from serving_core.metrics.stream import StreamMetrics
 from serving_core.stream.base import (
     BrokerError,
     Message,
     MessageSink,
     MessageSource,
+    Outgoing,
     PartitionedSource,
+    Refused,
 )
 from serving_core.threads import held
-from serving_core.tracing.traceparent import HEADER as TRACEPARENT
-from serving_core.tracing.tracer import Span, tracer
 
 log = logging.getLogger("serving_core.loops.stream")
-
-Params = dict[str, Any]
 
 TAKE_WAIT_S = 1.0  # how long a take blocks: the longest a stop request waits to be seen
 BACKOFF_FIRST_S = 0.5
@@ -96,8 +99,13 @@ class StreamLoop:
     stopping: Callable[[], bool]
     metrics: StreamMetrics
     system: str = ""  # the broker, on each message's span (``brokers.system``)
+    # Where the count of consumers each message killed outlives them (``suspects``).
+    suspects: Suspects = field(default_factory=Suspects)
     _lag_at: float = 0.0
-    _failures: int = 0  # BrokerErrors since the last take that worked
+    _failures: int = 0  # BrokerErrors since the last batch that was acked
+
+    def __post_init__(self) -> None:
+        self.runner = MessageRunner(self.engine, self.max_attempts, self.suspects, self.system)
 
     def run(self) -> None:
         while not self.stopping():
@@ -127,7 +135,7 @@ class StreamLoop:
             # With a batch awaiting its confirms, take what is already here and no more:
             # waiting for new messages would hold that batch's acks.
             messages = ends.source.take(self.max_batch_size, 0.0 if sent else TAKE_WAIT_S)
-            if self._failures:
+            if self._failures and not messages and not sent:  # idle, and the broker answers
                 log.info("reconnected to the stream's broker after %d failure(s)", self._failures)
                 self._failures = 0
             self._observe_lag(ends.source, partitioned)
@@ -157,83 +165,58 @@ class StreamLoop:
             self._settle(ends, sent)
 
     def _settle(self, ends: Ends, sent: Sent) -> None:
-        ends.sink.confirm()
-        ends.dead.confirm()
+        refusals: list[tuple[MessageSink, Refused]] = []
+        for sink in (ends.sink, ends.dead):
+            try:
+                sink.confirm()
+            except Refused as error:  # both confirmed first: nothing is left in flight
+                refusals.append((sink, error))
+        for sink, refused in refusals:
+            log.warning("%s; each message of the batch not confirmed is sent again alone", refused)
+            for outgoing in refused.undelivered:
+                self._salvage(ends, sent.batch, outgoing, dead=sink is ends.dead)
         ends.source.ack(sent.messages)
-        self.metrics.published.inc(len(sent.batch.results))
+        # A batch went all the way round: the back-off starts again from its first step.
+        # (Not after a take: a broker that takes but refuses to publish would make the
+        # consumer reconnect at once, for ever.)
+        if self._failures:
+            log.info("reconnected to the stream's broker after %d failure(s)", self._failures)
+            self._failures = 0
+        self.metrics.published.inc(sent.batch.published)
         for why, count in sent.batch.reasons.items():
             self.metrics.dead_lettered.labels(why).inc(count)
 
-    def run_batch(self, messages: list[Message]) -> Batch:
-        batch = Batch(system=self.system)
-        if tracer().enabled:
-            batch.spans = {id(message): self._span(message) for message in messages}
-        runnable: list[tuple[Message, Params]] = []
-        for message in messages:
-            if message.deliveries > self.max_attempts:
-                batch.dead_letter(
-                    message,
-                    "attempts_exhausted",
-                    f"delivered {message.deliveries} times, more than "
-                    f"SERVING_STREAM_MAX_ATTEMPTS={self.max_attempts}: its consumers died "
-                    "running it, so it is not run again",
-                    0,
-                    "exhausted",
-                )
-                continue
-            if not message.id:
-                batch.dead_letter(
-                    message,
-                    "missing_id",
-                    "the message has no id, so its result could not be matched to it; set "
-                    "the AMQP message_id property (or the Redis entry's id field)",
-                    0,
-                    "invalid",
-                )
-                continue
-            params = _params(message)
-            if isinstance(params, str):
-                batch.dead_letter(message, "invalid_json", params, 0, "invalid")
-            else:
-                runnable.append((message, params))
-        if not runnable:
-            return batch
-        contexts = [
-            Context(message.id, traceparent=_traceparent(batch, message)) for message, _ in runnable
-        ]
-        inputs = [p for _, p in runnable]
-        results, runs = isolate(
-            self.engine,
-            inputs,
-            contexts,
-            self.engine.predict_many(inputs, contexts),
-            max_runs=self.max_attempts,
-        )
-        for (message, _), result, ran in zip(runnable, results, runs, strict=True):
-            if isinstance(result, ServingError):
-                error = result.body()["error"]
-                why = "failed" if result.status >= 500 else "invalid"
-                batch.dead_letter(message, str(error["type"]), str(error["message"]), ran, why)
-                if (span := batch.spans.get(id(message))) is not None:
-                    span.fail(result)
-            else:
-                batch.result(message, encoding.dumps(result))
-        return batch
+    def _salvage(self, ends: Ends, batch: Batch, outgoing: Outgoing, *, dead: bool) -> None:
+        """A result or dead letter the broker may have refused, sent alone: a result
+        refused alone becomes a dead letter, a dead letter refused alone is sent with its
+        input cut, and one refused even so is logged. Either way its input is acked
+        after: a message that cannot be published must not come back for ever."""
+        sink = ends.dead if dead else ends.sink
+        try:
+            sink.publish([outgoing])
+            return
+        except Refused as alone:
+            reason = alone.reason
+        letter = outgoing
+        if not dead:
+            letter = batch.result_refused(outgoing, reason)
+            try:
+                ends.dead.publish([letter])
+                return
+            except Refused as whole:
+                reason = whole.reason
+        try:
+            ends.dead.publish([batch.cut(letter, reason)])
+        except Refused as cut:
+            log.error(
+                "message %r: the broker refused its result and its dead letter, even cut "
+                "short (%s); it is acked unpublished",
+                outgoing.id,
+                cut.reason,
+            )
 
-    def _span(self, message: Message) -> Span:
-        """The message's span: a child of the producer's (its ``traceparent`` header), or
-        a new trace's root."""
-        return tracer().start(
-            f"message {self.engine.name}",
-            parent=message.headers.get(TRACEPARENT),
-            kind="consumer",
-            attributes={
-                "messaging.system": self.system,
-                "messaging.operation.type": "process",
-                "messaging.message.id": message.id,
-                "serving.deliveries": message.deliveries,
-            },
-        )
+    def run_batch(self, messages: list[Message]) -> Batch:
+        return self.runner.run(messages)
 
     def _observe_lag(self, source: MessageSource, partitioned: PartitionedSource | None) -> None:
         if partitioned is not None:
@@ -254,22 +237,6 @@ class StreamLoop:
         deadline = time.monotonic() + seconds
         while not self.stopping() and (left := deadline - time.monotonic()) > 0:
             time.sleep(min(left, 0.1))
-
-
-def _traceparent(batch: Batch, message: Message) -> str | None:
-    span = batch.spans.get(id(message))
-    return None if span is None else span.traceparent
-
-
-def _params(message: Message) -> Params | str:
-    """The message's params, or why it has none (its dead letter's message)."""
-    try:
-        params = encoding.loads(message.body)
-    except encoding.JSONDecodeError as error:
-        return f"the message body is not JSON ({error}); send the handler's params as JSON"
-    if not isinstance(params, dict):
-        return "the message body is JSON but not an object; send the handler's params"
-    return params
 
 
 def _backoff_s(failures: int) -> float:

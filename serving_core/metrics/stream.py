@@ -26,7 +26,8 @@ class StreamMetrics:
             "serving_stream_dead_lettered_total",
             "Messages sent to SERVING_STREAM_DEAD_LETTER with their error, by reason "
             "(invalid: not JSON, or refused by the handler; failed: the model failed "
-            "SERVING_STREAM_MAX_ATTEMPTS times; exhausted: delivered more times than that).",
+            "SERVING_STREAM_MAX_ATTEMPTS times; exhausted: delivered more times than that; "
+            "refused: the broker refused its result, too large).",
             ["reason"],
             registry=r,
         )
@@ -58,5 +59,5 @@ class StreamMetrics:
             multiprocess_mode="livemax",
             registry=r,
         )
-        for reason in ("invalid", "failed", "exhausted"):
+        for reason in ("invalid", "failed", "exhausted", "refused"):
             self.dead_lettered.labels(reason)

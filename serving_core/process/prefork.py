@@ -1,9 +1,14 @@
 """The master of ``serving-core worker`` and ``serving-core stream``: preload, fork the
 consumers, fork again one that dies, stop them on SIGTERM; /healthz and /metrics.
 
-    master    preload: setup() once (torch at one thread), gc.collect(), gc.freeze()
-              → fork SERVING_WORKERS consumers → /metrics and /healthz on SERVING_BIND
+    master    listen on SERVING_BIND (a port that is taken stops it here, before any fork)
+              → preload: setup() once (torch at one thread), gc.collect(), gc.freeze()
+              → fork SERVING_WORKERS consumers → serve /metrics and /healthz (``health``)
               → a consumer that dies is forked again from the loaded master
+
+Nothing outlives the master: a master that fails kills its consumers, and a
+consumer whose master dies (even by SIGKILL) is sent SIGTERM (Linux's
+PR_SET_PDEATHSIG) and stops as on the master's own SIGTERM.
 
 SIGTERM (or SIGINT) asks every consumer to stop: each finishes the batch in
 hand and exits; SERVING_GRACEFUL_TIMEOUT_S later the rest are killed. What a
@@ -16,21 +21,20 @@ accept HTTP connections, and these take jobs or messages. Imports no Flask.
 from __future__ import annotations
 
 import contextlib
-import http.server
-import json
+import ctypes
 import logging
 import os
 import signal
 import socket
-import threading
 import time
 from types import FrameType
 
 from serving_core.engine.engine import Engine
 from serving_core.loading import LoadedHandler
-from serving_core.metrics.directory import exposition
-from serving_core.metrics.metrics import CONTENT_TYPE, Metrics
+from serving_core.metrics.metrics import Metrics
 from serving_core.preload import preload
+from serving_core.process import health
+from serving_core.process.health import BindError
 from serving_core.settings import Settings
 from serving_core.threads import set_worker_threads, share_idle_cores
 from serving_core.tracing import setup as tracing
@@ -38,6 +42,7 @@ from serving_core.tracing import setup as tracing
 log = logging.getLogger("serving_core.process.prefork")
 
 RESPAWN_PAUSE_S = 1.0  # between forks of a consumer that keeps dying at start
+PR_SET_PDEATHSIG = 1  # prctl(2)
 
 
 class Prefork:
@@ -51,6 +56,8 @@ class Prefork:
         self.loaded = loaded
         self.children: dict[int, int] = {}  # pid -> slot
         self.stopping = False
+        self.master_pid = os.getpid()
+        self.server: health.HealthServer
 
     def consume(self, slot: int, stopping: dict[str, bool]) -> int:
         """One consumer's life, in the forked process; returns its exit status.
@@ -84,19 +91,29 @@ class Prefork:
 
     def run(self) -> int:
         if self.settings.bind.startswith("unix:"):
-            raise ValueError(
+            raise BindError(
                 f"SERVING_BIND={self.settings.bind}: {self.command} serves /healthz and "
                 "/metrics over TCP; set SERVING_BIND=0.0.0.0:9090 (or 127.0.0.1:PORT)"
             )
+        # Bound before any consumer is forked: a port that is taken stops the master
+        # with no consumer left behind it.
+        self.server = health.bind(self, self.settings.bind, self.command)
+        try:
+            return self._supervise()
+        finally:
+            self._kill(0, None)  # none outlives its master, whatever stopped it
+            self.server.server_close()
+
+    def _supervise(self) -> int:
         preload(self.loaded.handler)  # as serve and batch do
         share_idle_cores(self.settings, self.settings.workers)
         signal.signal(signal.SIGTERM, self._stop)
         signal.signal(signal.SIGINT, self._stop)
         for slot in range(self.settings.workers):
             self._fork(slot)
-        # After the first forks, so they start without its thread (a respawned
+        # Served after the first forks, so they start without its thread (a respawned
         # consumer forks beside it, and never touches it).
-        server = _health_server(self, self.settings.bind)
+        self.server.serve()
         # Under the command's own logger (jobmaster, streammaster).
         logging.getLogger(type(self).__module__).info("%s", self.describe())
         while self.children:
@@ -113,7 +130,7 @@ class Prefork:
                 log.warning("consumer %d exited (status %d); starting another", pid, status)
                 time.sleep(RESPAWN_PAUSE_S)
                 self._fork(slot)
-        server.shutdown()
+        self.server.shutdown()
         return 0
 
     def _stop(self, signum: int, frame: FrameType | None) -> None:
@@ -149,6 +166,8 @@ class Prefork:
             signal.signal(signal.SIGTERM, asked)
             # The master decides; Ctrl-C reaches the whole process group.
             signal.signal(signal.SIGINT, signal.SIG_IGN)
+            health.close_inherited(self.server)
+            _die_with(self.master_pid)
             code = self.consume(slot, stop)
         except BaseException:
             log.exception("consumer %d failed", os.getpid())
@@ -159,41 +178,14 @@ class Prefork:
                 os._exit(code)
 
 
-class _Health(http.server.BaseHTTPRequestHandler):
-    master: Prefork
-
-    def do_GET(self) -> None:
-        if self.path == "/healthz":
-            alive = len(self.master.children)
-            status = 200 if alive and not self.master.stopping else 503
-            body = json.dumps(
-                {
-                    "consumers": alive,
-                    "pids": sorted(self.master.children),
-                    "stopping": self.master.stopping,
-                }
-            ).encode()
-            self._send(status, "application/json", body)
-        elif self.path == "/metrics":
-            self._send(200, CONTENT_TYPE, exposition())
-        else:
-            self._send(404, "application/json", b'{"error": {"type": "not_found"}}')
-
-    def _send(self, status: int, content_type: str, body: bytes) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass  # the probes would be most of the log
-
-
-def _health_server(master: Prefork, bind: str) -> http.server.ThreadingHTTPServer:
-    """/healthz (200 while consumers run) and /metrics, on SERVING_BIND, in a thread."""
-    host, _, port = bind.rpartition(":")
-    handler = type("Health", (_Health,), {"master": master})
-    server = http.server.ThreadingHTTPServer((host.strip("[]"), int(port)), handler)
-    threading.Thread(target=server.serve_forever, name="serving-health", daemon=True).start()
-    return server
+def _die_with(master: int) -> None:
+    """A consumer is sent SIGTERM (its graceful stop) when its master dies, even by
+    SIGKILL: nothing may consume on without the master's supervision, /healthz and
+    /metrics. Linux's PR_SET_PDEATHSIG; elsewhere, the master's own stop."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != master:  # it died before prctl: no signal will come
+        os.kill(os.getpid(), signal.SIGTERM)

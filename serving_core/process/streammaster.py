@@ -13,7 +13,10 @@ idle for the source's ``claim_idle_ms``).
 
 from __future__ import annotations
 
+import tempfile
+
 from serving_core.loops.stream import Ends, StreamLoop
+from serving_core.loops.suspects import Suspects
 from serving_core.metrics.stream import StreamMetrics
 from serving_core.process.prefork import Prefork
 from serving_core.settings import Settings
@@ -26,6 +29,14 @@ class StreamMaster(Prefork):
     """``serving-core stream``'s master: its consumers run a ``StreamLoop`` each."""
 
     command = "serving-core stream"
+    suspects_dir = ""
+
+    def run(self) -> int:
+        # The consumers' count of who killed them (``loops.suspects``): the master's, so
+        # that it outlives each of them, and gone with the master.
+        with tempfile.TemporaryDirectory(prefix="serving-stream-suspects-") as directory:
+            self.suspects_dir = directory
+            return super().run()
 
     def describe(self) -> str:
         source = masked(self.settings.stream_source)
@@ -51,6 +62,7 @@ class StreamMaster(Prefork):
             stopping=lambda: stopping["asked"],
             metrics=StreamMetrics(),
             system=brokers.system(settings.stream_source),
+            suspects=Suspects(self.suspects_dir),
         ).run()
         return 0
 

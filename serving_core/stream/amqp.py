@@ -30,24 +30,22 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
-from typing import Any, cast
+from collections.abc import Sequence
+from typing import Any
 
-import pika
 from pika.adapters.blocking_connection import BlockingChannel
-from pika.channel import Channel
 from pika.frame import Method
 from pika.spec import Basic, BasicProperties
 
 from serving_core.stream.amqp_connection import ERRORS, Connected, amqp_url
-from serving_core.stream.base import BrokerError, Message, Outgoing
+from serving_core.stream.amqp_sink import SINK_URL, AmqpSink
+from serving_core.stream.base import BrokerError, Message
 
 QUORUM = {"x-queue-type": "quorum"}
 # Unacked at once: a batch awaiting its confirms, the batch running, the next one.
 PREFETCH_BATCHES = 3
 # What an end is called in errors, the query keys its URL takes, and those it needs.
 SOURCE_URL = ("an AMQP source", ["queue"], ["queue"])
-SINK_URL = ("an AMQP sink", ["exchange", "routing_key"], ["routing_key"])
 
 
 def check_source(url: str) -> None:
@@ -64,6 +62,18 @@ def open_source(url: str, batch_size: int, consumer: str) -> AmqpSource:
 
 def open_sink(url: str) -> AmqpSink:
     return AmqpSink(url)
+
+
+def _deliveries(redelivered: bool, count: object) -> int:
+    """This delivery's number. A quorum queue sets ``x-delivery-count`` on a message it
+    hands out again (with the ``redelivered`` flag); on a first delivery the header can
+    only be a producer's, which neither crashes the consumer (not a number) nor
+    dead-letters the message unrun (a forged count)."""
+    if not redelivered:
+        return 1
+    if isinstance(count, int) and not isinstance(count, bool) and count > 0:
+        return count + 1
+    return 2  # handed out again, the broker's count unreadable: at least the second
 
 
 def _text(value: object) -> str:
@@ -101,7 +111,7 @@ class AmqpSource(Connected):
     ) -> None:
         headers: dict[str, Any] = dict(properties.headers or {})
         # The broker's count, not the producer's header: it does not travel to the result.
-        redelivered = int(headers.pop("x-delivery-count", 0) or 0)
+        count = headers.pop("x-delivery-count", None)
         tag = int(method.delivery_tag or 0)
         self._unacked.add(tag)
         self._taken.append(
@@ -109,7 +119,7 @@ class AmqpSource(Connected):
                 id=properties.message_id or "",
                 body=body,
                 headers={str(k): _text(v) for k, v in headers.items()},
-                deliveries=redelivered + 1,
+                deliveries=_deliveries(bool(method.redelivered), count),
                 tag=(self._token, tag),
             )
         )
@@ -173,118 +183,3 @@ class AmqpSource(Connected):
         except ERRORS as error:
             raise self.failed(f"cannot read the depth of queue {self.queue!r}", error) from error
         return int(declared.method.message_count or 0)
-
-
-class AmqpSink(Connected):
-    """Publishes to an exchange with publisher confirms, a batch at a time."""
-
-    def __init__(self, url: str, *, confirm_timeout_s: float = 60.0) -> None:
-        super().__init__(url, *SINK_URL)
-        self.exchange = self.options.get("exchange", "")
-        self.routing_key = self.options["routing_key"]
-        self.confirm_timeout_s = confirm_timeout_s
-        self._sent = 0  # confirm-mode delivery tags count publishes from 1
-        self._unconfirmed: dict[int, str] = {}
-        self._nacked: list[str] = []
-        self._returned: list[str] = []
-        self._selected = False
-        try:
-            if self.exchange:
-                self.channel.exchange_declare(self.exchange, exchange_type="direct", durable=True)
-            self.channel.add_on_return_callback(self._on_return)
-            # BlockingChannel.confirm_delivery waits for each publish's confirm before the
-            # next one (a round trip per message); the channel underneath takes a
-            # callback instead, so a batch's confirms are awaited together.
-            impl = cast(Channel, self.channel._impl)  # type: ignore[attr-defined]
-            impl.confirm_delivery(ack_nack_callback=self._on_confirm, callback=self._on_select_ok)
-            self._wait(lambda: self._selected, "Confirm.Select")
-        except ERRORS as error:
-            self.close()
-            raise self.failed(f"cannot publish to exchange {self.exchange!r}", error) from error
-        except BrokerError:
-            self.close()
-            raise
-
-    def _on_select_ok(self, _frame: object) -> None:
-        self._selected = True
-        self._wake()
-
-    def _wake(self) -> None:
-        # A due timer is an event the blocking connection returns for: process_data_events
-        # stops waiting now instead of at its time limit.
-        self.connection.call_later(0, lambda: None)
-
-    def _on_confirm(self, frame: Method[Basic.Ack | Basic.Nack]) -> None:
-        method = frame.method
-        tag = int(method.delivery_tag)
-        done = [t for t in self._unconfirmed if t <= tag] if method.multiple else [tag]
-        for t in done:
-            message_id = self._unconfirmed.pop(t, "")
-            if isinstance(method, Basic.Nack):
-                self._nacked.append(message_id)
-        if not self._unconfirmed:
-            self._wake()
-
-    def _on_return(
-        self,
-        _channel: BlockingChannel,
-        method: Basic.Return,
-        properties: BasicProperties,
-        _body: bytes,
-    ) -> None:
-        self._returned.append(f"{properties.message_id!r} ({method.reply_text})")
-
-    def _wait(self, done: Callable[[], bool], what: str) -> None:
-        deadline = time.monotonic() + self.confirm_timeout_s
-        while not done():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise BrokerError(f"{self.shown}: no {what} after {self.confirm_timeout_s} s")
-            if self.channel.is_closed:
-                raise BrokerError(f"{self.shown}: the broker closed the channel")
-            # At most a second at a time: a channel the broker closes wakes nothing.
-            self.connection.process_data_events(time_limit=min(left, 1.0))
-
-    def send(self, messages: Sequence[Outgoing]) -> None:
-        try:
-            for message in messages:
-                properties = BasicProperties(
-                    content_type="application/json",
-                    delivery_mode=pika.DeliveryMode.Persistent,
-                    message_id=message.id,
-                    correlation_id=message.id,
-                    headers=dict(message.headers) or None,
-                )
-                # Counted before it is sent: its confirm can arrive while basic_publish
-                # still flushes the socket (it reads as it writes).
-                self._sent += 1
-                self._unconfirmed[self._sent] = message.id
-                self.channel.basic_publish(
-                    self.exchange, self.routing_key, message.body, properties, mandatory=True
-                )
-        except ERRORS as error:
-            raise self.failed("cannot publish", error) from error
-
-    def confirm(self) -> None:
-        # Confirms that came while the caller ran its next batch wait in the socket's
-        # buffer; the first read dispatches them, so this wait is then no wait.
-        try:
-            self._wait(lambda: not self._unconfirmed, "publisher confirm")
-            # A return comes before its message's confirm; this dispatches it.
-            self.connection.process_data_events(time_limit=0)
-        except ERRORS as error:
-            raise self.failed("cannot publish", error) from error
-        returned, self._returned = self._returned, []
-        nacked, self._nacked = self._nacked, []
-        if returned:
-            raise BrokerError(
-                f"{self.shown}: unroutable: no queue is bound to exchange {self.exchange!r} "
-                f"with routing key {self.routing_key!r}; returned: {', '.join(returned[:5])}"
-            )
-        if nacked:
-            raise BrokerError(f"{self.shown}: the broker nacked {len(nacked)} message(s)")
-
-    def publish(self, messages: Sequence[Outgoing]) -> None:
-        if messages:
-            self.send(messages)
-            self.confirm()

@@ -22,6 +22,19 @@ class BrokerError(Exception):
     back-off and the source hands the unacked messages out again."""
 
 
+class Refused(BrokerError):
+    """The broker refused a message for what it is (too large, say), not for its own
+    state: sent again, it would be refused again. Raised by ``MessageSink.confirm``;
+    ``undelivered`` are those sent since the last confirm that the broker may not
+    have (the refused one among them), and everything else sent is confirmed. The
+    sink is usable again: each of them sent alone tells which was refused."""
+
+    def __init__(self, reason: str, undelivered: Sequence[Outgoing]) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.undelivered = list(undelivered)
+
+
 @dataclass(frozen=True)
 class Message:
     """One record taken from a source, not yet acked."""
@@ -85,8 +98,8 @@ class MessageSink(Protocol):
 
     def confirm(self) -> None:
         """Returns once the broker has confirmed everything sent (publisher confirms, or
-        XADD's reply); raises ``BrokerError`` otherwise, and the caller does not ack
-        their inputs."""
+        XADD's reply); raises ``Refused`` if the broker refused one for what it is,
+        ``BrokerError`` otherwise, and the caller does not ack their inputs."""
         ...
 
     def publish(self, messages: Sequence[Outgoing]) -> None:

@@ -11,7 +11,8 @@ added before any consumer existed are delivered too.
 
 Where a message goes when its consumer is lost: taken, it sits in the group's
 pending entries under that consumer's name until XACKed. A consumer that
-reconnects reads its own pending entries first (XREADGROUP from id 0); one
+reconnects reads its own pending entries first (XREADGROUP from id 0, then on
+from the last it read: they stay pending until acked); one
 that died (a new process has a new name) leaves them to the others, which
 XAUTOCLAIM entries idle past ``claim_idle_ms`` (default a minute: longer than
 a batch takes, or a live consumer's batch is run twice).
@@ -19,39 +20,29 @@ a batch takes, or a live consumer's batch is run twice).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from collections.abc import Sequence
+from typing import Any
 
-from serving_core.settings.secrets import masked
-from serving_core.stream.base import BrokerError, Message, Outgoing
+from serving_core.stream.base import Message
+from serving_core.stream.redis_connection import RedisClient, check_url, text
 from serving_core.stream.redis_replies import Deferred
-
-if TYPE_CHECKING:
-    import redis
+from serving_core.stream.redis_sink import RedisSink
 
 log = logging.getLogger("serving_core.stream.redis_streams")
 
 DEFAULT_GROUP = "serving-core"
 CLAIM_IDLE_MS = 60_000
 CLAIM_EVERY_S = 5.0  # how often an otherwise idle consumer looks for a dead one's entries
-COMMAND_TIMEOUT_S = 10.0  # connect, and every command but the blocking read
-OURS = ("stream", "group", "maxlen", "claim_idle_ms")  # the query keys redis-py must not see
-WHOLE_NUMBERS = ("maxlen", "claim_idle_ms")
-SCHEMES = ("redis", "rediss", "unix")
-EXAMPLE = "redis://[:PASS@]HOST:6379/DB?stream=NAME"
-T = TypeVar("T")
 
 
 def check_source(url: str) -> None:
-    _check(url, "a Redis Streams source")
+    check_url(url, "a Redis Streams source")
 
 
 def check_sink(url: str) -> None:
-    _check(url, "a Redis Streams sink")
+    check_url(url, "a Redis Streams sink")
 
 
 def open_source(url: str, batch_size: int, consumer: str) -> RedisSource:
@@ -62,70 +53,11 @@ def open_sink(url: str) -> RedisSink:
     return RedisSink(url)
 
 
-def _check(url: str, what: str) -> None:
-    """What redis-py would refuse on its first connection, and a missing stream."""
-    parts, shown = urlsplit(url), repr(masked(url))
-    if parts.scheme not in SCHEMES or not url.startswith(parts.scheme + "://"):
-        raise ValueError(f"{shown}: {what} is {EXAMPLE} (rediss:// for TLS, unix:///PATH)")
-    if parts.scheme == "unix" and not parts.path:
-        raise ValueError(f"{shown} names no socket path; use unix:///PATH?stream=NAME")
-    try:
-        parts.port  # noqa: B018 (a port that is not a number, or past 65535, raises)
-    except ValueError:
-        raise ValueError(f"{shown} has a port that is not 0..65535") from None
-    query = dict(parse_qsl(parts.query, keep_blank_values=True))
-    if not query.get("stream"):
-        raise ValueError(f"{shown} names no stream; add ?stream=NAME ({what} is {EXAMPLE})")
-    for key in WHOLE_NUMBERS:
-        if key in query and not query[key].isdigit():
-            raise ValueError(f"{shown}: {key}={query[key]!r} is not a whole number")
-
-
-def _split(url: str) -> tuple[str, dict[str, str]]:
-    """The URL redis-py takes (without our query keys), and our keys' values."""
-    parts = urlsplit(url)
-    query = parse_qsl(parts.query, keep_blank_values=True)
-    ours = {key: value for key, value in query if key in OURS}
-    rest = urlencode([(key, value) for key, value in query if key not in OURS])
-    return urlunsplit(parts._replace(query=rest)), ours
-
-
-class _Redis:
-    """One client, and Redis' errors (and socket ones) turned into ``BrokerError``."""
-
-    def __init__(self, url: str, what: str) -> None:
-        import redis
-
-        _check(url, what)
-        base, self.query = _split(url)
-        self.stream = self.query["stream"]
-        self._errors = (redis.RedisError, OSError)
-        # No retries of its own: a lost connection is a BrokerError, and the worker's
-        # back-off, reconnection and redelivery handle every case the same way.
-        self.client: redis.Redis = redis.Redis.from_url(
-            base,
-            socket_timeout=COMMAND_TIMEOUT_S,
-            socket_connect_timeout=COMMAND_TIMEOUT_S,
-            retry_on_timeout=False,
-            retry=None,
-        )
-
-    def call(self, command: Callable[[], T]) -> T:
-        try:
-            return command()
-        except self._errors as error:
-            raise BrokerError(f"Redis stream {self.stream!r}: {error}") from error
-
-    def close(self) -> None:
-        with contextlib.suppress(*self._errors):
-            self.client.close()
-
-
 class RedisSource:
     """A consumer group's member: takes entries, acks them with XACK."""
 
     def __init__(self, url: str, *, batch_size: int, consumer: str) -> None:
-        self.redis = _Redis(url, "a Redis Streams source")
+        self.redis = RedisClient(url, "a Redis Streams source")
         self.stream = self.redis.stream
         self.group = self.redis.query.get("group") or DEFAULT_GROUP
         self.claim_idle_ms = int(self.redis.query.get("claim_idle_ms") or CLAIM_IDLE_MS)
@@ -133,6 +65,7 @@ class RedisSource:
         self.consumer = consumer
         self._ready = False  # the group exists, and our own pending entries were read
         self._history = True  # read our own pending entries before new ones
+        self._history_from = "0"  # past those already read (they are pending until acked)
         self._claim_at = 0.0  # monotonic: the next XAUTOCLAIM
         self._claim_from = "0-0"  # XAUTOCLAIM's cursor
         self._acks = Deferred(self.redis.client, self.redis.call)
@@ -147,9 +80,10 @@ class RedisSource:
             self._ready = True
         if self._history:
             # After a (re)connection: what this consumer took and did not ack.
-            read = client.xreadgroup(self.group, self.consumer, {self.stream: "0"}, count=max_n)
-            entries = _entries(read)
+            history: dict[Any, Any] = {self.stream: self._history_from}
+            entries = _entries(client.xreadgroup(self.group, self.consumer, history, count=max_n))
             if entries:
+                self._history_from = text(entries[-1][0])
                 return self._messages(entries, redelivered=True)
             self._history = False
         if time.monotonic() >= self._claim_at:
@@ -184,7 +118,7 @@ class RedisSource:
             count=max_n,
         )
         cursor, entries = reply[0], reply[1]
-        self._claim_from = _text(cursor)
+        self._claim_from = text(cursor)
         if self._claim_from != "0-0":
             self._claim_at = 0.0  # more to look at: the next take goes on from the cursor
         if entries:
@@ -202,8 +136,8 @@ class RedisSource:
         counts = self._deliveries(entries) if redelivered else {}
         messages = []
         for entry_id, fields in entries:
-            key = _text(entry_id)
-            headers = {_text(k): _text(v) for k, v in fields.items()}
+            key = text(entry_id)
+            headers = {text(k): text(v) for k, v in fields.items()}
             body = fields.get(b"body", b"")
             headers.pop("body", None)
             message_id = headers.pop("id", None) or key
@@ -212,12 +146,20 @@ class RedisSource:
         return messages
 
     def _deliveries(self, entries: list[Any]) -> dict[str, int]:
-        """Each entry's delivery count, from the group's pending entries."""
-        first, last = _text(entries[0][0]), _text(entries[-1][0])
-        pending = self.redis.client.xpending_range(
-            self.stream, self.group, first, last, len(entries), consumername=self.consumer
-        )
-        return {_text(p["message_id"]): int(p["times_delivered"]) for p in pending}
+        """Each entry's delivery count, from the group's pending entries: one XPENDING
+        per entry (in one round trip), since a range from the first to the last would
+        hold this consumer's other pending entries too, and its count cut some of the
+        claimed ones off (read as first deliveries)."""
+        pipe = self.redis.client.pipeline(transaction=False)
+        for entry_id, _ in entries:
+            pipe.xpending_range(
+                self.stream, self.group, entry_id, entry_id, 1, consumername=self.consumer
+            )
+        return {
+            text(p["message_id"]): int(p["times_delivered"])
+            for pending in pipe.execute()
+            for p in pending
+        }
 
     def ack(self, messages: Sequence[Message]) -> None:
         """Writes the XACK and reads the previous one's reply: its fsync has long been
@@ -236,7 +178,7 @@ class RedisSource:
         self._acks.read()  # the last XACK done first: it is not counted as pending
         groups = self.redis.call(lambda: self.redis.client.xinfo_groups(self.stream))
         for group in groups:
-            if _text(group["name"]) == self.group:
+            if text(group["name"]) == self.group:
                 if group.get("lag") is None:  # Redis cannot say after some deletions
                     return None
                 return int(group["pending"]) + int(group["lag"])
@@ -245,41 +187,7 @@ class RedisSource:
     def close(self) -> None:
         self._acks.close()
         self.redis.close()
-        self._ready, self._history = False, True
-
-
-class RedisSink:
-    """XADD of every result in one write (``send``); the replies, read after the
-    consumer's next batch (``confirm``), are the confirmation (``redis_replies``)."""
-
-    def __init__(self, url: str) -> None:
-        self.redis = _Redis(url, "a Redis Streams sink")
-        self.stream = self.redis.stream
-        maxlen = self.redis.query.get("maxlen")
-        self.maxlen = int(maxlen) if maxlen else None
-        self._replies = Deferred(self.redis.client, self.redis.call)
-
-    def send(self, messages: Sequence[Outgoing]) -> None:
-        trim = ["MAXLEN", "~", self.maxlen] if self.maxlen else []
-        commands = []
-        for message in messages:
-            fields: list[Any] = []
-            for key, value in {**message.headers, "id": message.id, "body": message.body}.items():
-                fields += [key, value]
-            commands.append(["XADD", self.stream, *trim, "*", *fields])
-        if commands:
-            self._replies.write(commands)
-
-    def confirm(self) -> None:
-        self._replies.read()
-
-    def publish(self, messages: Sequence[Outgoing]) -> None:
-        self.send(messages)
-        self.confirm()
-
-    def close(self) -> None:
-        self._replies.drop()
-        self.redis.close()
+        self._ready, self._history, self._history_from = False, True, "0"
 
 
 def _entries(read: Any) -> list[Any]:
@@ -289,7 +197,3 @@ def _entries(read: Any) -> list[Any]:
     if isinstance(read, dict):  # RESP3
         return list(next(iter(read.values()))[0]) if read else []
     return list(read[0][1])
-
-
-def _text(value: object) -> str:
-    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)

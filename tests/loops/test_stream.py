@@ -5,18 +5,23 @@ tests/stream)."""
 from __future__ import annotations
 
 import json
+import logging
+import re
 from collections.abc import Callable
 from typing import Any
+
+import pytest
 
 from serving_core import Handler
 from serving_core.engine.engine import Engine
 from serving_core.loops.stream import Ends, StreamLoop
+from serving_core.loops.suspects import Suspects
 from serving_core.metrics.stream import StreamMetrics
-from serving_core.stream.base import Message
+from serving_core.stream.base import BrokerError, Message, Refused
 from tests.loops.flaky import Flaky
 
 
-def loop(handler: Handler) -> StreamLoop:
+def loop(handler: Handler, suspects: Suspects | None = None) -> StreamLoop:
     def no_ends() -> Ends:
         raise AssertionError("run_batch opens no broker")
 
@@ -27,6 +32,7 @@ def loop(handler: Handler) -> StreamLoop:
         max_attempts=3,
         stopping=lambda: False,
         metrics=StreamMetrics(),
+        suspects=suspects or Suspects(),
     )
 
 
@@ -68,15 +74,54 @@ def test_a_poison_message_runs_max_attempts_times_then_is_a_dead_letter() -> Non
     assert batch.reasons == {"failed": 1}
 
 
-def test_a_message_delivered_more_than_max_attempts_times_is_dead_lettered_unrun() -> None:
+def test_m2_messages_handed_out_again_run_alone_and_only_the_killer_is_dead_lettered() -> None:
+    """M2: a message that killed its consumer took its batch-mates into the dead letters
+    (all of them handed out as often). Each message handed out again runs alone,
+    counted while it runs: only the one whose consumers died running it is dead."""
     handler = Flaky()
-    batch = loop(handler).run_batch([message("crashy", {"n": 5}, deliveries=4)])
+    suspects = Suspects()
+    killer = message("killer", {"n": 9}, deliveries=4)
+    for _ in range(2):  # two consumers died running it alone (``running``, never ``done``)
+        suspects.running(killer)
+    runner = loop(handler, suspects)
+    batch = runner.run_batch(
+        [message("a", {"n": 1}, deliveries=4), killer, message("b", {"n": 2}, deliveries=4)]
+    )
+    assert handler.batches == [[1], [2]]  # each alone
+    assert [r.id for r in batch.results] == ["a", "b"]
+    (dead,) = batch.dead
+    letter = json.loads(dead.body)
+    assert (dead.id, letter["error"]["type"], letter["attempts"]) == (
+        "killer",
+        "attempts_exhausted",
+        3,
+    )
+    assert "SERVING_STREAM_MAX_ATTEMPTS=3" in letter["error"]["message"]
+    assert batch.reasons == {"exhausted": 1}
+    # Those that ran are forgotten: handed out again, they would run again.
+    assert suspects.deaths(message("a", {"n": 1})) == 0
+    assert suspects.deaths(killer) == 0
+
+
+def test_a_message_handed_out_more_than_four_times_max_attempts_is_dead_lettered_unrun() -> None:
+    """Whatever this host counted (its consumers die on other hosts, say)."""
+    handler = Flaky()
+    batch = loop(handler).run_batch([message("crashy", {"n": 5}, deliveries=13)])
     (dead,) = batch.dead
     letter = json.loads(dead.body)
     assert letter["error"]["type"] == "attempts_exhausted"
-    assert "SERVING_STREAM_MAX_ATTEMPTS=3" in letter["error"]["message"]
+    assert "handed out 13 times" in letter["error"]["message"]
     assert handler.batches == []
-    assert batch.reasons == {"exhausted": 1}
+
+
+def test_suspects_in_a_directory_outlive_the_process_that_counted_them(tmp_path: Any) -> None:
+    killer = message("killer", {"n": 9}, deliveries=2)
+    Suspects(str(tmp_path)).running(killer)  # its consumer died: nothing undid it
+    again = Suspects(str(tmp_path))
+    assert again.deaths(killer) == 1
+    assert again.deaths(message("killer", {"n": 8})) == 0  # another body, another message
+    again.done(killer)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_bodies_that_are_not_a_json_object_are_dead_letters_and_never_run() -> None:
@@ -197,3 +242,105 @@ def test_a_stop_confirms_and_acks_the_batch_in_hand_before_the_consumer_returns(
     log = Log([[message("a", {"n": 1})]])
     run(log, lambda: any(e.startswith("run") for e in log.events))
     assert log.events[-3:] == ["confirm out", "confirm dead", "ack a"]
+
+
+class Limited(ListSink):
+    """A sink whose broker refuses a message over ``limit`` bytes, as Redis' or
+    RabbitMQ's size limits do (tests/stream has the real ones)."""
+
+    def __init__(self, log: Log, name: str, limit: int) -> None:
+        super().__init__(log, name)
+        self.limit = limit
+        self.sent: list[Any] = []
+        self.kept: list[Any] = []
+
+    def send(self, messages: Any) -> None:
+        super().send(messages)
+        self.sent += messages
+
+    def confirm(self) -> None:
+        super().confirm()
+        sent, self.sent = self.sent, []
+        refused = [m for m in sent if len(m.body) > self.limit]
+        self.kept += [m for m in sent if len(m.body) <= self.limit]
+        if refused:
+            raise Refused(f"over {self.limit} bytes", refused)
+
+
+class Echo(Handler):
+    name = "echo"
+
+    def predict_batch(self, items: list[Any]) -> list[Any]:
+        return [{"pad": "x" * item["pad"]} for item in items]
+
+
+def test_h3_a_message_whose_result_and_dead_letters_are_all_refused_is_logged_and_acked(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """H3: even a dead letter cut short can be refused (a limit below it): the message is
+    acked all the same, its end in the log, never delivered again."""
+    log = Log([[message("ok", {"pad": 1}), message("huge", {"pad": 500})]])
+    out, dead = Limited(log, "out", 100), Limited(log, "dead", 10)
+    StreamLoop(
+        Engine(Echo(), max_batch_size=8),
+        lambda: Ends(ListSource(log), out, dead),
+        max_batch_size=8,
+        max_attempts=3,
+        # Or a bound, where it would go round for ever.
+        stopping=lambda: any(e.startswith("ack") for e in log.events) or len(log.waits) > 100,
+        metrics=StreamMetrics(),
+    ).run()
+    assert [m.id for m in out.kept] == ["ok"]
+    assert dead.kept == []
+    assert log.events[-1] == "ack ok,huge"
+    assert "'huge': the broker refused its result and its dead letter" in caplog.text
+
+
+def test_h3_a_broker_that_takes_but_never_confirms_is_reconnected_to_with_growing_pauses(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """H3: the back-off started again at every take that worked, so a broker that hands
+    messages out but fails every publish was reconnected to every ~0.3 s for ever. It
+    starts again only once a batch is acked."""
+
+    class Failing(ListSink):
+        def confirm(self) -> None:
+            raise BrokerError("unroutable")
+
+    class Redelivering(ListSource):
+        def take(self, max_n: int, wait_s: float) -> list[Message]:
+            return [message("again", {"n": 1}, deliveries=2)]
+
+    log = Log([])
+    opened: list[int] = []
+
+    def ends() -> Ends:
+        opened.append(1)
+        return Ends(Redelivering(log), Failing(log, "out"), ListSink(log, "dead"))
+
+    caplog.set_level(logging.WARNING, "serving_core.loops.stream")
+    StreamLoop(
+        Engine(Recorder(log), max_batch_size=8),
+        ends,
+        max_batch_size=8,
+        max_attempts=3,
+        stopping=lambda: len(opened) > 3,
+        metrics=StreamMetrics(),
+    ).run()
+    pauses = [float(p) for p in re.findall(r"reconnecting in ([0-9.]+) s", caplog.text)]
+    assert len(pauses) == 3
+    # Full jitter over a doubling ceiling: the third is at least half of 2.0 s.
+    assert pauses[2] >= 1.0
+
+
+def test_a_message_without_a_body_is_dead_lettered_saying_the_body_is_missing() -> None:
+    """New user's walk: a Redis entry with no ``body`` field was dead-lettered as "the
+    message body is not JSON"."""
+    handler = Flaky()
+    batch = loop(handler).run_batch([message("empty", b""), message("ok", {"n": 1})])
+    (dead,) = batch.dead
+    error = json.loads(dead.body)["error"]
+    assert error["type"] == "missing_body"
+    assert "'body' field" in error["message"]
+    assert "not JSON" not in error["message"]
+    assert handler.batches == [[1]]

@@ -12,6 +12,7 @@ import re
 import uuid
 from collections import Counter
 from collections.abc import Iterator
+from decimal import Decimal
 from typing import Any
 
 import pika
@@ -312,3 +313,27 @@ def test_a_bad_sink_url_says_what_an_amqp_sink_takes_and_hides_the_password(
         AmqpSink(url)
     assert "hunter2" not in str(failed.value)
     assert "u:***@h" in str(failed.value)
+
+
+@pytest.mark.parametrize("forged", ["abc", Decimal("2.5"), 99, b"7", {"n": 1}])
+def test_l3_a_producers_x_delivery_count_neither_crashes_the_source_nor_counts(
+    broker: AmqpBroker, forged: Any
+) -> None:
+    """L3: a producer's x-delivery-count that is not a number crashed the consumer (int()
+    in the delivery callback), and a forged one dead-lettered its message unrun. Only
+    a redelivery's count is the broker's."""
+    connection = pika.BlockingConnection(pika.URLParameters(broker.server.url))
+    channel = connection.channel()
+    channel.confirm_delivery()
+    properties = pika.BasicProperties(message_id="m", headers={"x-delivery-count": forged})
+    channel.basic_publish("", broker.queue, b'{"x": 1}', properties, mandatory=True)
+    connection.close()
+    source = AmqpSource(broker.source_url, batch_size=4, consumer="l3")
+    [message] = take_all(source, 1, 4)
+    assert (message.deliveries, message.headers) == (1, {})
+    source.close()  # unacked: handed out again, now with the broker's own count
+    again = AmqpSource(broker.source_url, batch_size=4, consumer="l3-again")
+    [message] = take_all(again, 1, 4)
+    again.ack([message])
+    again.close()
+    assert (message.deliveries, message.headers) == (2, {})

@@ -20,11 +20,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 import requests
 
 from tests.servers import ROOT, free_port, spawn, stop, wait_for
+from tests.stream.amqp_broker import AmqpBroker
 from tests.stream.conftest import Broker
-from tests.stream.redis_broker import Item
+from tests.stream.redis_broker import Item, RedisBroker
 
 POLL_TIMEOUT_S = 60.0  # a bound on waiting for an event, never an expected time
 
@@ -44,11 +46,15 @@ class Doubler(Handler):
             "n": {"type": "integer"},
             "poison": {"type": "boolean"},
             "gate": {"type": "string"},
+            "pad": {"type": "integer"},
+            "kill": {"type": "boolean"},
         },
         "required": ["n"],
     }
 
     def predict_batch(self, items):
+        if any(item.get("kill") for item in items):
+            os._exit(9)  # as a segfault or the OOM killer would
         if any(item.get("poison") for item in items):
             raise RuntimeError("poisoned batch")
         for item in items:
@@ -58,7 +64,10 @@ class Doubler(Handler):
                 taken.write_text(f"{os.getpid()} {len(items)}")
                 while not gate.exists():
                     time.sleep(0.01)
-        return [{"double": 2 * item["n"], "pid": os.getpid()} for item in items]
+        return [
+            {"double": 2 * item["n"], "pid": os.getpid(), "pad": "x" * item.get("pad", 0)}
+            for item in items
+        ]
 """
 
 
@@ -317,3 +326,117 @@ def test_the_stream_master_fetches_the_model_before_preload(broker: Broker, tmp_
     ((_, body, _),) = broker.results()
     assert json.loads(body)["weights"] == "the weights"
     assert info == 1
+
+
+@contextlib.contextmanager
+def low_size_limit(broker: Broker) -> Iterator[tuple[int, dict[str, str]]]:
+    """The broker's message-size limit set as low as it goes: (the limit in bytes, the
+    stream worker's settings for it)."""
+    if isinstance(broker, RedisBroker):
+        client = redis.Redis.from_url(broker.sink_url.partition("?")[0])
+        client.config_set("proto-max-bulk-len", "1mb")  # its least
+        yield 1024 * 1024, {}
+        client.close()
+    elif isinstance(broker, AmqpBroker):
+        # Read by each channel as it opens: the worker's open after this.
+        broker.server.eval("application:set_env(rabbit, max_message_size, 4096).")
+        try:
+            yield 4096, {}
+        finally:
+            broker.server.eval("application:unset_env(rabbit, max_message_size).")
+    else:  # Kafka: librdkafka's own limit, which the broker's would give the same way
+        yield (
+            4096,
+            {
+                "SERVING_STREAM_SINK": broker.sink_url + "?message.max.bytes=4096",
+                "SERVING_STREAM_DEAD_LETTER": broker.dead_url + "?message.max.bytes=4096",
+            },
+        )
+
+
+def test_h3_what_the_broker_refuses_to_publish_ends_as_a_dead_letter_and_is_acked(
+    broker: Broker, tmp_path: Path
+) -> None:
+    """H3: a result or dead letter the broker refused (too large) left its message unacked:
+    delivered again for ever, the queue behind it blocked. A refused result becomes a
+    dead letter; a refused dead letter (its input escaped, up to 6 times its size) is
+    published with its input cut short; both are acked, never handed out again."""
+    with low_size_limit(broker) as (limit, env):
+        big_result = {"n": 1, "pad": limit + 100}
+        # Not JSON: its dead letter holds it escaped, each byte as \u0001.
+        big_letter = b"\x01" * (limit // 5)
+        broker.produce(
+            [
+                *numbers(2),
+                ("big-result", json.dumps(big_result).encode(), {"trace": "r"}),
+                ("big-letter", big_letter, {"trace": "l"}),
+                *numbers(2, start=2),
+            ]
+        )
+        with stream_worker(broker, tmp_path, **env) as (_, url, log_path):
+            wait_for(
+                lambda: len(broker.dead()) >= 2,
+                lambda: f"2 dead letters:\n{log_path.read_text()}",
+                POLL_TIMEOUT_S,
+            )
+            wait_for(results_at_least(broker, 4), "the others' results", POLL_TIMEOUT_S)
+            wait_for(lambda: broker.lag() == 0, "every message acked", POLL_TIMEOUT_S)
+            refused = metric(url, "serving_stream_dead_lettered_total", 'reason="refused"')
+            redelivered = metric(url, "serving_stream_redelivered_total")
+            published = metric(url, "serving_stream_published_total")
+    assert set(by_id(broker.results())) == {f"m-{i}" for i in range(4)}
+    dead = {message_id: (json.loads(body), headers) for message_id, body, headers in broker.dead()}
+    assert set(dead) == {"big-result", "big-letter"}
+    letter, headers = dead["big-result"]
+    assert letter["error"]["type"] == "result_refused"
+    assert json.loads(letter["input"]) == big_result
+    assert headers["trace"] == "r"
+    letter, headers = dead["big-letter"]
+    assert letter["error"]["type"] == "invalid_json"
+    assert "the whole dead letter was refused too" in letter["error"]["message"]
+    assert letter["input"] == "\x01" * 256
+    assert (letter["input_truncated"], letter["input_bytes"]) == (True, len(big_letter))
+    assert headers["trace"] == "l"
+    assert (refused, published, redelivered) == (1, 4, 0)
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("broker", ["redis", "amqp"], indirect=True)
+def test_m2_a_message_that_kills_its_consumer_is_the_only_one_dead_lettered(
+    broker: Broker, tmp_path: Path
+) -> None:
+    """M2: a message that killed its consumer took its batch-mates into the dead letters
+    as attempts_exhausted (handed out as often as it was), some after their results
+    had been published. Kafka keeps no delivery count: it hands the batch out again
+    as new, so there the killer is run again until one consumer survives it
+    (docs/streams.md)."""
+    killer = ("killer", b'{"n": 100, "kill": true}', {"trace": "k"})
+    broker.produce([*numbers(3), killer, *numbers(4, start=3)], one_batch=True)
+    with stream_worker(broker, tmp_path, SERVING_STREAM_MAX_ATTEMPTS="3") as (
+        process,
+        url,
+        log_path,
+    ):
+        wait_for(
+            lambda: len(broker.dead()) >= 1,
+            lambda: f"the killer's dead letter:\n{log_path.read_text()}",
+            POLL_TIMEOUT_S,
+        )
+        wait_for(results_at_least(broker, 7), "the others' results", POLL_TIMEOUT_S)
+        wait_for(lambda: broker.lag() == 0, "every message acked", POLL_TIMEOUT_S)
+        exhausted = metric(url, "serving_stream_dead_lettered_total", 'reason="exhausted"')
+        assert process.poll() is None
+    ((message_id, body, _),) = broker.dead()
+    letter = json.loads(body)
+    assert (message_id, letter["error"]["type"], letter["attempts"]) == (
+        "killer",
+        "attempts_exhausted",
+        3,
+    )
+    seen = by_id(broker.results())
+    assert set(seen) == {f"m-{i}" for i in range(7)}
+    # Each batch-mate's result once: none was published before the killer was found.
+    assert {message_id: len(results) for message_id, results in seen.items()} == {
+        f"m-{i}": 1 for i in range(7)
+    }
+    assert exhausted == 1

@@ -14,11 +14,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from serving_core.stream.base import BrokerError, Outgoing
+from serving_core.stream.base import BrokerError, Outgoing, Refused
 from serving_core.stream.kafka.config import parse
 from serving_core.stream.kafka.source import ID_HEADER
 
@@ -35,6 +36,9 @@ SINK_DEFAULTS = {
     "linger.ms": 2,
 }
 FLUSH_STEP_S = 1.0
+# Errors that refuse the message itself (its size: message.max.bytes, or the topic's
+# max.message.bytes): sent again, it would be refused again.
+REFUSED = {KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.INVALID_MSG_SIZE}
 
 
 class KafkaSink:
@@ -46,13 +50,18 @@ class KafkaSink:
         config = {**SINK_DEFAULTS, "client.id": "serving-core", **end.config}
         self._timeout_s = int(config["message.timeout.ms"]) / 1000
         self._failed: KafkaError | None = None
+        self._refused: list[tuple[Outgoing, str]] = []
         try:
             self.producer = Producer(config, logger=log)
         except KafkaException as error:
             raise BrokerError(f"{self.shown}: cannot make a producer: {error}") from error
 
-    def _delivered(self, error: KafkaError | None, _record: Any) -> None:
-        if error is not None and self._failed is None:
+    def _delivered(self, message: Outgoing, error: KafkaError | None, _record: Any) -> None:
+        if error is None:
+            return
+        if error.code() in REFUSED:
+            self._refused.append((message, error.str()))
+        elif self._failed is None:
             self._failed = error
 
     def send(self, messages: Sequence[Outgoing]) -> None:
@@ -68,13 +77,16 @@ class KafkaSink:
                         value=message.body,
                         key=message.key,
                         headers=headers,
-                        on_delivery=self._delivered,
+                        on_delivery=partial(self._delivered, message),
                     )
                     break
                 except BufferError:  # the local queue is full: let deliveries drain it
                     self.producer.poll(0.05)
                 except KafkaException as error:
-                    raise BrokerError(f"{self.shown}: cannot produce: {error}") from error
+                    if error.args[0].code() not in REFUSED:
+                        raise BrokerError(f"{self.shown}: cannot produce: {error}") from error
+                    self._refused.append((message, error.args[0].str()))  # by librdkafka
+                    break
         self.producer.poll(0)
 
     def confirm(self) -> None:
@@ -84,6 +96,10 @@ class KafkaSink:
             if self._failed is not None or time.monotonic() > deadline:
                 break
         failed, self._failed = self._failed, None
+        refused, self._refused = self._refused, []
+        if failed is None and refused:
+            said = ", ".join(f"{message.id!r} ({why})" for message, why in refused[:5])
+            raise Refused(f"{self.shown}: refused: {said}", [message for message, _ in refused])
         if failed is not None:
             raise BrokerError(f"{self.shown}: a result was not delivered: {failed.str()}")
         if len(self.producer) > 0:
