@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from serving_core.web.incoming import REQUEST_ID_OK
+from serving_core.context import REQUEST_ID_OK
 from serving_core.web.openapirules import bounded, tokens_bounded
 
 
