@@ -174,7 +174,8 @@ def main() -> None:
                 f"{statistics.median(r['p50_ms'] for r in these):>8.2f} "
                 f"{statistics.median(r['p99_ms'] for r in these):>8.2f} {over:>10.2f}"
             )
-    out = ROOT / "bench" / "figures" / "protocols.json"
+    suffix = "" if args.worker_class == "gevent" else f"-{args.worker_class}"
+    out = ROOT / "bench" / "figures" / f"protocols{suffix}.json"
     out.write_text(json.dumps(rows, indent=1) + "\n")
     print(f"wrote {out}")
 
