@@ -220,6 +220,7 @@ def test_worker_names_fit_what_kubernetes_allows(chart: helm.Chart) -> None:
 
 def test_the_worker_command_and_its_health_routes_exist() -> None:
     assert "worker" in serving_core_commands()
-    consumer = (ROOT / "serving_core" / "process" / "prefork.py").read_text()
+    # The masters' health server (process/health.py since issue 42's L7).
+    consumer = (ROOT / "serving_core" / "process" / "health.py").read_text()
     assert '"/healthz"' in consumer
     assert '"/metrics"' in consumer
