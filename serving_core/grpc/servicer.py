@@ -28,6 +28,7 @@ from serving_core.grpc.proto import grpc_predict_v2_pb2 as pb
 from serving_core.grpc.proto import grpc_predict_v2_pb2_grpc as pb_grpc
 from serving_core.metrics.metrics import Metrics
 from serving_core.online.door import FrontDoor, Head
+from serving_core.runtime import THREADS
 from serving_core.tracing import traceparent
 from serving_core.tracing.tracer import NO_SPAN, Span, tracer
 from serving_core.v2.model import Model
@@ -74,10 +75,6 @@ def abort(ctx: grpc.ServicerContext, error: ServingError) -> NoReturn:
     raise AssertionError("grpc's ServicerContext.abort always raises")  # for the type checker
 
 
-def _direct(call: Callable[[], Any]) -> Any:
-    return call()
-
-
 def _request_id(sent: str) -> str:
     """The client's id when it is one HTTP's X-Request-ID would take, else a new one: it
     is written into the access line and the logs as it is (finding L5)."""
@@ -92,7 +89,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         metrics: Metrics | None = None,
         identify: Callable[[str], str] | None = None,
         *,
-        enter: Callable[[Callable[[], Any]], Any] = _direct,
+        enter: Callable[[Callable[[], Any]], Any] = THREADS.enter,
         described: bool = True,
     ) -> None:
         """``identify``: the caller identity of an API key (``web.guard.caller_of``, handed
