@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from serving_core.settings.secrets import masked
 from serving_core.stream.base import BrokerError
@@ -48,7 +48,10 @@ def split_url(url: str) -> tuple[str, dict[str, str]]:
     query = parse_qsl(parts.query, keep_blank_values=True)
     ours = {key: value for key, value in query if key in OURS}
     rest = urlencode([(key, value) for key, value in query if key not in OURS])
-    return urlunsplit(parts._replace(query=rest)), ours
+    # Joined by hand: urlunsplit drops the "//" of an empty host, and redis-py refuses
+    # the "unix:/path" it makes of "unix:///path".
+    base = f"{parts.scheme}://{parts.netloc}{parts.path}"
+    return base + (f"?{rest}" if rest else ""), ours
 
 
 class RedisClient:

@@ -194,3 +194,20 @@ def test_an_entry_without_a_body_field_is_handed_out_with_an_empty_body(url: str
     (taken,) = source.take(2, 0.1)
     assert (taken.id, taken.body, taken.headers) == ("m-0", b"", {"params": '{"n": 1}'})
     source.close()
+
+
+@pytest.mark.e2e
+def test_a_unix_socket_url_reaches_redis(tmp_path):
+    """``unix:///path?stream=NAME`` (redis-py's form for a socket) connects: the stream
+    key was taken out of the query, and the path kept its ``//`` (it became
+    ``unix:/path``, which redis-py refuses)."""
+    from serving_core.stream.redis_connection import RedisClient, split_url
+
+    assert split_url("unix:///run/r.sock?stream=in&db=2") == (
+        "unix:///run/r.sock?db=2",
+        {"stream": "in"},
+    )
+    sock = tmp_path / "redis.sock"
+    with redis_server(options=["--unixsocket", str(sock), "--unixsocketperm", "700"]):
+        client = RedisClient(f"unix://{sock}?stream=in", "SERVING_STREAM_SOURCE")
+        assert client.call(client.client.ping) is True
