@@ -376,3 +376,32 @@ def test_grpc_port_in_use_by_anything_is_refused_with_its_name(tmp_path: Path) -
         )
     assert second.returncode != 0
     assert f"127.0.0.1:{port} is in use" in second.stderr
+
+
+def test_h1_a_grpc_follow_up_job_is_its_keys_own() -> None:
+    """The time-lag pattern over gRPC: the follow-up job is owned by the call's key, so
+    that key reads it and another key gets a 404 (it was owned by no one: a 404 to its
+    own key, and outside SERVING_JOBS_MAX_PER_CALLER)."""
+    env = {
+        "SERVING_HANDLER": str(ROOT / "handlers" / "hashembed" / "handler.py"),
+        "SERVING_WORKERS": "1",
+        "SERVING_GRPC_PORT": str(free_port()),
+        "SERVING_FOLLOWUP_QUEUE": "slow-model",
+        "SERVING_API_KEYS": f"{KEY_A},{KEY_B}",
+    }
+    with gunicorn_server(env) as running:
+        message = service_pb2.ModelInferRequest(model_name="hash-embedding")
+        tensor = message.inputs.add(name="text", datatype="BYTES", shape=[1])
+        tensor.contents.bytes_contents.append(b"whose job is this")
+        with grpc.insecure_channel(f"127.0.0.1:{env['SERVING_GRPC_PORT']}") as channel:
+            stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+            reply = stub.ModelInfer(message, metadata=(("x-api-key", KEY_A),), timeout=30)
+        (job,) = [o for o in reply.outputs if o.name == "job_id"]
+        job_id = job.contents.bytes_contents[0].decode()
+
+        def status(key: str) -> int:
+            url = f"{running.url}/jobs/{job_id}"
+            return requests.get(url, headers={"X-API-Key": key}, timeout=10).status_code
+
+        assert status(KEY_A) == 200
+        assert status(KEY_B) == 404
