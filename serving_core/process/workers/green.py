@@ -41,14 +41,19 @@ from collections.abc import Callable
 from typing import Any
 
 import gevent
-from gevent import monkey
 from gevent.hub import get_hub
 from gevent.lock import Semaphore
 from gunicorn.workers import ggevent
 from gunicorn.workers.ggevent import GeventWorker
 
 from serving_core.process.drain import DrainingWorker
-from serving_core.process.workers import clientwatch, fairaccept, greenfuture, hubcalls
+from serving_core.process.workers import (
+    clientwatch,
+    fairaccept,
+    greenfuture,
+    hubcalls,
+    patching,
+)
 from serving_core.process.workers.fairaccept import FairServer
 from serving_core.process.workers.greenfuture import GreenFuture, GreenSignal
 from serving_core.process.workers.uploads import Connections, TimedBody
@@ -68,7 +73,7 @@ class GreenWorker(DrainingWorker, GeventWorker):  # type: ignore[misc]
         self.slot = fairaccept.claim_slot(self)
 
     def patch(self) -> None:
-        monkey.patch_all(thread=False, subprocess=False)
+        patching.patch_worker()
         from gevent import socket
 
         # As gunicorn's gevent worker does: re-wrap the inherited listeners.
