@@ -117,9 +117,13 @@ class Overloaded(ServingError):
     status = 503
     type = "overloaded"
 
-    def __init__(self, message: str, *, reason: str, retry_after_s: float) -> None:
+    def __init__(
+        self, message: str, *, reason: str, retry_after_s: float, idle_late: bool = False
+    ) -> None:
         super().__init__(message, retry_after_s=retry_after_s)
         self.reason = reason
+        # Predicted late even with nothing queued: the deadline is shorter than a batch.
+        self.idle_late = idle_late
 
 
 class NotReady(ServingError):
@@ -130,10 +134,6 @@ class NotReady(ServingError):
 class DeadlineExceeded(ServingError):
     status = 504
     type = "deadline_exceeded"
-
-    def __init__(self, message: str, *, reason: str = "deadline_passed") -> None:
-        super().__init__(message)
-        self.reason = reason  # as the rejections metric counts it, when refused at admission
 
 
 class BadGateway(ServingError):

@@ -25,7 +25,7 @@ from serving_core.engine.observer import NoObserver, Observer
 from serving_core.engine.pending import Pending, resolve
 from serving_core.engine.policy import Policy
 from serving_core.engine.waitqueue import WaitQueue
-from serving_core.errors import DeadlineExceeded, NotReady, Overloaded
+from serving_core.errors import NotReady, Overloaded
 
 
 class Batcher:
@@ -120,7 +120,7 @@ class Batcher:
             self._observer.rejected(refusal.reason)
             raise refusal
 
-    def _refusal(self, deadline: float, now: float) -> Overloaded | DeadlineExceeded | None:
+    def _refusal(self, deadline: float, now: float) -> Overloaded | None:
         depth = len(self._queue)
         if depth >= self.max_queue:
             return Overloaded(
@@ -129,21 +129,16 @@ class Batcher:
                 retry_after_s=self.policy.drain_time_s(depth, self._busy_left(now)),
             )
         late = self.policy.predicted_late(depth, self._busy_left(now), deadline=deadline, now=now)
-        if late is not None and self.policy.predicted_late(0, 0.0, deadline=deadline, now=now):
-            # Late even on an idle model: no retry meets it (finding F6).
-            return DeadlineExceeded(
-                f"this request's deadline ({max(0.0, deadline - now):.3f} s from now) is "
-                "shorter than one batch of this model takes with nothing queued; give it "
-                "a longer one (X-Request-Timeout, the gRPC deadline) or raise "
-                "SERVING_REQUEST_TIMEOUT_S",
-                reason="deadline_too_short",
-            )
         if late is not None:
             return Overloaded(
                 "the server cannot answer before this request's deadline "
                 f"({depth} requests queued); retry after the Retry-After delay",
                 reason="predicted_late",
                 retry_after_s=late,
+                # Late even on an idle model: the online service tells a client whose
+                # own deadline this is that no retry meets it (finding F6).
+                idle_late=self.policy.predicted_late(0, 0.0, deadline=deadline, now=now)
+                is not None,
             )
         return None
 

@@ -83,7 +83,7 @@ class Metrics:
         self.rejections = Counter(
             "serving_rejections_total",
             "Requests refused without running, by reason "
-            "(queue_full, predicted_late, deadline_passed, deadline_too_short).",
+            "(queue_full, predicted_late, deadline_passed).",
             ["reason"],
             registry=r,
         )
@@ -143,7 +143,7 @@ class Metrics:
             ["outcome"],
             registry=r,
         )
-        for reason in ("queue_full", "predicted_late", "deadline_passed", "deadline_too_short"):
+        for reason in ("queue_full", "predicted_late", "deadline_passed"):
             self.rejections.labels(reason)
         for outcome in ("done", "failed"):
             self.jobs.labels(outcome)

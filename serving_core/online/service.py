@@ -22,9 +22,10 @@ from serving_core.context import Context
 from serving_core.engine.engine import Engine
 from serving_core.engine.observer import GenerationObserver, Observer
 from serving_core.engine.watchdog import Verdict, Watchdog
-from serving_core.errors import DeadlineExceeded, InvalidParams
+from serving_core.errors import DeadlineExceeded, InvalidParams, Overloaded
 from serving_core.handler import Output, Params
 from serving_core.loading import LoadedHandler
+from serving_core.online import deadlines
 from serving_core.online.jobsapi import JobsApi
 from serving_core.online.runner.base import (
     ClientWatch,
@@ -170,7 +171,10 @@ class Service:
         """Raise now what ``predict`` would raise at once for a request that arrived at
         ``arrival`` (not ready, past its deadline, a full queue, predicted late), from
         what is known before its body is read; queues nothing. ``predict`` asks again."""
-        self.runner.admit(self._live_deadline(arrival, timeout_s))
+        try:
+            self.runner.admit(self._live_deadline(arrival, timeout_s))
+        except Overloaded as exc:
+            raise self._own_deadline_too_short(exc, timeout_s) from None
 
     def predict(
         self,
@@ -211,7 +215,10 @@ class Service:
                 chunks = runner.generate(item, ctx, arrival=arrival, max_tokens=limit, watch=watch)
                 output, batch_size = self.engine.collect(chunks, ctx), None
             else:
-                output, batch_size = runner.run(item, ctx, arrival=arrival, watch=watch)
+                try:
+                    output, batch_size = runner.run(item, ctx, arrival=arrival, watch=watch)
+                except Overloaded as exc:
+                    raise self._own_deadline_too_short(exc, timeout_s) from None
             return Computed(self.engine.finish(output, params, ctx), batch_size)
 
     def stream(
@@ -278,25 +285,18 @@ class Service:
         if deadline <= now:
             if self._observer is not None:
                 self._observer.rejected("deadline_passed")
-            if timeout_s is not None and timeout_s < self.settings.request_timeout_s:
-                # The client's own deadline (finding F6): say so, not blame a queue.
-                raise DeadlineExceeded(
-                    f"this request's own deadline ({timeout_s:.4g} s, its X-Request-Timeout "
-                    f"or gRPC deadline) passed {now - arrival:.4f} s after it arrived, before "
-                    "it could be served; give it a longer one"
-                )
-            raise DeadlineExceeded(
-                f"the request waited {now - arrival:.3f} s before reaching the app (in a proxy "
-                "or the server's connection queue), past its deadline; retry later"
-            )
+            raise deadlines.passed(arrival, timeout_s, self.settings.request_timeout_s, now)
         return deadline
+
+    def _own_deadline_too_short(
+        self, refusal: Overloaded, timeout_s: float | None
+    ) -> Overloaded | DeadlineExceeded:
+        return deadlines.as_heard(refusal, timeout_s, self.settings.request_timeout_s)
 
     def deadline(self, arrival: float | None, timeout_s: float | None) -> float:
         """When a request that arrived at ``arrival`` is due: its own timeout, capped by
         SERVING_REQUEST_TIMEOUT_S."""
-        limit = self.settings.request_timeout_s
-        start = time.monotonic() if arrival is None else arrival
-        return start + (limit if timeout_s is None else min(timeout_s, limit))
+        return deadlines.due(arrival, timeout_s, self.settings.request_timeout_s)
 
     def metadata(self) -> dict[str, Any]:
         batching: dict[str, Any] = {
