@@ -31,8 +31,8 @@ def passed(arrival: float, timeout_s: float | None, limit_s: float, now: float) 
     if _own(timeout_s, limit_s):
         return DeadlineExceeded(
             f"this request's own deadline ({timeout_s:.4g} s, its X-Request-Timeout or gRPC "
-            f"deadline) passed {now - arrival:.4f} s after it arrived, before it could be "
-            "served; give it a longer one"
+            f"deadline) passed before reaching the app: it waited {now - arrival:.4f} s in "
+            "front of it (a proxy or the server's connection queue); give it a longer one"
         )
     return DeadlineExceeded(
         f"the request waited {now - arrival:.3f} s before reaching the app (in a proxy "
