@@ -17,6 +17,7 @@ FIELDS: dict[str, Any] = {
     "retry_after_s": 2.5,
     "reason": "deadline",
     "param": "messages",
+    "idle_late": True,
 }
 
 
