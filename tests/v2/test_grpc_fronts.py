@@ -394,6 +394,7 @@ def test_grpc_port_in_use_by_anything_is_refused_with_its_name(tmp_path: Path) -
     assert f"127.0.0.1:{port} is in use" in second.stderr
 
 
+@pytest.mark.example("hashembed")
 def test_h1_a_grpc_follow_up_job_is_its_keys_own() -> None:
     """The time-lag pattern over gRPC: the follow-up job is owned by the call's key, so
     that key reads it and another key gets a 404 (it was owned by no one: a 404 to its
