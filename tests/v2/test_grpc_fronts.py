@@ -304,6 +304,19 @@ def test_l5_a_clients_request_id_cannot_forge_an_access_line(served: Any) -> Non
     assert "request_id=forged" not in log
 
 
+def serve_once(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``serving-core serve`` with ``env``, expected to stop at start-up."""
+    return subprocess.run(
+        [sys.executable, "-m", "serving_core.commands.cli", "serve"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        check=False,
+        text=True,
+        timeout=120,
+    )
+
+
 def test_l4_a_second_server_on_the_same_grpc_port_refuses_to_start(served: Any) -> None:
     port = served.grpc.rpartition(":")[2]
     env = base_env(
@@ -314,15 +327,7 @@ def test_l4_a_second_server_on_the_same_grpc_port_refuses_to_start(served: Any) 
             "SERVING_GRPC_PORT": port,
         }
     )
-    second = subprocess.run(
-        [sys.executable, "-m", "serving_core.commands.cli", "serve"],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        check=False,
-        text=True,
-        timeout=120,
-    )
+    second = serve_once(env)
     assert second.returncode != 0
     assert f"SERVING_GRPC_PORT={port}" in second.stderr
     assert "in use" in second.stderr
@@ -381,15 +386,7 @@ def test_grpc_port_in_use_by_anything_is_refused_with_its_name(tmp_path: Path) -
                 "SERVING_JOBS_PATH": str(tmp_path / "jobs.db"),
             }
         )
-        second = subprocess.run(
-            [sys.executable, "-m", "serving_core.commands.cli", "serve"],
-            env=env,
-            cwd=ROOT,
-            capture_output=True,
-            check=False,
-            text=True,
-            timeout=120,
-        )
+        second = serve_once(env)
     assert second.returncode != 0
     assert f"127.0.0.1:{port} is in use" in second.stderr
 
