@@ -13,7 +13,12 @@ from tests.servers import ROOT
 SCRIPT = """
 import warnings
 warnings.simplefilter("always")
-import ssl, urllib3.util.ssl_, redis
+import ssl, sys, urllib3.util.ssl_, redis
+# Not every value in sys.modules is a module: Cython registers an object with no
+# __name__ as cython.parallel (the H200 image's cython did; the workers failed to boot).
+class CythonDotParallel:
+    pass
+sys.modules["cython.parallel"] = CythonDotParallel()
 from serving_core.process.workers.patching import patch_worker
 patch_worker()
 import gevent.ssl

@@ -42,8 +42,17 @@ def _rebind(before: dict[str, Any], after: dict[str, Any]) -> None:
     if not stale:
         return
     for module in list(sys.modules.values()):
+        # sys.modules may hold objects that are not modules (Cython puts its
+        # ``cython.parallel`` stand-in there, with no ``__name__``): only modules bind.
+        if not isinstance(module, ModuleType):
+            continue
         names = getattr(module, "__dict__", None)
-        if not isinstance(names, dict) or module.__name__.startswith(("ssl", "gevent")):
+        name = getattr(module, "__name__", "")
+        if (
+            not isinstance(names, dict)
+            or not isinstance(name, str)
+            or name.startswith(("ssl", "gevent"))
+        ):
             continue
         for attribute, value in list(names.items()):
             patched = stale.get(id(value))
