@@ -39,7 +39,11 @@ def test_off_the_cpu_minilm_tokenises_in_preprocess_and_answers_as_on_the_cpu() 
     assert isinstance(ids, list), ids
     assert all(isinstance(i, int) for i in ids), ids
 
-    overrides = {"SERVING_DEVICE": "auto", "SERVING_MODEL_PROCESS": "shared", "SERVING_WORKERS": "2"}
+    overrides = {
+        "SERVING_DEVICE": "auto",
+        "SERVING_MODEL_PROCESS": "shared",
+        "SERVING_WORKERS": "2",
+    }
     with gunicorn_server(overrides, ready_timeout_s=180) as server:
         barrier = threading.Barrier(len(TEXTS))
 
