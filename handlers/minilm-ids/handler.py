@@ -49,6 +49,10 @@ class EmbedIds(Embedder):
         outputs=(Tensor("embedding", "FP32", (384,)),),
     )
 
+    def preprocess(self, params: dict[str, Any]) -> Any:
+        # Ids arrive tokenised: not Embedder's tokenising preprocess (off the CPU).
+        return params
+
     def predict_batch(self, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
         masks = [params.get("attention_mask") or [1] * len(params["input_ids"]) for params in batch]
         if any(len(m) != len(p["input_ids"]) for m, p in zip(masks, batch, strict=True)):

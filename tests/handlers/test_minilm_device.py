@@ -57,3 +57,15 @@ def test_off_the_cpu_minilm_tokenises_in_preprocess_and_answers_as_on_the_cpu() 
         assert response.status_code == 200, (text, response.text)
         got = np.asarray(response.json()["embedding"], dtype=np.float32)
         np.testing.assert_allclose(got, want, atol=1e-4, err_msg=text)
+
+
+@pytest.mark.example("minilm-ids")
+def test_the_ids_handler_keeps_its_ids_off_the_cpu() -> None:
+    """handlers/minilm-ids subclasses the embedder but receives ids: no tokenising preprocess."""
+    ids = load_handler("handlers/minilm-ids", device="auto", dtype="float32").handler
+    ids.setup()
+    ids.setup_worker()
+    params = {"input_ids": [101, 3000, 102]}
+    assert ids.preprocess(params) is params
+    (row,) = ids.predict_batch([ids.preprocess(params)])
+    assert np.asarray(row["embedding"]).shape == (384,)
