@@ -215,26 +215,32 @@ class Worker:
         return sorted((seen[k] - sent[k]) * 1000 for k in sent)
 
 
+def worker_env(broker: Any, folder: Path, handler: str) -> dict[str, str]:
+    """``serving-core stream``'s SERVING_ settings for ``handler`` over ``broker`` (a
+    ``BROKERS`` entry, entered), its metrics in ``folder`` (also framework_cost.py's)."""
+    return {
+        "SERVING_HANDLER": handler,
+        "SERVING_BIND": f"127.0.0.1:{free_port()}",
+        "SERVING_METRICS_DIR": str(folder / "metrics"),
+        # The production default claim_idle_ms (a minute), not the tests' 2 s: a
+        # consumer stopped for a cell's measurement would have its entries claimed.
+        # Kafka's default session timeout too, not the tests' 6 s: a consumer stopped
+        # for a cell would have its partitions moved.
+        "SERVING_STREAM_SOURCE": re.sub(
+            r"&(claim_idle_ms|session\.timeout\.ms|heartbeat\.interval\.ms)=\d+",
+            "",
+            broker.source_url,
+        ),
+        "SERVING_STREAM_SINK": broker.sink_url,
+        "SERVING_STREAM_DEAD_LETTER": broker.dead_url,
+    }
+
+
 def run_backend(
     backend: str, bare: Bare, selection: Selection, args: argparse.Namespace
 ) -> dict[str, Any]:
     with BROKERS[backend]() as broker, tempfile.TemporaryDirectory() as tmp:
-        env = {
-            "SERVING_HANDLER": "handlers/minilm/handler.py",
-            "SERVING_BIND": f"127.0.0.1:{free_port()}",
-            "SERVING_METRICS_DIR": str(Path(tmp) / "metrics"),
-            # The production default claim_idle_ms (a minute), not the tests' 2 s: a
-            # consumer stopped for a cell's measurement would have its entries claimed.
-            # Kafka's default session timeout too, not the tests' 6 s: a consumer stopped
-            # for a cell would have its partitions moved.
-            "SERVING_STREAM_SOURCE": re.sub(
-                r"&(claim_idle_ms|session\.timeout\.ms|heartbeat\.interval\.ms)=\d+",
-                "",
-                broker.source_url,
-            ),
-            "SERVING_STREAM_SINK": broker.sink_url,
-            "SERVING_STREAM_DEAD_LETTER": broker.dead_url,
-        }
+        env = worker_env(broker, Path(tmp), "handlers/minilm/handler.py")
         log = Path(tmp) / "stream.log"
         results = Results(backend, broker)
         process = spawn("stream", env, log)
