@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import subprocess
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,7 +26,7 @@ import requests
 
 from tests.container import bases
 from tests.container.engine import Engine, EngineError
-from tests.container.images import REPORT, build_timed, handler_dir, sample
+from tests.container.images import REPORT, build_timed, handler_dir, sample, torch_index_args
 from tests.container.pipmounts import pip_mounts
 from tests.servers import ROOT, free_port
 
@@ -36,10 +37,22 @@ DEBIAN = "docker.io/library/debian:bookworm"
 # A bound on the whole install (torch included) and the model's load on a loaded
 # machine, never an expected time.
 SERVE_TIMEOUT_S = 2400.0
-# Until the Makefile probes download.pytorch.org itself (issue 43), the run says
-# TORCH_INDEX_URL= (PyPI and the machine's own indexes alone), as a user without
-# that index must.
-MAKE_ENV = {"TORCH_INDEX_URL": ""}
+TORCH_INDEX = "https://download.pytorch.org/whl/cpu/"
+
+
+def make_env() -> dict[str, str]:
+    """TORCH_INDEX_URL as `make test` exports it; unset, .ci/run's rule: empty where
+    PyTorch's index does not answer (pip would retry it for every requirement). Until
+    the Makefile probes that host itself (issue 43), a user without it must say
+    TORCH_INDEX_URL= too."""
+    given = torch_index_args()
+    if given:
+        return given
+    try:
+        urllib.request.urlopen(TORCH_INDEX, timeout=10).close()
+    except OSError:
+        return {"TORCH_INDEX_URL": ""}
+    return {}
 
 
 def debian(engine: Engine) -> str:
@@ -84,13 +97,13 @@ def workstation(engine: Engine, tmp_path_factory: pytest.TempPathFactory) -> str
 
 
 @contextlib.contextmanager
-def make_serve(engine: Engine, image: str, bind: str, tmp: Path) -> Iterator[str]:
-    """``make serve`` run by the image's user, on the host network, serving on ``bind``."""
+def make_serve(engine: Engine, image: str, env: dict[str, str], tmp: Path) -> Iterator[str]:
+    """``make serve`` run by the image's user, on the host network, with ``env``."""
     name = f"serving-make-serve-{uuid.uuid4().hex[:8]}"
     args = ["run", "--detach", "--name", name, "--network", "host"]
     for source, target in pip_mounts(tmp):
         args += ["--volume", f"{source}:{target}:ro"]
-    for key, value in {**MAKE_ENV, "SERVING_BIND": bind}.items():
+    for key, value in env.items():
         args += ["--env", f"{key}={value}"]
     engine.call(*args, image, "make", "serve")
     try:
@@ -123,10 +136,15 @@ def test_make_serve_as_a_user_without_sudo_installs_and_serves_the_default_handl
     assert uid != "0", "the machine's user must not be root"
     assert not sudo, f"the machine must have no sudo, found {sudo}"
     bind = f"127.0.0.1:{free_port()}"
+    env = {**make_env(), "SERVING_BIND": bind}
     started = time.monotonic()
-    with make_serve(engine, workstation, bind, tmp_path) as container:
+    with make_serve(engine, workstation, env, tmp_path) as container:
         wait_ready(engine, container, f"http://{bind}/readyz")
-        REPORT.append(f"make serve: served in {time.monotonic() - started:.0f} s")
+        index = env.get("TORCH_INDEX_URL", "the Makefile's default")
+        REPORT.append(
+            f"make serve (TORCH_INDEX_URL: {index or 'empty'}): "
+            f"served in {time.monotonic() - started:.0f} s"
+        )
         answer = requests.post(f"http://{bind}/predict", json=sample(), timeout=60)
         output = engine.logs(container)
     assert answer.status_code == 200, answer.text
