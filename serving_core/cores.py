@@ -17,7 +17,9 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 def usable_cores(cgroup_root: Path = CGROUP_ROOT) -> int:
     """The smaller of the affinity mask and the cgroup CPU quota, at least 1."""
-    cores = len(os.sched_getaffinity(0))
+    # The affinity mask is Linux's: macOS has none, and no cgroups either.
+    affinity = getattr(os, "sched_getaffinity", None)
+    cores = len(affinity(0)) if affinity is not None else (os.cpu_count() or 1)
     quota = cgroup_quota(cgroup_root)
     if quota is not None:
         cores = min(cores, max(1, math.floor(quota)))

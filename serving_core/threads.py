@@ -26,6 +26,7 @@ import fcntl
 import mmap
 import os
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -84,7 +85,7 @@ class CoreLending:
         slots = 2 * processes
         # A memfd, not /dev/shm: the chart's root filesystem is read-only, and a
         # POSIX record lock on it is let go when its holder dies, even by SIGKILL.
-        self._fd = os.memfd_create("serving-core-cores", os.MFD_CLOEXEC)
+        self._fd = _shared_file()
         os.ftruncate(self._fd, slots * 16)
         self._memory = mmap.mmap(self._fd, slots * 16)
         self._owners = (ctypes.c_int64 * slots).from_buffer(self._memory)
@@ -226,3 +227,13 @@ def busy() -> contextlib.AbstractContextManager[None]:
 def held() -> contextlib.AbstractContextManager[object]:
     """Around a batch (or a consumer's whole batch): busy, and the lent cores in use."""
     return _lending.hold() if _lending is not None else contextlib.nullcontext()
+
+
+def _shared_file() -> int:
+    """An anonymous file for memory the forks share: a memfd on Linux; where there is
+    none (macOS), a temporary file unlinked at once, which locks and maps the same."""
+    if hasattr(os, "memfd_create"):
+        return os.memfd_create("serving-core-cores", os.MFD_CLOEXEC)
+    descriptor, path = tempfile.mkstemp(prefix="serving-core-cores-")
+    os.unlink(path)
+    return descriptor

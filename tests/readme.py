@@ -9,8 +9,12 @@ marker, used here for shell blocks too) is an illustration.
 A shell block is run by ``Shell``: one ``bash`` process, fed the block's
 commands one at a time, so that what a command sets (``. .venv/bin/activate``,
 ``export``, ``job=$(...)``) holds for the next, as in a terminal. A command
-ending in ``&`` starts a server: the test says which URL answers once it is
-up, and the next command waits for that, as a person would before typing it.
+ending in ``&`` starts a server. A block that waits for its servers itself
+(a ``curl --retry`` of their health URL, as docs/jobs.md's) is run with no
+wait of the runner's, so a block that lacks its wait fails as it would when
+pasted whole; for a block whose reader waits (the README's two terminals),
+the test says which URL answers once the server is up, and the next command
+waits for that, as a person would before typing it.
 The commands run as written; only where their output goes is the runner's.
 Every process the shell started is stopped when its ``with`` block ends.
 """
@@ -148,7 +152,7 @@ class Shell:
         self.scratch = scratch
         self.scratch.mkdir(parents=True, exist_ok=True)
         self.count = 0
-        self.servers: list[tuple[int, Path]] = []  # pid, log
+        self.launched: list[tuple[Path, Path]] = []  # each & command's log and pid file
         self._log = (scratch / "bash.log").open("wb")
         self.process = subprocess.Popen(
             ["bash", "--noprofile", "--norc"],
@@ -188,14 +192,21 @@ class Shell:
             err.read_text(errors="replace"),
         )
 
-    def start(self, command: str, ready_url: str) -> Path:
-        """Run a command that ends in ``&`` and wait until ``ready_url`` answers 200;
-        returns its log."""
+    def launch(self, command: str) -> tuple[Path, Path]:
+        """Run a command that ends in ``&``, as bash does, and wait for nothing; returns
+        its log and the file its pid is written to."""
         self.count += 1
         log = self.scratch / f"{self.count}.log"
         pid_file = self.scratch / f"{self.count}.pid"
         in_foreground = _BACKGROUND.sub(lambda m: m.group(1) or "", command)
         self._send(f"{{ {in_foreground}\n}} > {log} 2>&1 &\necho $! > {pid_file}\n")
+        self.launched.append((log, pid_file))
+        return log, pid_file
+
+    def start(self, command: str, ready_url: str) -> Path:
+        """Run a command that ends in ``&`` and wait until ``ready_url`` answers 200;
+        returns its log."""
+        log, pid_file = self.launch(command)
         deadline = time.monotonic() + READY_TIMEOUT_S
         while not _answers(ready_url):
             pid = int(pid_file.read_text()) if pid_file.exists() else None
@@ -207,27 +218,38 @@ class Shell:
                     + log.read_text(errors="replace")
                 )
             time.sleep(0.1)
-        self.servers.append((int(pid_file.read_text()), log))
         return log
 
-    def run_block(self, text: str, ready: list[str]) -> list[Ran]:
-        """Every command of ``text``; the n-th one ending in ``&`` waits for ``ready[n]``."""
+    def run_block(self, text: str, ready: list[str] | None) -> list[Ran]:
+        """Every command of ``text``; the n-th one ending in ``&`` waits for ``ready[n]``,
+        or for nothing when ``ready`` is None (the block waits for its servers itself)."""
         ran = []
-        waits = iter(ready)
+        waits = iter(ready or [])
         for command in commands(text):
-            if _BACKGROUND.search(command):
+            if _BACKGROUND.search(command) and ready is None:
+                self.launch(command)
+            elif _BACKGROUND.search(command):
                 self.start(command, next(waits))
             else:
                 ran.append(self.run(command))
         assert next(waits, None) is None, "fewer servers started than expected"
         return ran
 
+    def server_logs(self) -> str:
+        """What each command started with ``&`` printed so far, for a failure's message."""
+        return "".join(
+            f"--- {log.name} ---\n{log.read_text(errors='replace')[-4000:]}\n"
+            for log, _ in self.launched
+            if log.exists()
+        )
+
     def close(self) -> None:
         """SIGTERM to everything the shell started; SIGKILL to what is left after 30 s."""
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, signal.SIGTERM)
         deadline = time.monotonic() + 30
-        while any(_alive(pid) for pid, _ in self.servers) and time.monotonic() < deadline:
+        pids = [int(t) for _, p in self.launched if p.exists() and (t := p.read_text().strip())]
+        while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
             time.sleep(0.05)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, signal.SIGKILL)

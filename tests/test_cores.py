@@ -34,3 +34,9 @@ def test_a_fractional_quota_still_leaves_one_core(tmp_path):
 
 def test_without_cgroup_files_the_affinity_mask_counts(tmp_path):
     assert usable_cores(tmp_path) == len(os.sched_getaffinity(0))
+
+
+def test_without_an_affinity_mask_every_core_counts(tmp_path, monkeypatch):
+    # macOS: no sched_getaffinity, no cgroups.
+    monkeypatch.delattr(os, "sched_getaffinity")
+    assert usable_cores(tmp_path) == os.cpu_count()

@@ -76,8 +76,11 @@ class Child:
             self.process.join(10)
 
 
-@pytest.fixture
-def lending():
+# Linux's memfd, and the unlinked file of a system without one (macOS).
+@pytest.fixture(params=["memfd", "unlinked file"])
+def lending(request, monkeypatch):
+    if request.param == "unlinked file":
+        monkeypatch.delattr(os, "memfd_create")
     made = threads.CoreLending(processes=2, share=1, cores=2)
     children: list[Child] = []
 

@@ -59,6 +59,10 @@ CLAIMS = {
     "SERVING_FOLLOWUP_QUEUE=all-minilm-l6-v2 serving-core serve &": (
         "tests/docs/test_readme_jobs.py::test_the_time_lag_example_answers_now_and_fills_in_later"
     ),
+    "SERVING_STREAM_SINK='redis://127.0.0.1:6390": (
+        "tests/docs/test_readme_streams.py::"
+        "test_the_local_stream_example_echoes_one_message_and_dead_letters_the_other"
+    ),
 }
 
 

@@ -11,7 +11,7 @@ import pytest
 import requests
 
 from bench.workload import SENTENCES
-from tests.conftest import example_module
+from tests.example_handlers import example_module
 from tests.s3_server import moto_s3
 from tests.servers import gunicorn_server
 

@@ -23,7 +23,7 @@ from serving_core.engine.stepper import Chunk, Stepper, ends
 from serving_core.errors import InvalidParams, ServingError
 from serving_core.generation import Generation
 from serving_core.loading import load_handler
-from tests.conftest import example_module
+from tests.example_handlers import example_module
 from tests.servers import ROOT, gunicorn_server
 
 example_module("textgen", "transformers")  # installed by handlers/textgen/requirements.txt

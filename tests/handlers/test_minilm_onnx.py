@@ -12,7 +12,7 @@ import pytest
 import requests
 
 from serving_core.loading import load_handler
-from tests.conftest import example_module
+from tests.example_handlers import example_module
 from tests.servers import ROOT, gunicorn_server
 
 example_module("minilm-onnx", "onnxruntime")  # installed by its requirements alone

