@@ -156,7 +156,11 @@ ARG REVISION=unknown
 ARG SOURCE=https://github.com/serving-core/serving-core
 ARG MODEL_REVISION=${REVISION}
 ARG MODEL_DIR=""
+# The framework's version, apart from the image's own (a template user's tag):
+# pyproject.toml's, which tests/deploy/test_versions.py keeps this default equal to.
+ARG SERVING_CORE_VERSION=0.1.0
 LABEL org.opencontainers.image.title="serving-core" \
+      io.github.serving-core.version="${SERVING_CORE_VERSION}" \
       org.opencontainers.image.description="A handler.py served over REST by gunicorn with batching and backpressure" \
       org.opencontainers.image.licenses="Apache-2.0" \
       org.opencontainers.image.source="${SOURCE}" \
