@@ -30,9 +30,8 @@ CONTAINER_PACKAGES := podman runc netavark aardvark-dns iptables debootstrap
 #
 # Where that index cannot be reached (a network that drops its packets), pip
 # would retry it for every requirement, for hours: so, like .ci/run, the index is
-# probed once per make run (8 s at most), and only when a recipe runs, and left
-# out when it does not answer. An explicit TORCH_INDEX_URL (empty included) wins
-# and probes nothing.
+# probed once per make run (8 s at most) and left out when it does not answer.
+# An explicit TORCH_INDEX_URL (empty included) wins and probes nothing.
 TORCH_VARIANT ?= cpu
 TORCH_INDEX ?= https://download.pytorch.org/whl/$(TORCH_VARIANT)/
 TORCH_INDEX_URL ?= $(torch_index_probed)

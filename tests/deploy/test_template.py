@@ -79,6 +79,7 @@ def put_tree(into: Path) -> None:
         # A tracked file deleted in the working tree is left out; a link stays a link.
         if source.is_file() or source.is_symlink():
             (into / name).parent.mkdir(parents=True, exist_ok=True)
+            (into / name).unlink(missing_ok=True)  # the tree again, over version N's
             shutil.copy2(source, into / name, follow_symlinks=False)
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.deploy.workflows import run, tool
 from tests.servers import ROOT
 
 IMAGE_YML = ".github/workflows/image.yml"
@@ -187,3 +188,8 @@ def test_upgrade_refuses_to_start_over_uncommitted_changes(tmp_path: Path, upstr
     assert done.returncode != 0
     assert "commit or stash your changes first" in done.stderr
     assert 'version = "0.1.0"' in (repo / "pyproject.toml").read_text()
+
+
+def test_the_script_passes_shellcheck() -> None:
+    result = run(tool("shellcheck"), "--severity=style", str(ROOT / "tools" / "upgrade"))
+    assert result.returncode == 0, result.stdout + result.stderr
