@@ -101,7 +101,7 @@ def make_older(tree: Path) -> None:
     assert current != OLDER
     edit("pyproject.toml", f'version = "{current}"', f'version = "{OLDER}"')
     for dockerfile in ("Dockerfile", "nginx/Dockerfile"):
-        edit(dockerfile, f"ARG SERVING_CORE_VERSION={current}", f"ARG SERVING_CORE_VERSION={OLDER}")
+        edit(dockerfile, f"ARG FRAMEWORK_VERSION={current}", f"ARG FRAMEWORK_VERSION={OLDER}")
     changelog = (tree / "CHANGELOG.md").read_text()
     first, second = (m.start() for m in re.finditer(r"(?m)^## ", changelog))
     (tree / "CHANGELOG.md").write_text(changelog[:first] + f"## {OLDER}\n\n" + changelog[second:])

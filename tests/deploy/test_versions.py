@@ -33,8 +33,8 @@ def test_the_newest_release_in_the_changelog_is_pyprojects_version() -> None:
 @pytest.mark.parametrize("dockerfile", ["Dockerfile", "nginx/Dockerfile"])
 def test_each_image_labels_the_framework_version(dockerfile: str) -> None:
     text = (ROOT / dockerfile).read_text()
-    assert f"ARG SERVING_CORE_VERSION={pyproject_version()}\n" in text
-    assert 'io.github.serving-core.version="${SERVING_CORE_VERSION}"' in text
+    assert f"ARG FRAMEWORK_VERSION={pyproject_version()}\n" in text
+    assert 'io.github.serving-core.version="${FRAMEWORK_VERSION}"' in text
 
 
 def test_serving_core_version_prints_it() -> None:
