@@ -113,11 +113,11 @@ def write_owner(repo: Path) -> None:
     git(repo, "commit", "-q", "-m", "serve handlers/sentiment alone")
 
 
-def make_upgrade(repo: Path, upstream: Path) -> subprocess.CompletedProcess[str]:
+def make_upgrade(repo: Path, upstream: Path, *args: str) -> subprocess.CompletedProcess[str]:
     # TORCH_INDEX_URL set: the Makefile probes no index for a target that installs nothing.
     env = git_env() | {"UPSTREAM": str(upstream), "TORCH_INDEX_URL": ""}
     return subprocess.run(
-        ["make", "--no-print-directory", "upgrade"],
+        ["make", "--no-print-directory", "upgrade", *args],
         cwd=repo,
         env=env,
         capture_output=True,
@@ -193,3 +193,13 @@ def test_upgrade_refuses_to_start_over_uncommitted_changes(tmp_path: Path, upstr
 def test_the_script_passes_shellcheck() -> None:
     result = run(tool("shellcheck"), "--severity=style", str(ROOT / "tools" / "upgrade"))
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_to_on_the_command_line_names_the_version(tmp_path: Path, upstream: Path) -> None:
+    repo = made_from_v1(upstream, tmp_path / "mine", "template")
+    done = make_upgrade(repo, upstream, "TO=v0.1.0")
+    assert done.returncode == 0, done.stderr
+    assert "already at v0.1.0" in done.stderr
+    missing = make_upgrade(repo, upstream, "TO=v9.9.9")
+    assert missing.returncode != 0
+    assert "could not fetch the tags v0.1.0 and v9.9.9" in missing.stderr
