@@ -156,7 +156,13 @@ ARG REVISION=unknown
 ARG SOURCE=https://github.com/serving-core/serving-core
 ARG MODEL_REVISION=${REVISION}
 ARG MODEL_DIR=""
+# The framework's version, apart from the image's own (a template user's tag):
+# pyproject.toml's, which tests/deploy/test_versions.py keeps this default equal to.
+# Not SERVING_*: an ARG is in each RUN's environment, and `serving-core check`
+# below refuses a SERVING_ variable it does not know.
+ARG FRAMEWORK_VERSION=0.1.0
 LABEL org.opencontainers.image.title="serving-core" \
+      io.github.serving-core.version="${FRAMEWORK_VERSION}" \
       org.opencontainers.image.description="A handler.py served over REST by gunicorn with batching and backpressure" \
       org.opencontainers.image.licenses="Apache-2.0" \
       org.opencontainers.image.source="${SOURCE}" \

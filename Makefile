@@ -1,4 +1,7 @@
-# The one entry point: CI calls these same targets (.ci/run -> make test).
+# The one entry point: CI calls these same targets. Two suites, each named for whom
+# it serves: `make check` is a template user's (their handlers, their image, the chart
+# with their values: ci.yml runs it on every push), `make test` the framework's
+# (.ci/run; ci.yml runs it when the framework's files change, and nightly).
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
@@ -24,8 +27,22 @@ CONTAINER_PACKAGES := podman runc netavark aardvark-dns iptables debootstrap
 # for every package). `make serve TORCH_VARIANT=cu128` on a GPU machine;
 # TORCH_INDEX_URL= (empty) for PyPI alone, which the container tests' image
 # builds receive too (exported).
+#
+# Where that index cannot be reached (a network that drops its packets), pip
+# would retry it for every requirement, for hours: so, like .ci/run, the index is
+# probed once per make run (8 s at most) and left out when it does not answer.
+# An explicit TORCH_INDEX_URL (empty included) wins and probes nothing.
 TORCH_VARIANT ?= cpu
-TORCH_INDEX_URL ?= https://download.pytorch.org/whl/$(TORCH_VARIANT)
+TORCH_INDEX ?= https://download.pytorch.org/whl/$(TORCH_VARIANT)/
+TORCH_INDEX_URL ?= $(torch_index_probed)
+# Recursive, then replaced by its value on first use: one probe per make run.
+torch_index_probed = $(eval torch_index_probed := $(call probe_torch_index))$(torch_index_probed)
+# A thread, so that a name lookup that hangs (urlopen's timeout does not cover it)
+# is bounded too; no coreutils `timeout`, which macOS lacks.
+probe_torch_index = $(if $(shell $(PYTHON) -c 'import os, threading, urllib.request as u; \
+	threading.Thread(target=lambda: (u.urlopen("$(TORCH_INDEX)", timeout=5), os._exit(0)), daemon=True).start(); \
+	threading.Event().wait(8); os._exit(1)' >/dev/null 2>&1 && echo up),$(TORCH_INDEX),$(info make: \
+	$(TORCH_INDEX) does not answer; installing with TORCH_INDEX_URL= (PyPI and pip's own configuration)))
 export TORCH_INDEX_URL
 PIP_INSTALL := $(PIP) install -q --constraint constraints.txt
 PIP_INSTALL_HANDLER := $(PIP_INSTALL) $(if $(TORCH_INDEX_URL),--extra-index-url $(TORCH_INDEX_URL))
@@ -55,7 +72,7 @@ handler_dir = $(patsubst %/,%,$(or \
 	$(DEFAULT_HANDLER_DIR)))
 SERVE_DIR := $(call handler_dir,$(call without_class,$(SERVING_HANDLER)))
 
-# `make check` runs the contract check on every handler folder with a sample.json.
+# `make contracts` runs the contract check on every handler folder with a sample.json.
 HANDLERS ?= $(patsubst %/sample.json,%,$(wildcard handlers/*/sample.json))
 ALL_HANDLER_DIRS := $(patsubst %/,%,$(dir $(wildcard handlers/*/requirements.txt)))
 
@@ -64,17 +81,86 @@ ALL_HANDLER_DIRS := $(patsubst %/,%,$(dir $(wildcard handlers/*/requirements.txt
 HANDLER_DIR ?= $(DEFAULT_HANDLER_DIR)
 SHARED_DIRS ?=
 IMAGE ?= serving-core:$(notdir $(patsubst %/,%,$(HANDLER_DIR)))$(if $(filter-out cpu,$(TORCH_VARIANT)),-$(TORCH_VARIANT))
+# docker when its daemon answers, else podman (as tests/container chooses).
+CONTAINER_ENGINE ?= $(shell docker info >/dev/null 2>&1 && echo docker || echo podman)
+# The framework's version (CHANGELOG.md, the tags vX.Y.Z, `serving-core --version`),
+# in a local image's labels as in CI's.
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 
-.PHONY: serve test test-fast test-template fuzz schemathesis lint typecheck docs check image install install-dev install-handlers \
+# The chart values `make check` renders: the file deploy.yml deploys (the repository
+# variable DEPLOY_VALUES_FILE, else its default). Yours: a file of your own, say
+# helm/values.yaml, with `make check CHART_VALUES=helm/values.yaml` and that variable.
+CHART_VALUES ?= $(or $(DEPLOY_VALUES_FILE),helm/serving-core/examples/values-default.yaml)
+# What a template user's handlers must pass: ruff (pyproject's rules, lines of at most
+# 100) and mypy over each folder of handlers/, a training script beside its handler
+# included. mypy's defaults, not the framework's --strict (the examples are held to
+# that by make typecheck), and a library without stubs is not the handler's bug.
+HANDLER_DIRS := $(patsubst %/,%,$(dir $(wildcard handlers/*/requirements.txt)))
+
+# `make image`: the handler the image serves, the folders it imports from beside
+# it (SHARED_DIRS=handlers/iris for an iris classifier), and its tag.
+HANDLER_DIR ?= $(DEFAULT_HANDLER_DIR)
+SHARED_DIRS ?=
+IMAGE ?= serving-core:$(notdir $(patsubst %/,%,$(HANDLER_DIR)))$(if $(filter-out cpu,$(TORCH_VARIANT)),-$(TORCH_VARIANT))
+# docker when its daemon answers, else podman (as tests/container chooses).
+CONTAINER_ENGINE ?= $(shell docker info >/dev/null 2>&1 && echo docker || echo podman)
+# The framework's version (CHANGELOG.md, the tags vX.Y.Z, `serving-core --version`),
+# in a local image's labels as in CI's.
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+
+# The chart values `make check` renders: the file deploy.yml deploys (the repository
+# variable DEPLOY_VALUES_FILE, else its default). Yours: a file of your own, say
+# helm/values.yaml, with `make check CHART_VALUES=helm/values.yaml` and that variable.
+CHART_VALUES ?= $(or $(DEPLOY_VALUES_FILE),helm/serving-core/examples/values-default.yaml)
+# What a template user's handlers must pass: ruff (pyproject's rules, lines of 100)
+# and mypy --strict, over every folder of handlers/ (a training script beside its
+# handler included). Missing stubs of a handler's libraries are not its bug.
+HANDLER_DIRS := $(patsubst %/,%,$(wildcard handlers/*/))
+# The served handler's image through the nginx image (tests/container), and the
+# chart rendered with CHART_VALUES.
+USER_TESTS := tests/container/test_stack.py::test_the_image_serves_the_handler_image_yml_names \
+	tests/container/test_stack.py::test_the_handlers_sample_answers_through_nginx_as_serving_core_check_does \
+	tests/deploy/test_chart_user_values.py
+
+.PHONY: serve dev check lint-handlers typecheck-handlers contracts upgrade test test-fast test-template \
+	fuzz schemathesis lint typecheck docs image install install-dev install-handlers \
 	system-deps bench clean docs-settings chart-docs chart-docs-tools textgen-model
 
 ## make serve: install the framework and $SERVING_HANDLER's requirements, then serve it.
 serve: $(BIN)/.runtime $(call stamps,$(SERVE_DIR))
 	SERVING_HANDLER='$(SERVING_HANDLER)' $(BIN)/serving-core serve
 
+## make dev: make serve, restarting the workers when a file of the handler changes.
+dev: $(BIN)/.runtime $(call stamps,$(SERVE_DIR))
+	SERVING_HANDLER='$(SERVING_HANDLER)' $(BIN)/serving-core serve --reload
+
+## make check: the template user's suite (ci.yml runs it on every push): ruff and mypy on
+## handlers/, every handler's contract and sample, the served handler's image answering its
+## sample through the nginx image (docker, else podman), the chart with $CHART_VALUES.
+check: lint-handlers typecheck-handlers contracts
+	@test -f '$(CHART_VALUES)' || { echo "make check: CHART_VALUES=$(CHART_VALUES) is not a file" >&2; exit 1; }
+	CHART_VALUES='$(CHART_VALUES)' $(BIN)/pytest -p no:cacheprovider $(USER_TESTS)
+
+lint-handlers: $(BIN)/.dev
+	$(BIN)/ruff check handlers
+	$(BIN)/ruff format --check handlers
+
+typecheck-handlers: $(BIN)/.dev $(call stamps,$(HANDLERS))
+	@for dir in $(HANDLER_DIRS); do \
+	  ls "$$dir"/*.py >/dev/null 2>&1 || continue; \
+	  echo "mypy $$dir"; \
+	  (cd "$$dir" && MYPYPATH=$(CURDIR) $(abspath $(BIN))/mypy --config-file '' --python-version 3.11 \
+	    --cache-dir $(CURDIR)/.mypy_cache --ignore-missing-imports $$(ls *.py)) || exit 1; \
+	done
+
+## make upgrade [TO=vX.Y.Z] [UPSTREAM=URL]: bring in the framework's changes from the version
+## this repository is at (pyproject.toml) to TO (the newest tag); your handlers/ never change.
+upgrade:
+	tools/upgrade
+
 ## make test: install everything, then lint, type-check, build the docs, check every handler,
 ## run the suite (tests/container builds both images and runs them, with docker or podman).
-test: install-dev install-handlers system-deps chart-docs-tools lint typecheck docs check
+test: install-dev install-handlers system-deps chart-docs-tools lint typecheck docs contracts
 	$(BIN)/pytest
 
 ## make test-fast: the suite for the edit-test loop, without what starts real servers (e2e:
@@ -83,7 +169,8 @@ test-fast: install-dev install-handlers system-deps chart-docs-tools
 	$(BIN)/pytest -m 'not e2e and not model and not container and not template'
 
 ## make test-template: the template made a new owner's on a fresh clone (init a handler, point
-## image.yml at it, delete the examples) passes make test there (tests/deploy/test_template.py; CI runs it).
+## image.yml at it, delete the examples) passes make check there, and again after make upgrade
+## (tests/deploy/test_template.py; .ci/run runs it).
 test-template: install-dev system-deps
 	$(BIN)/pytest -m template tests/deploy/test_template.py
 
@@ -142,19 +229,20 @@ typecheck: $(BIN)/.dev
 docs: $(BIN)/.dev
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir site
 
-## make check: `serving-core check` (load, run sample.json) on each of $(HANDLERS).
-check: $(BIN)/.runtime $(call stamps,$(HANDLERS))
-	@test -n "$(strip $(HANDLERS))" || { echo "make check: no handlers/*/sample.json found"; exit 1; }
+## make contracts: `serving-core check` (load, run sample.json) on each of $(HANDLERS).
+contracts: $(BIN)/.runtime $(call stamps,$(HANDLERS))
+	@test -n "$(strip $(HANDLERS))" || { echo "make contracts: no handlers/*/sample.json found"; exit 1; }
 	@for dir in $(HANDLERS); do \
 	  echo "serving-core check $$dir"; \
 	  $(BIN)/serving-core check "$$dir" > /dev/null \
-	    || { echo "make check: the handler in $$dir failed its check (the error is above)" >&2; exit 1; }; \
+	    || { echo "make contracts: the handler in $$dir failed its check (the error is above)" >&2; exit 1; }; \
 	done
 
-## make image HANDLER_DIR=handlers/x [TORCH_VARIANT=cu128]: build the app image of one handler.
+## make image HANDLER_DIR=handlers/x [TORCH_VARIANT=cu128]: build the app image of one handler
+## (docker when its daemon answers, else podman).
 image:
-	docker build --build-arg HANDLER_DIR=$(HANDLER_DIR) --build-arg TORCH_VARIANT=$(TORCH_VARIANT) \
-	  --build-arg SHARED_DIRS='$(SHARED_DIRS)' --tag $(IMAGE) .
+	$(CONTAINER_ENGINE) build --build-arg HANDLER_DIR=$(HANDLER_DIR) --build-arg TORCH_VARIANT=$(TORCH_VARIANT) \
+	  --build-arg SHARED_DIRS='$(SHARED_DIRS)' --build-arg VERSION=$(VERSION) --tag $(IMAGE) .
 
 ## make install: the framework and the served handler's requirements.
 install: $(BIN)/.runtime $(call stamps,$(SERVE_DIR))

@@ -25,6 +25,7 @@ from tests.deploy.workflows import (
     WORKFLOWS,
     evaluate,
     run,
+    step_named,
     steps,
     tool,
     uses_lines,
@@ -208,11 +209,22 @@ def test_each_action_is_pinned_to_one_sha_everywhere() -> None:
 # --- ci.yml ---------------------------------------------------------------------
 
 
-def test_ci_runs_make_test_on_pushes_and_pull_requests() -> None:
+def test_ci_runs_the_users_check_and_the_frameworks_suite() -> None:
     loaded = workflow("ci")
-    assert {"push", "pull_request"} <= set(loaded["on"])
-    assert [s["run"] for s in steps("ci") if "run" in s] == ["make test"]
-    assert re.search(r"^test:", (ROOT / "Makefile").read_text(), re.MULTILINE)
+    assert {"push", "pull_request", "schedule"} <= set(loaded["on"])
+    assert [s["run"] for s in steps("ci", "check") if "run" in s] == ["make check"]
+    assert [s["run"] for s in steps("ci", "test") if "run" in s] == ["make test"]
+    makefile = (ROOT / "Makefile").read_text()
+    for target in ("check", "test", "contracts"):
+        assert re.search(rf"^{target}:", makefile, re.MULTILINE), target
+
+
+def test_the_framework_suite_runs_nightly() -> None:
+    (nightly,) = workflow("ci")["on"]["schedule"]
+    every = nightly["cron"].split()[2:]
+    assert every == ["*", "*", "*"], nightly
+    changes = {"changes": {"outputs": {"framework": "true"}}}
+    assert evaluate(workflow("ci")["jobs"]["test"]["if"], {"needs": changes}) is True
 
 
 PULL_REQUEST_FROM = {
@@ -221,11 +233,12 @@ PULL_REQUEST_FROM = {
 }
 
 
+@pytest.mark.parametrize("job", ["changes", "check"])
 @pytest.mark.parametrize("origin", PULL_REQUEST_FROM)
-def test_ci_runs_once_per_commit_pull_requests_only_from_forks(origin: str) -> None:
+def test_ci_runs_once_per_commit_pull_requests_only_from_forks(origin: str, job: str) -> None:
     # A same-repo pull request's branch push already runs CI on that commit.
     head_repo, runs = PULL_REQUEST_FROM[origin]
-    condition = workflow("ci")["jobs"]["test"]["if"]
+    condition = workflow("ci")["jobs"][job]["if"]
     repo = "serving-core/serving-core"
     pull_request = {
         "event_name": "pull_request",
@@ -233,8 +246,90 @@ def test_ci_runs_once_per_commit_pull_requests_only_from_forks(origin: str) -> N
         "event": {"pull_request": {"head": {"repo": {"full_name": head_repo}}}},
     }
     assert evaluate(condition, {"github": pull_request}) is runs
-    assert evaluate(condition, {"github": {"event_name": "push", "repository": repo}}) is True
+    for event in ("push", "schedule"):
+        assert evaluate(condition, {"github": {"event_name": event, "repository": repo}}) is True
     assert workflow("ci")["on"]["push"]["branches"] == ["**"]
+    # The framework's suite waits on `changes`, so it is skipped with it.
+    assert workflow("ci")["jobs"]["test"]["needs"] == "changes"
+
+
+# --- ci.yml: which suites a push runs -------------------------------------------
+
+
+def changes_says(repo: Path, since: str) -> str:
+    """The output of ci.yml's "Did the framework change" step, run for real in ``repo``."""
+    step = step_named("ci", "Did the framework change", "changes")
+    output = repo / "github_output"
+    output.write_text("")
+    env = {key: str(value).strip() for key, value in step["env"].items() if "${{" not in value}
+    done = subprocess.run(
+        ["bash", "-e", "-o", "pipefail", "-c", step["run"]],
+        cwd=repo,
+        env={"PATH": os.environ["PATH"], "SINCE": since, "GITHUB_OUTPUT": str(output), **env},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    (line,) = output.read_text().splitlines()
+    return line
+
+
+def commit(repo: Path, *files: str) -> str:
+    for name in files:
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        (repo / name).write_text(
+            f"{name}, changed\n" + (repo / name).read_text()
+            if (repo / name).exists()
+            else f"{name}\n"
+        )
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com"]
+    subprocess.run([*git, "add", "-A"], cwd=repo, check=True)
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "c"], cwd=repo, check=True)
+    done = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=repo, check=True, capture_output=True, text=True
+    )
+    return done.stdout.strip()
+
+
+# What a push changed -> whether the framework's suite runs.
+PUSHES = {
+    "a handler alone": (["handlers/sentiment/handler.py", "handlers/sentiment/sample.json"], False),
+    "a handler and the README": (["handlers/sentiment/handler.py", "README.md"], False),
+    "the package": (["serving_core/web/app.py"], True),
+    "a test": (["tests/web/test_app.py"], True),
+    "the app's Dockerfile": (["Dockerfile"], True),
+    "nginx": (["nginx/templates/default.conf.template"], True),
+    "the chart": (["helm/serving-core/values.yaml"], True),
+    "a workflow": ([".github/workflows/image.yml"], True),
+    "the constraints": (["constraints.txt"], True),
+    "a handler and the package": (["handlers/sentiment/handler.py", "serving_core/x.py"], True),
+}
+
+
+@pytest.mark.parametrize("push", PUSHES)
+def test_only_a_change_to_the_framework_runs_its_suite(tmp_path: Path, push: str) -> None:
+    files, framework = PUSHES[push]
+    subprocess.run(["git", "init", "-q", "-b", "main"], cwd=tmp_path, check=True)
+    before = commit(tmp_path, "handlers/sentiment/handler.py", "serving_core/x.py", "README.md")
+    commit(tmp_path, *files)
+    assert changes_says(tmp_path, before) == f"framework={str(framework).lower()}"
+    changes = {"changes": {"outputs": {"framework": str(framework).lower()}}}
+    assert evaluate(workflow("ci")["jobs"]["test"]["if"], {"needs": changes}) is framework
+    # The user's check has no such condition: it runs on every push.
+    assert "changes" not in str(workflow("ci")["jobs"]["check"].get("needs", ""))
+
+
+@pytest.mark.parametrize(
+    "since",
+    ["", "0" * 40, "1234567890abcdef1234567890abcdef12345678"],
+    ids=["schedule", "new-branch", "gone"],
+)
+def test_everything_runs_where_the_start_is_unknown(tmp_path: Path, since: str) -> None:
+    # A schedule has no `before`, a new branch's is all zeros, a force push's may be gone.
+    subprocess.run(["git", "init", "-q", "-b", "main"], cwd=tmp_path, check=True)
+    commit(tmp_path, "handlers/sentiment/handler.py")
+    assert changes_says(tmp_path, since) == "framework=true"
 
 
 # --- one Helm version -----------------------------------------------------------

@@ -1,5 +1,6 @@
 """The README's path, as a new user walks it: ``serving-core init``, a real model in the
-skeleton, ``make serve``, and ``make check`` (what ``make test`` runs on every handler),
+skeleton, ``make serve``, and ``make contracts`` (what ``make check`` and ``make test`` run
+on every handler),
 which fails with a message saying how to fix a handler that breaks the contract."""
 
 from __future__ import annotations
@@ -141,8 +142,8 @@ def test_init_a_real_model_make_serve_and_make_check(tmp_path):
     assert 0.0 <= sad.json()["score"] < 0.5
     assert missing.status_code == 400
 
-    # 4. make check (make test runs it over handlers/*) passes ...
-    checked = run(["make", "--no-print-directory", "check", f"HANDLERS={folder}"])
+    # 4. make contracts (make check and make test run it over handlers/*) passes ...
+    checked = run(["make", "--no-print-directory", "contracts", f"HANDLERS={folder}"])
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert f"serving-core check {folder}" in checked.stdout
 
@@ -150,7 +151,7 @@ def test_init_a_real_model_make_serve_and_make_check(tmp_path):
     (folder / "handler.py").write_text(
         SENTIMENT.replace("for p in scores\n", "for p in scores[:-1]\n")
     )
-    broken = run(["make", "--no-print-directory", "check", f"HANDLERS={folder}"])
+    broken = run(["make", "--no-print-directory", "contracts", f"HANDLERS={folder}"])
     assert broken.returncode != 0
     assert "Sentiment.predict_batch returned 0 outputs for 1 inputs" in broken.stderr
     assert "return exactly one output per input, in the same order" in broken.stderr

@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import requests
 import yaml
 
 from tests import readme
@@ -28,8 +29,11 @@ from tests.servers import ROOT, free_port, gunicorn_server, served_handler_dir
 
 # The command lines that only a fresh clone can run for real (they install, or
 # run the whole suite): tests/deploy/test_template.py checks that the README says them
-# and runs their steps in a fresh clone, make test included.
-FRESH_CLONE = "tests/deploy/test_template.py (a fresh clone made the owner's, then make test)"
+# and runs their steps in a fresh clone, make check and make upgrade included.
+FRESH_CLONE = (
+    "tests/deploy/test_template.py (a fresh clone made the owner's: make check, make upgrade,"
+    " make check)"
+)
 # A unique piece of each shell block that is run -> the test that runs it.
 CLAIMS = {
     "make serve      # installs": "test_the_quick_start_calls_the_server_and_checks_the_handler",
@@ -39,7 +43,7 @@ CLAIMS = {
     "serving-core check handlers/minilm": (
         "test_the_quick_start_calls_the_server_and_checks_the_handler"
     ),
-    "make test       # installs everything": FRESH_CLONE,
+    "make upgrade    # from": FRESH_CLONE,
     "serving-core init sentiment": "test_the_five_steps_serve_the_readme_handler_with_a_real_model",
     # Served with `serving-core serve`, what make serve runs once installed: make serve
     # itself would install into the suite's own venv from a scratch project.
@@ -51,7 +55,7 @@ CLAIMS = {
     ),
     "HANDLER_DIR: handlers/sentiment|' .github/workflows/image.yml": (
         "test_step_five_points_image_yml_at_the_handler_and_drops_the_examples (and the"
-        " fresh-clone test, make test included)"
+        " fresh-clone test, make check included)"
     ),
     "export SERVING_HANDLER=handlers/sentiment": (
         "tests/docs/test_readme_jobs.py::test_the_jobs_example_runs_the_job_through_its_worker"
@@ -170,14 +174,18 @@ def test_the_five_steps_serve_the_readme_handler_with_a_real_model(tmp_path: Pat
     ):
         curl = block_with("curl -d @handlers/sentiment/sample.json")
         [call] = session.run_block(ported(curl.text, server.bind), ready=[])
+        # The skeleton's check, kept by the README's handler: blank text is no sentiment.
+        blank = requests.post(f"http://{server.bind}/predict", json={"text": "   "}, timeout=60)
     assert call.returncode == 0, call
     assert json.loads(call.output) in ({"label": "positive"}, {"label": "negative"}), call
+    assert blank.status_code == 400, blank.text
+    assert "more than whitespace" in blank.text
 
 
 def test_step_five_points_image_yml_at_the_handler_and_drops_the_examples(
     tmp_path: Path,
 ) -> None:
-    """The step's commands but `make test` (the fresh-clone test runs that one), in a
+    """The step's commands but `make check` (the fresh-clone test runs that one), in a
     repository holding image.yml and two example handlers beside the user's new one."""
     repo = tmp_path / "repo"
     workflow = repo / ".github" / "workflows" / "image.yml"
@@ -200,7 +208,7 @@ def test_step_five_points_image_yml_at_the_handler_and_drops_the_examples(
     (repo / "handlers" / "sentiment" / "handler.py").write_text("# the user's\n")
     step = block_with("HANDLER_DIR: handlers/sentiment|' .github/workflows/image.yml")
     lines = [c for c in commands(step.text) if not c.startswith("make ")]
-    assert len(lines) == len(commands(step.text)) - 1  # only `make test` is left out
+    assert len(lines) == len(commands(step.text)) - 1  # only `make check` is left out
     with shell(repo, {}, tmp_path / "shell") as session:
         for command in lines:
             ran = session.run(command)
