@@ -95,26 +95,6 @@ CHART_VALUES ?= $(or $(DEPLOY_VALUES_FILE),helm/serving-core/examples/values-def
 # 100) and mypy over each folder of handlers/, a training script beside its handler
 # included. mypy's defaults, not the framework's --strict (the examples are held to
 # that by make typecheck), and a library without stubs is not the handler's bug.
-HANDLER_DIRS := $(patsubst %/,%,$(dir $(wildcard handlers/*/requirements.txt)))
-
-# `make image`: the handler the image serves, the folders it imports from beside
-# it (SHARED_DIRS=handlers/iris for an iris classifier), and its tag.
-HANDLER_DIR ?= $(DEFAULT_HANDLER_DIR)
-SHARED_DIRS ?=
-IMAGE ?= serving-core:$(notdir $(patsubst %/,%,$(HANDLER_DIR)))$(if $(filter-out cpu,$(TORCH_VARIANT)),-$(TORCH_VARIANT))
-# docker when its daemon answers, else podman (as tests/container chooses).
-CONTAINER_ENGINE ?= $(shell docker info >/dev/null 2>&1 && echo docker || echo podman)
-# The framework's version (CHANGELOG.md, the tags vX.Y.Z, `serving-core --version`),
-# in a local image's labels as in CI's.
-VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
-
-# The chart values `make check` renders: the file deploy.yml deploys (the repository
-# variable DEPLOY_VALUES_FILE, else its default). Yours: a file of your own, say
-# helm/values.yaml, with `make check CHART_VALUES=helm/values.yaml` and that variable.
-CHART_VALUES ?= $(or $(DEPLOY_VALUES_FILE),helm/serving-core/examples/values-default.yaml)
-# What a template user's handlers must pass: ruff (pyproject's rules, lines of 100)
-# and mypy --strict, over every folder of handlers/ (a training script beside its
-# handler included). Missing stubs of a handler's libraries are not its bug.
 HANDLER_DIRS := $(patsubst %/,%,$(wildcard handlers/*/))
 # The served handler's image through the nginx image (tests/container), and the
 # chart rendered with CHART_VALUES.
