@@ -298,7 +298,7 @@ def test_the_chart_push_hands_its_digest_to_the_attestation(tmp_path: Path) -> N
         env={
             "PATH": f"{fake}:{os.environ['PATH']}",
             "GITHUB_OUTPUT": str(output),
-            "GITHUB_REPOSITORY_OWNER": "Serving-Core",
+            "GITHUB_REPOSITORY": "Serving-Core/Serving-Core",
             "GITHUB_ACTOR": "someone",
             "GHCR_TOKEN": "t",
             "ARCHIVE": "dist/serving-core-1.2.3.tgz",
@@ -309,7 +309,7 @@ def test_the_chart_push_hands_its_digest_to_the_attestation(tmp_path: Path) -> N
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert dict(line.split("=", 1) for line in output.read_text().splitlines()) == {
-        "name": "ghcr.io/serving-core/charts/serving-core",
+        "name": "ghcr.io/serving-core/serving-core/charts/serving-core",
         "digest": digest,
     }
 

@@ -28,10 +28,11 @@ DOCS = [
 ]
 REFERENCE = re.compile(r"ghcr\.io/[^\s`'\")\]}|]+")
 # What image.yml pushes, with GitHub's owner and repository lower-cased (`,,`):
-# <owner>/<repo> and <owner>/<repo>-nginx, and the chart under <owner>/charts.
+# <owner>/<repo> and <owner>/<repo>-nginx, and the chart under <owner>/<repo>/charts
+# (named after the repository: two repositories of one owner keep their own charts).
 NAME = r"(?:<owner>|[a-z0-9][a-z0-9-]*)"
 REPO = r"(?:<repo>|[a-z0-9][a-z0-9._-]*)"
-PUSHED = re.compile(rf"ghcr\.io/{NAME}/(?:charts/serving-core|charts|{REPO}(?:-nginx)?)")
+PUSHED = re.compile(rf"ghcr\.io/{NAME}/{REPO}(?:/charts/serving-core|/charts|-nginx)?")
 
 
 def image_name(reference: str) -> str:
@@ -55,7 +56,7 @@ def test_image_yml_pushes_the_names_the_docs_use() -> None:
     workflow = WORKFLOW.read_text()
     assert 'app="ghcr.io/${GITHUB_REPOSITORY,,}"' in workflow
     assert 'echo "nginx=${app}-nginx"' in workflow
-    assert 'oci://ghcr.io/${GITHUB_REPOSITORY_OWNER,,}/charts"' in workflow
+    assert 'oci://ghcr.io/${GITHUB_REPOSITORY,,}/charts"' in workflow
 
 
 @pytest.mark.parametrize("path", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
@@ -70,7 +71,7 @@ def test_every_ghcr_name_in_the_docs_is_one_image_yml_pushes_or_one_built_by_han
     ]
     assert not wrong, (
         f"{wrong}: image.yml pushes ghcr.io/<owner>/<repo> and ghcr.io/<owner>/<repo>-nginx, "
-        "lower-cased, and the chart to oci://ghcr.io/<owner>/charts/serving-core"
+        "lower-cased, and the chart to oci://ghcr.io/<owner>/<repo>/charts/serving-core"
     )
 
 
@@ -91,7 +92,7 @@ def test_the_readme_says_what_image_yml_pushes() -> None:
     for name in (
         "ghcr.io/<owner>/<repo>",
         "ghcr.io/<owner>/<repo>-nginx",
-        "oci://ghcr.io/<owner>/charts/serving-core",
+        "oci://ghcr.io/<owner>/<repo>/charts/serving-core",
         "docs/deployment/kubernetes.md#install-with-helm",
     ):
         assert name in text, name
@@ -100,7 +101,7 @@ def test_the_readme_says_what_image_yml_pushes() -> None:
 def test_the_kubernetes_page_says_how_a_private_package_is_pulled() -> None:
     text = " ".join(KUBERNETES.read_text().split())
     for name in (
-        "oci://ghcr.io/<owner>/charts/serving-core",
+        "oci://ghcr.io/<owner>/<repo>/charts/serving-core",
         "helm registry login ghcr.io",
         "kubectl create secret docker-registry ghcr",
         "imagePullSecrets",
