@@ -15,10 +15,27 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar, Token
 from dataclasses import dataclass
+from random import getrandbits
 
 # A request id a client may choose (HTTP's X-Request-ID, a gRPC request's ``id``): one
 # that cannot break a log line or a header. Any other is replaced by a new one.
 REQUEST_ID_OK = re.compile(r"[A-Za-z0-9._:/+=-]{1,128}")
+
+
+def new_request_id() -> str:
+    """128 random bits as 32 hex digits, like ``uuid4().hex``.
+
+    From ``random``'s generator, not ``os.urandom`` (a system call per
+    request): an id names a request in logs and headers and guards nothing
+    (job ids are ``uuid4``). ``random`` reseeds itself in every forked worker,
+    so workers do not repeat each other's ids.
+    """
+    return f"{getrandbits(128):032x}"
+
+
+def request_id_of(sent: str) -> str:
+    """The id a client sent when ``REQUEST_ID_OK`` takes it, else a new one."""
+    return sent if REQUEST_ID_OK.fullmatch(sent) else new_request_id()
 
 
 @dataclass(frozen=True)

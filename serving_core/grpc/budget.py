@@ -37,15 +37,24 @@ def pool_size(threads: int) -> int:
 
 
 class _Budget:
+    # A count under a plain lock, not a ``BoundedSemaphore``: a call only takes a slot
+    # or is refused, never waits, and the semaphore's condition cost each call two
+    # lock rounds more on grpc's threads, each a chance to give up the GIL.
     def __init__(self, name: str, size: int, fix: str) -> None:
-        self._slots = threading.BoundedSemaphore(size)
+        self._lock = threading.Lock()
+        self._free = size
         self.message = f"this server holds {size} {name} calls at once, all in use; {fix}"
 
     def take(self) -> bool:
-        return self._slots.acquire(blocking=False)
+        with self._lock:
+            if self._free <= 0:
+                return False
+            self._free -= 1
+            return True
 
     def give(self) -> None:
-        self._slots.release()
+        with self._lock:
+            self._free += 1
 
 
 class CallBudgets(grpc.ServerInterceptor):  # type: ignore[misc]
@@ -57,19 +66,29 @@ class CallBudgets(grpc.ServerInterceptor):  # type: ignore[misc]
             "long-lived (reflection, health Watch)", LONG_LIVED, "close an idle stream first"
         )
         self._control = _Budget("control", CONTROL, "retry after a moment")
+        # Each method's handler, and its wrapper: grpc asks on every call, on its
+        # poller thread, and a wrapper made per call cost that thread a closure and
+        # a method handler each time. Only methods a servicer has are kept.
+        self._wrapped: dict[str, tuple[Any, Any]] = {}
 
     def intercept_service(self, continuation: Any, details: Any) -> Any:
         handler = continuation(details)
         if handler is None:
             return None
-        method = details.method.rpartition("/")[2]
+        cached = self._wrapped.get(details.method)
+        if cached is not None and cached[0] is handler:
+            return cached[1]
+        wrapped = _within(handler, self._budget_of(details.method))
+        self._wrapped[details.method] = (handler, wrapped)
+        return wrapped
+
+    def _budget_of(self, path: str) -> _Budget:
+        method = path.rpartition("/")[2]
         if method in INFERENCE_METHODS:
-            budget = self._inference
-        elif method in LONG_LIVED_METHODS:
-            budget = self._long
-        else:
-            budget = self._control
-        return _within(handler, budget)
+            return self._inference
+        if method in LONG_LIVED_METHODS:
+            return self._long
+        return self._control
 
 
 def _within(handler: Any, budget: _Budget) -> Any:

@@ -14,13 +14,12 @@ import functools
 import logging
 import math
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
 
 import grpc
 
-from serving_core.context import REQUEST_ID_OK
+from serving_core.context import request_id_of
 from serving_core.errors import DeadlineExceeded, NotReady, Overloaded, ServingError
 from serving_core.grpc import accesslog, codec, streams
 from serving_core.grpc.keys import presented
@@ -75,12 +74,6 @@ def abort(ctx: grpc.ServicerContext, error: ServingError) -> NoReturn:
     raise AssertionError("grpc's ServicerContext.abort always raises")  # for the type checker
 
 
-def _request_id(sent: str) -> str:
-    """The client's id when it is one HTTP's X-Request-ID would take, else a new one: it
-    is written into the access line and the logs as it is (finding L5)."""
-    return sent if REQUEST_ID_OK.fullmatch(sent) else uuid.uuid4().hex
-
-
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     def __init__(
         self,
@@ -131,14 +124,17 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         )
 
     def ModelInfer(self, request: Any, ctx: grpc.ServicerContext) -> Any:
-        return self.enter(lambda: self._traced_infer(request, ctx))
-
-    def _traced_infer(self, request: Any, ctx: grpc.ServicerContext) -> Any:
+        # On grpc's thread: everything that asks grpc's call (its deadline, metadata,
+        # peer, abort) and the call's span, count and access line; only the door's
+        # work is entered (on the hub of a gevent worker). grpc's call methods let go
+        # of the GIL and take it back: on the hub, each was a wait for the GIL behind
+        # grpc's other threads, with every HTTP request of the worker waiting too.
         traces = tracer()
         if not traces.enabled:
             return self._model_infer(request, ctx, NO_SPAN)
         # The call's server span, its parent the caller's ``traceparent`` metadata (a
-        # pipeline's stage call sends one); the door's spans are its children.
+        # pipeline's stage call sends one); the door's spans are its children (the
+        # entered call runs in a copy of this thread's context).
         parent = dict(ctx.invocation_metadata()).get(traceparent.HEADER)
         attributes = {"rpc.system": "grpc", "rpc.service": SERVICE, "rpc.method": "ModelInfer"}
         with traces.span(
@@ -148,13 +144,22 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     def _model_infer(self, request: Any, ctx: grpc.ServicerContext, span: Span) -> Any:
         arrival = time.monotonic()
-        request_id = _request_id(request.id)
+        # The client's id when HTTP's X-Request-ID would take it, else a new one: it is
+        # written into the access line and the logs as it is (finding L5).
+        request_id = request_id_of(request.id)
         # Counted as /predict's requests are, with the HTTP status of the outcome
         # (200, or the error's: 400, 503…), so one query covers every front.
         status, code, batch_size = 500, grpc.StatusCode.INTERNAL, None
         try:
             try:
-                reply, batch_size = self._infer(request, ctx, request_id, arrival)
+                # No length: grpc refused a message over SERVING_MAX_BODY_BYTES unread.
+                head = Head(
+                    request_id=request_id,
+                    arrival=arrival,
+                    timeout_s=ctx.time_remaining(),  # None: the client set no deadline
+                    caller=self._caller(ctx),
+                )
+                reply, batch_size = self.enter(lambda: self._infer(request, head))
             except ServingError as exc:
                 status, code = exc.status, status_of(exc)
                 if status >= 500 and not isinstance(exc, Overloaded | NotReady | DeadlineExceeded):
@@ -169,20 +174,11 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 ctx, INFER_ROUTE, status, arrival, request_id, batch_size=batch_size, code=code
             )
 
-    def _infer(
-        self, request: Any, ctx: grpc.ServicerContext, request_id: str, arrival: float
-    ) -> tuple[Any, int | None]:
+    def _infer(self, request: Any, head: Head) -> tuple[Any, int | None]:
         """The reply, and the size of the batch the model ran it in (None: no model call,
         e.g. a cache hit)."""
         model = self.model
         model.find(request.model_name, request.model_version or None)
-        # No length: grpc refused a message over SERVING_MAX_BODY_BYTES unread.
-        head = Head(
-            request_id=request_id,
-            arrival=arrival,
-            timeout_s=ctx.time_remaining(),  # None: the client set no deadline
-            caller=self._caller(ctx),
-        )
         parsed, answered = self.door.enter(head, lambda: codec.request(request), model.answer)
         reply = codec.response(
             model.name, model.version, parsed.id, answered.output, typed=parsed.typed
@@ -195,7 +191,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         caller = self._caller(ctx)
         for request in requests:
             arrival = time.monotonic()
-            request_id = _request_id(request.id)
+            request_id = request_id_of(request.id)  # as a ModelInfer's (L5)
             head = Head(
                 request_id=request_id,
                 arrival=arrival,

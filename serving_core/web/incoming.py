@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import io
 import time
-from random import getrandbits
 
 from flask import Request, Response, g, request
 from werkzeug.exceptions import ClientDisconnected, RequestEntityTooLarge
 
-from serving_core.context import REQUEST_ID_OK
+from serving_core.context import request_id_of
 from serving_core.errors import QUOTE_CHARS, BadRequest, ServingError, shorten
 from serving_core.web import arrival
 
@@ -36,18 +35,7 @@ def start(proxies: arrival.TrustedProxies) -> None:
     glob = g._get_current_object()
     glob.arrival = arrival.arrival(stamp, now=time.monotonic(), wall_now=time.time())
     sent = headers.get(REQUEST_ID, "")
-    glob.request_id = sent if REQUEST_ID_OK.fullmatch(sent) else new_request_id()
-
-
-def new_request_id() -> str:
-    """128 random bits as 32 hex digits, like ``uuid4().hex``.
-
-    From ``random``'s generator, not ``os.urandom`` (a system call per
-    request): an id names a request in logs and headers and guards nothing
-    (job ids are ``uuid4``). ``random`` reseeds itself in every forked worker,
-    so workers do not repeat each other's ids.
-    """
-    return f"{getrandbits(128):032x}"
+    glob.request_id = request_id_of(sent)
 
 
 def tag(response: Response) -> Response:

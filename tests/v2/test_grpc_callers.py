@@ -35,8 +35,19 @@ def served_from_cache(servicer: Any, key: str) -> bool:
     request = pb.ModelInferRequest(model_name="scaler")
     request.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 3])
     request.raw_input_contents.append(np.asarray([1, 2, 3], dtype="<f4").tobytes())
-    _, batch_size = servicer._infer(request, Call(key), "r", None)
-    return batch_size is None
+    # The whole call (its caller taken from the key), observing the batch size its door
+    # work came back with.
+    sizes: list[int | None] = []
+    infer = servicer._infer
+
+    def observed(*args: Any) -> Any:
+        reply, batch_size = infer(*args)
+        sizes.append(batch_size)
+        return reply, batch_size
+
+    servicer._infer = observed
+    servicer.ModelInfer(request, Call(key))
+    return sizes == [None]
 
 
 def test_a_keys_cache_entries_answer_its_own_calls_and_no_other_keys(app):

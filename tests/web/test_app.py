@@ -9,8 +9,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from serving_core.context import Context
-from serving_core.web.incoming import REQUEST_ID_OK, new_request_id
+from serving_core.context import REQUEST_ID_OK, Context, new_request_id
 from serving_core.web.openapirules import bounded
 from tests.conftest import make_app
 from tests.servers import wait_for

@@ -44,7 +44,12 @@ class HubCall:
         self._fn = fn
         # The caller's context variables (a trace's current span), as a thread's spawn.
         self._context = contextvars.copy_context()
-        self._done = threading.Event()  # native: ``threading`` is not patched here
+        # A native lock held until the greenlet is done: the hub releases it, the thread's
+        # acquire returns. Not an ``Event``: its set and wait each take its condition's
+        # lock and make a waiter lock, where this is one release and one acquire.
+        # (``threading`` is not patched here, so the lock is native.)
+        self._done = threading.Lock()
+        self._done.acquire()
         self._result: Any = None
         self._error: BaseException | None = None
 
@@ -58,10 +63,10 @@ class HubCall:
         except BaseException as exc:  # raised again in the caller's thread
             self._error = exc
         finally:
-            self._done.set()
+            self._done.release()
 
     def wait(self) -> Any:
-        while not self._done.wait(_LOOK_S):
+        while not self._done.acquire(timeout=_LOOK_S):
             if _abandoned.is_set():
                 raise NotReady("this worker is shutting down; retry on another instance")
         if self._error is not None:
