@@ -30,6 +30,7 @@ def parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
+    verbs = {}
     for verb, help_ in (
         ("serve", "serve the handler with gunicorn (settings from SERVING_* variables)"),
         (
@@ -43,11 +44,20 @@ def parser() -> argparse.ArgumentParser:
             "SERVING_STREAM_SINK; /healthz and /metrics on SERVING_BIND",
         ),
     ):
-        commands.add_parser(verb, help=help_).add_argument(
+        verbs[verb] = commands.add_parser(verb, help=help_)
+        verbs[verb].add_argument(
             "handler",
             nargs="?",
             help="handler.py path, its folder, or module[:Class] (default: SERVING_HANDLER)",
         )
+    verbs["serve"].add_argument(
+        "--reload",
+        action="store_true",
+        help="for development: serve a new version whenever the handler's files change, "
+        "once it has started and passed its warm-up; a broken one leaves the old serving",
+    )
+    # How --reload hands each server it starts the socket and its pipe (process.reload).
+    verbs["serve"].add_argument("--handoff", help=argparse.SUPPRESS)
     check = commands.add_parser(
         "check", help="load a handler, run its sample request, print the output"
     )
@@ -104,7 +114,7 @@ def _run(args: argparse.Namespace) -> int:
         return _consume(args.command, settings)
     from serving_core.commands import serve
 
-    return serve.main(settings)
+    return serve.main(settings, reload=args.reload, handoff=args.handoff)
 
 
 def _version() -> str:
