@@ -35,6 +35,7 @@ master that outlives the old one, so a terminal's Ctrl-C no longer reaches it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import selectors
@@ -49,6 +50,7 @@ from gunicorn.arbiter import Arbiter
 from gunicorn.config import Config
 
 from serving_core.process.handlerfiles import HandlerFiles, Snapshot, changed
+from serving_core.process.prefork import die_with
 from serving_core.settings import Settings, SettingsError
 
 log = logging.getLogger("serving_core.process.reload")
@@ -109,6 +111,7 @@ class Edition:
         self.ready_fd = ready_fd  # the pipe's read end
         self.workers = workers
         self.announced = 0
+        self.served = False  # it was the serving one, before it was retired
 
     @property
     def pid(self) -> int:
@@ -229,7 +232,11 @@ class Reloader:
         handoff = Handoff(self.listen_fd, ready_write)
         try:
             process = subprocess.Popen(
-                self.command(handoff), pass_fds=(self.listen_fd, ready_write)
+                self.command(handoff),
+                pass_fds=(self.listen_fd, ready_write),
+                # A reloader killed outright takes its servers with it (SIGTERM). It
+                # runs no thread, so the fork's child may run Python before its exec.
+                preexec_fn=functools.partial(die_with, os.getpid()),  # noqa: PLW1509
             )
         finally:
             os.close(ready_write)  # the server's workers hold it now
@@ -254,6 +261,7 @@ class Reloader:
             else:
                 log.info("--reload: serving (pid %d)", starting.pid)
             self.serving = starting
+            starting.served = True
         elif starting is not None and (status := starting.exited()) is not None:
             self.starting = None
             self._forget(starting)
@@ -277,7 +285,8 @@ class Reloader:
             if edition.exited() is not None:
                 self.leaving.remove(edition)
                 self._forget(edition)
-                log.info("--reload: the previous version (pid %d) has stopped", edition.pid)
+                what = "the previous version" if edition.served else "a start overtaken by an edit"
+                log.info("--reload: %s (pid %d) has stopped", what, edition.pid)
 
     def _retire(self, edition: Edition) -> None:
         edition.signal(signal.SIGTERM)

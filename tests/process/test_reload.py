@@ -202,6 +202,29 @@ def test_a_broken_edit_leaves_the_old_version_serving_and_says_why(tmp_path):
     assert clients.failures() == [], log
 
 
+def test_an_edit_during_a_start_overtakes_it(tmp_path):
+    path = write_handler(tmp_path, handler_source(1))
+    in_setup = tmp_path.parent / f"{tmp_path.name}-in-setup"
+    # Version 2 never finishes its setup(): only a later edit can take its place.
+    stuck = f'open(r"{in_setup}", "w").close(); __import__("time").sleep(3600)'
+    with gunicorn_server({"SERVING_WORKERS": "2"}, args=["--reload", str(tmp_path)]) as server:
+        clients = Clients(server.url)
+        try:
+            assert served_only(clients, 0.0, 1) == {1}
+            path.write_text(handler_source(2, setup=stuck))
+            wait_for(in_setup.exists, "version 2 in its setup()", timeout_s=60)
+            stopped = edit_and_wait(server, path, handler_source(3), STOPPED)
+            assert served_only(clients, stopped, 3) == {3}
+        finally:
+            clients.stop()
+        log = server.output()
+    assert clients.failures() == [], log
+    assert {s.version for s in clients.sent} == {1, 3}
+    assert "a start overtaken by an edit (pid" in log
+    assert FAILED not in log
+    assert log.count(STOPPED) == 1
+
+
 def over_unix(path: str) -> int | None:
     """The version a POST /predict over the unix socket at ``path`` answers."""
     body = b'{"text": "hi"}'
@@ -277,3 +300,12 @@ def test_a_signal_stops_the_reloader_and_every_server_it_started(tmp_path, sig):
         assert server.process.wait(60) == 0
         # The servers, their workers: the whole process group has gone.
         wait_for(lambda: not group_alive(server.pid), "every process of the group to exit")
+
+
+def test_a_reloader_killed_outright_takes_its_servers_with_it(tmp_path):
+    write_handler(tmp_path, handler_source(1))
+    with gunicorn_server({"SERVING_WORKERS": "2"}, args=["--reload", str(tmp_path)]) as server:
+        server.process.kill()
+        server.process.wait(60)
+        # Each server is sent SIGTERM as its parent dies, and stops as serve's does.
+        wait_for(lambda: not group_alive(server.pid), "every server to exit", timeout_s=60)
