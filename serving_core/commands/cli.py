@@ -7,6 +7,7 @@ import dataclasses
 import importlib.metadata
 import os
 import sys
+import tomllib
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -117,11 +118,25 @@ def _run(args: argparse.Namespace) -> int:
     return serve.main(settings, reload=args.reload, handoff=args.handoff)
 
 
-def _version() -> str:
+def _version(distribution: str = "serving-core") -> str:
     try:
-        return importlib.metadata.version("serving-core")
-    except importlib.metadata.PackageNotFoundError:  # run from a checkout, not installed
-        return "unknown"
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return _checkout_version() or "unknown"
+
+
+def _checkout_version() -> str | None:
+    """The version in the pyproject.toml beside this package: run from a checkout that
+    was never installed (``PYTHONPATH=. python -m serving_core.commands.cli``)."""
+    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+    try:
+        project = tomllib.loads(pyproject.read_text(encoding="utf-8")).get("project", {})
+    except (OSError, tomllib.TOMLDecodeError):
+        return None
+    version = project.get("version")
+    if project.get("name") != "serving-core" or not isinstance(version, str):
+        return None  # another project's file, or a version made at build time
+    return f"{version} (a source checkout, not installed)"
 
 
 def _without_handler(args: argparse.Namespace, settings: Settings) -> int:
