@@ -14,9 +14,8 @@ from serving_core import logs
 from serving_core.commands import startup
 from serving_core.commands.failure import Failure
 from serving_core.errors import HandlerError
-from serving_core.process import reload
 from serving_core.process.handlerfiles import HandlerFiles, handler_folder
-from serving_core.process.reload import Handoff
+from serving_core.process.reload import Handoff, Reloader, refuse_unsupported
 from serving_core.process.server import runtime_for, serve
 from serving_core.settings import Settings, SettingsError
 
@@ -46,12 +45,12 @@ def main(settings: Settings, *, reload: bool = False, handoff: str | None = None
 def _reload(settings: Settings) -> int:
     logs.configure(settings.log_level, settings.log_format)
     try:
-        reload.check(settings)
+        refuse_unsupported(settings)
         files = HandlerFiles([handler_folder(settings.handler)])
     except SettingsError as exc:
         raise Failure(str(exc)) from exc
 
-    def command(handoff: reload.Handoff) -> list[str]:
+    def command(handoff: Handoff) -> list[str]:
         # This interpreter, and the handler as it was resolved here (an argument or
         # SERVING_HANDLER); every other setting comes from the same environment.
         return [
@@ -64,4 +63,4 @@ def _reload(settings: Settings) -> int:
             handoff.argument(),
         ]
 
-    return reload.Reloader(settings, command, files).run()
+    return Reloader(settings, command, files).run()

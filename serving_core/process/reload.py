@@ -87,7 +87,7 @@ class Handoff:
             os.write(self.ready_fd, READY)
 
 
-def check(settings: Settings) -> None:
+def refuse_unsupported(settings: Settings) -> None:
     """Refuse the settings ``--reload`` cannot serve; raises ``SettingsError``."""
     if settings.grpc_port:
         raise SettingsError(

@@ -119,10 +119,15 @@ def edit_and_wait(server, path: Path, source: str, line: str) -> float:
     path.write_text(source)
     wait_for(
         lambda: server.output().count(line) > before,
-        lambda: f"{line!r} in the log:\n{server.output()[-4000:]}",
+        lambda: f"{line!r} in the log:\n{without_access_lines(server.output())}",
         timeout_s=120,
     )
     return time.monotonic()
+
+
+def without_access_lines(log: str) -> str:
+    """The log but the clients' access lines, which would bury the rest."""
+    return "\n".join(line for line in log.splitlines() if '"POST /predict' not in line)
 
 
 def served_only(clients: Clients, since: float, version: int, count: int = 20) -> set[int | None]:
@@ -200,6 +205,27 @@ def test_a_broken_edit_leaves_the_old_version_serving_and_says_why(tmp_path):
             clients.stop()
         log = server.output()
     assert clients.failures() == [], log
+
+
+def test_a_handler_broken_at_start_is_served_once_fixed(tmp_path):
+    path = write_handler(tmp_path, handler_source(1).replace("):", ")", 1))
+    args = ["--reload", str(tmp_path)]
+    with gunicorn_server({"SERVING_WORKERS": "1"}, args=args, wait_ready=False) as server:
+        wait_for(
+            lambda: "did not start" in server.output(),
+            lambda: f"the first start to fail:\n{server.output()}",
+            timeout_s=60,
+        )
+        assert "SyntaxError" in server.output()
+        assert "nothing is served" in server.output()
+        path.write_text(handler_source(2))
+        wait_for(
+            lambda: "--reload: serving (pid" in server.output(),
+            lambda: f"the fixed handler served:\n{server.output()}",
+            timeout_s=60,
+        )
+        answer = requests.post(server.url + "/predict", json={"text": "hi"}, timeout=30)
+    assert answer.json() == {"version": 2, "text": "hi"}
 
 
 def test_an_edit_during_a_start_overtakes_it(tmp_path):
@@ -281,6 +307,18 @@ def test_reload_refuses_what_it_cannot_serve_before_it_binds(env, message):
     assert result.returncode == 2
     assert result.stderr.startswith("serving-core: error: "), result.stderr
     assert message in result.stderr
+
+
+def test_serve_help_offers_reload_and_hides_the_handoff():
+    result = subprocess.run(
+        [str(SERVING_CORE), "serve", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert "--reload" in result.stdout
+    assert "--handoff" not in result.stdout  # the reloader's, to its servers
 
 
 def group_alive(pgid: int) -> bool:
