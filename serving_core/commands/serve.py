@@ -15,7 +15,8 @@ from serving_core.commands import startup
 from serving_core.commands.failure import Failure
 from serving_core.errors import HandlerError
 from serving_core.process.handlerfiles import HandlerFiles, handler_folder
-from serving_core.process.reload import Handoff, Reloader, refuse_unsupported
+from serving_core.process.handoff import Handoff
+from serving_core.process.reload import Reloader, refuse_unsupported
 from serving_core.process.server import runtime_for, serve
 from serving_core.settings import Settings, SettingsError
 

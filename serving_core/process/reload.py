@@ -42,7 +42,6 @@ import selectors
 import signal
 import subprocess
 from collections.abc import Callable
-from dataclasses import dataclass
 from types import FrameType
 
 from gunicorn import sock
@@ -50,41 +49,13 @@ from gunicorn.arbiter import Arbiter
 from gunicorn.config import Config
 
 from serving_core.process.handlerfiles import HandlerFiles, Snapshot, changed
+from serving_core.process.handoff import READY, Handoff
 from serving_core.process.prefork import die_with
 from serving_core.settings import Settings, SettingsError
 
 log = logging.getLogger("serving_core.process.reload")
 
 POLL_S = 0.25  # how often the handler's files are looked at
-READY = b"r"  # a worker's word on the pipe: its warm-up passed
-
-
-@dataclass(frozen=True)
-class Handoff:
-    """What the reloader hands each server it starts: the file descriptors of the
-    listening socket and of the pipe its first workers write ``READY`` to."""
-
-    listen_fd: int
-    ready_fd: int
-
-    def argument(self) -> str:
-        return f"{self.listen_fd},{self.ready_fd}"
-
-    @classmethod
-    def parse(cls, text: str) -> Handoff:
-        listen_fd, ready_fd = (int(part) for part in text.split(","))
-        return cls(listen_fd, ready_fd)
-
-    @property
-    def bind(self) -> list[str]:
-        """gunicorn's bind: the socket handed over, not SERVING_BIND."""
-        return [f"fd://{self.listen_fd}"]
-
-    def announce_ready(self) -> None:
-        """In a worker whose warm-up passed. A reloader that has gone (its server is
-        being stopped) leaves no reader: that is no reason to fail the worker."""
-        with contextlib.suppress(OSError):
-            os.write(self.ready_fd, READY)
 
 
 def refuse_unsupported(settings: Settings) -> None:

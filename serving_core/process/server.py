@@ -48,9 +48,9 @@ from serving_core.payloads.logger import PayloadLog
 from serving_core.preload import preload
 from serving_core.process import grpcport, wire
 from serving_core.process.drain import DrainingArbiter
+from serving_core.process.handoff import Handoff
 from serving_core.process.hooks import Hooks
 from serving_core.process.options import gunicorn_options
-from serving_core.process.reload import Handoff
 from serving_core.runtime import THREADS, Runtime
 from serving_core.settings import Settings
 from serving_core.threads import share_idle_cores
