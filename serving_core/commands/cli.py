@@ -7,6 +7,7 @@ import dataclasses
 import importlib.metadata
 import os
 import sys
+import tomllib
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -30,6 +31,7 @@ def parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
+    verbs = {}
     for verb, help_ in (
         ("serve", "serve the handler with gunicorn (settings from SERVING_* variables)"),
         (
@@ -43,11 +45,20 @@ def parser() -> argparse.ArgumentParser:
             "SERVING_STREAM_SINK; /healthz and /metrics on SERVING_BIND",
         ),
     ):
-        commands.add_parser(verb, help=help_).add_argument(
+        verbs[verb] = commands.add_parser(verb, help=help_)
+        verbs[verb].add_argument(
             "handler",
             nargs="?",
             help="handler.py path, its folder, or module[:Class] (default: SERVING_HANDLER)",
         )
+    verbs["serve"].add_argument(
+        "--reload",
+        action="store_true",
+        help="for development: serve a new version whenever the handler's files change, "
+        "once it has started and passed its warm-up; a broken one leaves the old serving",
+    )
+    # How --reload hands each server it starts the socket and its pipe (process.reload).
+    verbs["serve"].add_argument("--handoff", help=argparse.SUPPRESS)
     check = commands.add_parser(
         "check", help="load a handler, run its sample request, print the output"
     )
@@ -104,14 +115,28 @@ def _run(args: argparse.Namespace) -> int:
         return _consume(args.command, settings)
     from serving_core.commands import serve
 
-    return serve.main(settings)
+    return serve.main(settings, reload=args.reload, handoff=args.handoff)
 
 
-def _version() -> str:
+def _version(distribution: str = "serving-core") -> str:
     try:
-        return importlib.metadata.version("serving-core")
-    except importlib.metadata.PackageNotFoundError:  # run from a checkout, not installed
-        return "unknown"
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return _checkout_version() or "unknown"
+
+
+def _checkout_version() -> str | None:
+    """The version in the pyproject.toml beside this package: run from a checkout that
+    was never installed (``PYTHONPATH=. python -m serving_core.commands.cli``)."""
+    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+    try:
+        project = tomllib.loads(pyproject.read_text(encoding="utf-8")).get("project", {})
+    except (OSError, tomllib.TOMLDecodeError):
+        return None
+    version = project.get("version")
+    if project.get("name") != "serving-core" or not isinstance(version, str):
+        return None  # another project's file, or a version made at build time
+    return f"{version} (a source checkout, not installed)"
 
 
 def _without_handler(args: argparse.Namespace, settings: Settings) -> int:

@@ -50,10 +50,14 @@ DEFERRED = {signal.SIGTERM, signal.SIGINT, signal.SIGQUIT}
 class DrainingArbiter(Arbiter):  # type: ignore[misc]
     """gunicorn's master, draining ``drain_s`` on SIGTERM before it closes its listeners."""
 
-    def __init__(self, app: Any, drain_s: float) -> None:
+    def __init__(self, app: Any, drain_s: float, *, handed_over: bool = False) -> None:
         super().__init__(app)
         self.drain_s = drain_s
         self._terminated = False
+        if handed_over:
+            # The listener is ``serve --reload``'s, which the next server listens on:
+            # gunicorn leaves a unix socket's path in place for systemd's sockets only.
+            self.systemd = True
 
     def handle_term(self) -> None:
         self._terminated = True  # stop() drains only for SIGTERM, not on a halt

@@ -6,7 +6,8 @@ made; its bound methods are gunicorn's hook settings (``options``):
 - ``when_ready`` (master, once listening): fork the shared model processes;
 - ``post_fork`` (each worker): its share of torch threads, then the service
   starts (model thread, sample, watchdog); a respawned worker whose warm-up
-  fails leaves (``recycle``); its gRPC front is made when SERVING_GRPC_PORT is
+  fails leaves (``recycle``); a first worker says it is ready to ``serve
+  --reload`` (``on_ready``); its gRPC front is made when SERVING_GRPC_PORT is
   set (before gevent patches ``queue``: grpcio's pool must wait on native
   queues);
 - ``post_worker_init`` (each worker, patched by gevent): its tracer
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from serving_core.metrics.directory import remove_metrics_dir, worker_exited
@@ -63,6 +64,8 @@ class Hooks:
         # Made in the master, so every worker it forks counts in the same memory.
         self.failures = recycle.WarmUpFailures()
         self.grpc: GrpcFront | None = None  # each worker's own, made after fork
+        # Told by each first worker whose warm-up passed (``serve --reload``'s handoff).
+        self.on_ready: Callable[[], None] | None = None
 
     def when_ready(self, server: Any) -> None:
         if not self.models:
@@ -97,6 +100,8 @@ class Hooks:
                 raise  # one of the first workers: gunicorn stops serve
             recycle.warm_up_failed(worker, self.failures, exc)
         self.failures.succeeded()
+        if self.on_ready is not None and worker.age <= settings.workers:
+            self.on_ready()
         if settings.grpc_port:
             self._make_grpc(worker)
         log.info("worker %s ready: %s", worker.pid, _torch_threads(threads))

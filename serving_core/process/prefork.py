@@ -167,7 +167,7 @@ class Prefork:
             # The master decides; Ctrl-C reaches the whole process group.
             signal.signal(signal.SIGINT, signal.SIG_IGN)
             health.close_inherited(self.server)
-            _die_with(self.master_pid)
+            die_with(self.master_pid)
             code = self.consume(slot, stop)
         except BaseException:
             log.exception("consumer %d failed", os.getpid())
@@ -178,10 +178,12 @@ class Prefork:
                 os._exit(code)
 
 
-def _die_with(master: int) -> None:
+def die_with(master: int) -> None:
     """A consumer is sent SIGTERM (its graceful stop) when its master dies, even by
     SIGKILL: nothing may consume on without the master's supervision, /healthz and
-    /metrics. Linux's PR_SET_PDEATHSIG; elsewhere, the master's own stop."""
+    /metrics. Linux's PR_SET_PDEATHSIG; elsewhere, the master's own stop. (``serve
+    --reload``'s servers too, each between its fork and its exec: the setting
+    outlives the exec.)"""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)

@@ -48,6 +48,7 @@ from serving_core.payloads.logger import PayloadLog
 from serving_core.preload import preload
 from serving_core.process import grpcport, wire
 from serving_core.process.drain import DrainingArbiter
+from serving_core.process.handoff import Handoff
 from serving_core.process.hooks import Hooks
 from serving_core.process.options import gunicorn_options
 from serving_core.runtime import THREADS, Runtime
@@ -60,16 +61,24 @@ log = logging.getLogger("serving_core.process.server")
 
 
 class ServingApplication(BaseApplication):  # type: ignore[misc]
-    def __init__(self, app: Flask, options: dict[str, Any], *, drain_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        app: Flask,
+        options: dict[str, Any],
+        *,
+        drain_s: float = 0.0,
+        handed_over: bool = False,
+    ) -> None:
         self.application = app
         self.options = options
         self.drain_s = drain_s
+        self.handed_over = handed_over
         super().__init__()
 
     def run(self) -> None:
         # BaseApplication.run, with the master that drains on SIGTERM.
         try:
-            DrainingArbiter(self, self.drain_s).run()
+            DrainingArbiter(self, self.drain_s, handed_over=self.handed_over).run()
         except RuntimeError as exc:
             print(f"\nError: {exc}\n", file=sys.stderr)
             sys.stderr.flush()
@@ -189,8 +198,11 @@ def build_with_metrics(
     return create_app(settings, service, observer), service, models, observer
 
 
-def serve(settings: Settings, loaded: LoadedHandler) -> None:
-    """Set up the handler in this (master) process, then hand over to gunicorn."""
+def serve(settings: Settings, loaded: LoadedHandler, handoff: Handoff | None = None) -> None:
+    """Set up the handler in this (master) process, then hand over to gunicorn.
+
+    ``handoff``: started by ``serve --reload`` (``reload``), which holds the socket
+    and waits for each first worker to say that its warm-up passed."""
     preload(loaded.handler)
     app, service, models, metrics = build_with_metrics(settings, loaded)
     # Per-worker: the workers lend each other their cores while idle. Shared: the
@@ -205,12 +217,15 @@ def serve(settings: Settings, loaded: LoadedHandler) -> None:
         fairaccept.share_connections(settings.workers)
     # Held while the master runs: a second server on the same gRPC port fails here.
     held = grpcport.hold(settings)
+    hooks = Hooks(settings, service, models, metrics, app.extensions[guard.EXTENSION])
     options = gunicorn_options(
-        settings,
-        Hooks(settings, service, models, metrics, app.extensions[guard.EXTENSION]),
-        service.name,
-        model_revision(loaded.handler, settings.model_revision),
+        settings, hooks, service.name, model_revision(loaded.handler, settings.model_revision)
     )
-    ServingApplication(app, options, drain_s=settings.drain_s).run()
+    if handoff is not None:
+        options["bind"] = handoff.bind
+        hooks.on_ready = handoff.announce_ready
+    ServingApplication(
+        app, options, drain_s=settings.drain_s, handed_over=handoff is not None
+    ).run()
     if held is not None:
         held.close()

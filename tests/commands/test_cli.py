@@ -3,10 +3,12 @@ from __future__ import annotations
 import json
 import subprocess
 import textwrap
+import tomllib
 
 import pytest
 import requests
 
+from serving_core.commands import cli
 from tests.servers import ROOT, SERVING_CORE, base_env, gunicorn_server
 
 STREAM_ENDS = ("SOURCE", "SINK", "DEAD_LETTER")
@@ -134,6 +136,15 @@ def test_version_names_the_installed_package():
     )
     assert result.stdout.startswith("serving-core ")
     assert result.stdout.split()[1][0].isdigit()
+
+
+def test_version_of_a_checkout_never_installed_is_its_pyprojects():
+    # The installed package answers first; a distribution that is not installed
+    # stands for a checkout run with PYTHONPATH=.
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert cli._version("serving-core-not-installed") == (
+        f"{version} (a source checkout, not installed)"
+    )
 
 
 @pytest.mark.example("echo")
