@@ -129,29 +129,38 @@ class AmqpSink(Connected):
         return refused
 
     def send(self, messages: Sequence[Outgoing]) -> None:
+        if self._refusal is not None:  # the channel is gone: confirm says so
+            self._unsent += messages
+            return
+        # The batch's frames go into the connection's buffer through the channel
+        # underneath, then out in one flush: BlockingChannel.basic_publish flushes (a
+        # poll and a send, and the writer watched and unwatched) for every message.
+        impl = cast(Channel, self.channel._impl)  # type: ignore[attr-defined]
         try:
-            for i, message in enumerate(messages):
-                if self._refusal is not None:  # the channel is gone: confirm says so
-                    self._unsent += messages[i:]
-                    return
-                properties = BasicProperties(
-                    content_type="application/json",
-                    delivery_mode=pika.DeliveryMode.Persistent,
-                    message_id=message.id,
-                    correlation_id=message.id,
-                    headers=dict(message.headers) or None,
-                )
-                # Counted before it is sent: its confirm can arrive while basic_publish
-                # still flushes the socket (it reads as it writes).
-                self._sent += 1
-                self._unconfirmed[self._sent] = message
-                try:
-                    self.channel.basic_publish(
+            try:
+                for message in messages:
+                    properties = BasicProperties(
+                        content_type="application/json",
+                        delivery_mode=pika.DeliveryMode.Persistent,
+                        message_id=message.id,
+                        correlation_id=message.id,
+                        headers=dict(message.headers) or None,
+                    )
+                    # Counted before it is sent: its confirm can arrive while the flush
+                    # still writes to the socket (it reads as it writes).
+                    self._sent += 1
+                    self._unconfirmed[self._sent] = message
+                    impl.basic_publish(
                         self.exchange, self.routing_key, message.body, properties, mandatory=True
                     )
-                except pika.exceptions.ChannelClosed:
-                    if self._refusal is None:
-                        raise
+                if messages:
+                    self.channel._flush_output()  # type: ignore[attr-defined]
+            except pika.exceptions.ChannelClosed:
+                # A message the broker refused closed the channel (``_on_close``): the
+                # ones it did not confirm, that one and those after it, are still in
+                # ``_unconfirmed``, and confirm raises ``Refused`` with them.
+                if self._refusal is None:
+                    raise
         except ERRORS as error:
             raise self.failed("cannot publish", error) from error
 

@@ -329,6 +329,31 @@ def test_a_job_whose_last_lease_expires_is_failed_not_handed_out_again(
     assert [d.id for d in queue.dead_letters()] == [job.id]
 
 
+def test_a_take_fails_an_expired_last_attempt_and_leases_the_rest_of_its_batch_in_order(
+    make_queue: MakeQueue,
+) -> None:
+    # SQLite leases a batch in one statement: the job it fails instead is left out of
+    # it, and the others come back in the order they were due, each under the lease.
+    queue = make_queue(jobs_max_attempts=1, jobs_lease_s=0.2)
+    crashed = queue.submit({"n": 0})
+    [held] = queue.take("crashes-on-it", 1, 0)
+    ids = [queue.submit({"n": n}).id for n in range(1, 4)]
+    assert held.started_at is not None
+    wait_for(
+        lambda: time.time() > held.started_at + 0.2,  # type: ignore[operator]
+        "the crashed consumer's lease to run out",
+        timeout_s=POLL_TIMEOUT_S,
+    )
+    taken = queue.take("w2", 10, 0)
+    assert [job.id for job in taken] == ids
+    assert {(job.status, job.attempts) for job in taken} == {("running", 1)}
+    assert len({job.lease for job in taken}) == 1
+    dead = queue.get(crashed.id)
+    assert dead is not None
+    assert dead.error is not None
+    assert (dead.status, dead.error["type"]) == ("failed", "lease_expired")
+
+
 def test_the_same_idempotency_key_returns_the_same_job(make_queue: MakeQueue) -> None:
     queue = make_queue()
     first = queue.submit({"n": 1}, idempotency_key="order-17")

@@ -36,7 +36,7 @@ from serving_core.jobs.base import (
 from serving_core.jobs.sqlite.consumers import SqliteConsumers
 from serving_core.jobs.sqlite.file import SqliteFile
 from serving_core.jobs.sqlite.limits import Limits, admit
-from serving_core.jobs.sqlite.rows import LIVE, finish, job_of, live
+from serving_core.jobs.sqlite.rows import FINISH, LIVE, finish, finished_row, job_of, live
 from serving_core.settings import Settings
 
 TAKE_POLL_S = 0.01  # how often an idle take looks again: the latency it adds to a job
@@ -180,17 +180,25 @@ class SqliteJobQueue:
                 ).fetchall()
                 if not rows:
                     break
+                ids = []
                 for job_id, status, attempts in rows:
                     if status == "running" and attempts >= self.max_attempts:
                         expired = lease_expired_error(attempts)
                         finish(db, job_id, "failed", now, self.ttl_s, error=expired)
-                        continue
-                    row = db.execute(
-                        "UPDATE jobs SET status = 'running', attempts = attempts + 1,"
-                        " started_at = ?, due = ?, lease = ? WHERE id = ? RETURNING *",
-                        (now, now + self.lease_s, lease, job_id),
-                    ).fetchone()
-                    taken.append(job_of(row))
+                    else:
+                        ids.append(job_id)
+                if not ids:
+                    continue
+                # One statement for the batch, not one per job; RETURNING's order is
+                # SQLite's, so the jobs are put back in the order they were due.
+                leased = db.execute(
+                    "UPDATE jobs SET status = 'running', attempts = attempts + 1,"
+                    " started_at = ?, due = ?, lease = ?"
+                    f" WHERE id IN ({', '.join('?' * len(ids))}) RETURNING *",
+                    (now, now + self.lease_s, lease, *ids),
+                ).fetchall()
+                by_id = {row["id"]: row for row in leased}
+                taken += [job_of(by_id[job_id]) for job_id in ids]
         return taken
 
     def complete(self, job: Job, result: Any) -> None:
@@ -201,14 +209,16 @@ class SqliteJobQueue:
             return
         now = time.time()
         with self.file.transaction() as db:
-            for job, result in finished:
-                # Any unfinished state, not only this lease: a slow consumer's result
-                # is as good as the next one's, and the first stored wins.
-                row = db.execute(
-                    "SELECT status FROM jobs WHERE id = ? AND queue = ?", (job.id, self.queue)
-                ).fetchone()
-                if row is not None and row[0] in ("queued", "running"):
-                    finish(db, job.id, "done", now, self.ttl_s, result=result)
+            # Any unfinished state, not only this lease: a slow consumer's result is as
+            # good as the next one's, and the first stored wins. One statement for the
+            # batch (``rows.finish``'s, with that condition), not a read and a write a job.
+            db.executemany(
+                f"{FINISH} AND queue = ? AND status IN ('queued', 'running')",
+                [
+                    (*finished_row("done", now, self.ttl_s, result=result), job.id, self.queue)
+                    for job, result in finished
+                ],
+            )
         self.file.purge(now)
 
     def fail(self, job: Job, error: dict[str, Any], *, retry: bool = True) -> None:

@@ -37,6 +37,31 @@ def job_of(row: sqlite3.Row) -> Job:
     )
 
 
+# A job ended: its parameters go, its outcome stays readable until ``expires_at``.
+FINISH = (
+    "UPDATE jobs SET status = ?, result = ?, error = coalesce(?, error), params = X'',"
+    " finished_at = ?, expires_at = ?, due = NULL, lease = '' WHERE id = ?"
+)
+
+
+def finished_row(
+    status: JobStatus,
+    now: float,
+    ttl_s: float,
+    *,
+    result: Any = None,
+    error: dict[str, Any] | None = None,
+) -> tuple[Any, ...]:
+    """``FINISH``'s values but the id."""
+    return (
+        status,
+        None if status != "done" else encoding.dumps(result),
+        None if error is None else encoding.dumps(error),
+        now,
+        now + ttl_s,
+    )
+
+
 def finish(
     db: sqlite3.Connection,
     job_id: str,
@@ -49,15 +74,4 @@ def finish(
 ) -> None:
     """End the job ``status``, readable for ``ttl_s``; an error keeps the last one if None.
     Its parameters go: a finished job keeps only its outcome (and their digest)."""
-    db.execute(
-        "UPDATE jobs SET status = ?, result = ?, error = coalesce(?, error), params = X'',"
-        " finished_at = ?, expires_at = ?, due = NULL, lease = '' WHERE id = ?",
-        (
-            status,
-            None if status != "done" else encoding.dumps(result),
-            None if error is None else encoding.dumps(error),
-            now,
-            now + ttl_s,
-            job_id,
-        ),
-    )
+    db.execute(FINISH, (*finished_row(status, now, ttl_s, result=result, error=error), job_id))
