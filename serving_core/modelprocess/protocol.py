@@ -1,4 +1,12 @@
-"""What crosses a model socket: frames of a 4-byte length and a pickle (protocol 5).
+"""What crosses a model socket: frames of a 4-byte length and a pickle (protocol 5)
+of a list of messages.
+
+A frame carries every message its sender had ready: a worker's requests of one
+turn of its loop, the model process's answers for that worker from one batch.
+A frame per message cost each item a send and a wake-up at both ends, and a
+pickle with its own header; one frame for many is a syscall and an unpickle
+for all of them (issue 44: the model process's own CPU per item is what caps a
+fast GPU).
 
 Many requests are in flight on one connection, answered in any order by
 sequence number. A request carries its id, its absolute ``time.monotonic()``
@@ -19,7 +27,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import socket
 import struct
 from typing import Any, NamedTuple
 
@@ -52,29 +59,40 @@ class Answer(NamedTuple):
     batch_span: str | None = None  # that batch's ``model`` span, traced
 
 
-def send_frame(sock: socket.socket, message: Request | Answer) -> None:
-    payload = pickle.dumps(message, protocol=5)
-    sock.sendall(_LENGTH.pack(len(payload)) + payload)
+def frame(messages: list[Request] | list[Answer]) -> bytes:
+    """One frame of ``messages``; raises what pickle raises for one it cannot carry."""
+    payload = pickle.dumps(messages, protocol=5)
+    return _LENGTH.pack(len(payload)) + payload
 
 
-def recv_frame(sock: socket.socket) -> Any:
-    """The next message, or ``EOFError`` when the peer closed the connection."""
-    (length,) = _LENGTH.unpack(_recv_exactly(sock, _LENGTH.size))
-    if length > MAX_FRAME_BYTES:
-        raise EOFError(f"a frame of {length} bytes: not a serving-core model connection")
-    return pickle.loads(_recv_exactly(sock, length))
+class Frames:
+    """The frames of a byte stream, from its bytes as they arrive, in any pieces."""
 
+    def __init__(self) -> None:
+        self._buffer = bytearray()
 
-def _recv_exactly(sock: socket.socket, size: int) -> bytes:
-    buffer = bytearray(size)
-    view = memoryview(buffer)
-    got = 0
-    while got < size:
-        n = sock.recv_into(view[got:])
-        if n == 0:
-            raise EOFError("the connection closed")
-        got += n
-    return bytes(buffer)
+    def feed(self, data: bytes | bytearray | memoryview) -> list[list[Any]]:
+        """The messages of every frame ``data`` completes, frame by frame. ``EOFError``:
+        a length no serving-core peer sends; what pickle raises for a frame it
+        cannot read (both end the connection: the stream's place is lost)."""
+        buffer = self._buffer
+        buffer += data
+        frames: list[list[Any]] = []
+        start, size = 0, len(buffer)
+        with memoryview(buffer) as view:
+            while size - start >= _LENGTH.size:
+                (length,) = _LENGTH.unpack_from(view, start)
+                if length > MAX_FRAME_BYTES:
+                    raise EOFError(f"a frame of {length} bytes: not a model connection's")
+                end = start + _LENGTH.size + length
+                if end > size:
+                    break
+                # In-band pickle 5 copies what it reads: nothing keeps the view.
+                with view[start + _LENGTH.size : end] as payload:
+                    frames.append(pickle.loads(payload))
+                start = end
+        del buffer[:start]
+        return frames
 
 
 def socket_path(directory: str, index: int = 0) -> str:
