@@ -25,12 +25,16 @@ Both ends are forked from one master, so they unpickle each other's classes.
 
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 import struct
 from typing import Any, NamedTuple
 
-from serving_core.errors import ServingError
+from serving_core.engine.pending import Pending
+from serving_core.errors import ModelError, ServingError
+
+log = logging.getLogger("serving_core.modelprocess.protocol")
 
 MAX_FRAME_BYTES = 1 << 30
 _LENGTH = struct.Struct("!I")
@@ -63,6 +67,43 @@ def frame(messages: list[Request] | list[Answer]) -> bytes:
     """One frame of ``messages``; raises what pickle raises for one it cannot carry."""
     payload = pickle.dumps(messages, protocol=5)
     return _LENGTH.pack(len(payload)) + payload
+
+
+def answer_for(seq: int, pending: Pending) -> Answer:
+    """The answer to request ``seq`` from its ``Pending``, resolved by the model thread."""
+    future = pending.future
+    if not future.done() or future.cancelled():  # never, unless the batcher has a bug
+        return Answer(seq, None, ModelError("the shared model process dropped this request"), 0)
+    exc = future.exception()
+    if exc is not None:
+        return Answer(seq, None, _serving_error(exc), 0)
+    return Answer(
+        seq, future.result(), None, pending.batch_size, pending.started, pending.batch_span
+    )
+
+
+def answers_frame(answers: list[Answer]) -> bytes:
+    """One frame of ``answers``; an output (or an error's details) that pickle cannot
+    carry is that request's ``ModelError``, and the others go as they are."""
+    try:
+        return frame(answers)
+    except Exception:
+        pass
+    kept = []
+    for answer in answers:
+        try:
+            pickle.dumps(answer, protocol=5)
+            kept.append(answer)
+        except Exception as error:
+            log.exception("request %d: the answer could not be sent to its worker", answer.seq)
+            kept.append(Answer(answer.seq, None, _serving_error(error), 0))
+    return frame(kept)
+
+
+def _serving_error(exc: BaseException) -> ServingError:
+    if isinstance(exc, ServingError):
+        return exc
+    return ModelError(f"the shared model process failed: {type(exc).__name__}")
 
 
 class Frames:
