@@ -7,12 +7,13 @@
     model    ``main.run_model_process``: ``setup_worker()`` (the handler moves its
              model to the device: CUDA is initialised here only) → a ``Batcher``
              over the ``Engine``, with the same policy, admission and deadlines as a
-             worker's → the sample as warm-up → listen on a Unix socket: a reader
-             and a writer thread per worker connection
+             worker's → the sample as warm-up → listen on a Unix socket: one I/O
+             thread (``server``) reads and writes every worker's connection
     worker   validate and ``preprocess`` (tokenising) in the request, as always →
-             ``client.RemoteBatcher.submit`` sends the prepared item over a
-             ``link.Link`` → its reader resolves the request's future with the
-             model's output → ``postprocess`` here
+             ``client.RemoteBatcher.submit`` queues the prepared item on a
+             ``link.Link``, which sends what is queued as one frame → its reader
+             resolves the request's future with the model's output →
+             ``postprocess`` here
 
 SERVING_MODEL_PROCESS=shared. Per-worker (the default on CPU) gives each worker
 its own model thread; on a GPU that means a CUDA context and a model copy per

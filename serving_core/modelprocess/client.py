@@ -54,8 +54,9 @@ class RemoteBatcher:
 
     def start(self) -> None:
         for link in self._links:
-            # A greenlet under gevent: the worker's sockets are gevent's, read on its hub.
+            # Greenlets under gevent: the worker's sockets are gevent's, used on its hub.
             self.runtime.spawn(link.run)
+            self.runtime.spawn(link.write)
 
     def wait_connected(self, timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s

@@ -1,4 +1,12 @@
-"""What crosses a model socket: frames of a 4-byte length and a pickle (protocol 5).
+"""What crosses a model socket: frames of a 4-byte length and a pickle (protocol 5)
+of a list of messages.
+
+A frame carries every message its sender had ready: a worker's requests of one
+turn of its loop, the model process's answers for that worker from one batch.
+A frame per message cost each item a send and a wake-up at both ends, and a
+pickle with its own header; one frame for many is a syscall and an unpickle
+for all of them (issue 44: the model process's own CPU per item is what caps a
+fast GPU).
 
 Many requests are in flight on one connection, answered in any order by
 sequence number. A request carries its id, its absolute ``time.monotonic()``
@@ -17,13 +25,16 @@ Both ends are forked from one master, so they unpickle each other's classes.
 
 from __future__ import annotations
 
+import logging
 import os
 import pickle
-import socket
 import struct
 from typing import Any, NamedTuple
 
-from serving_core.errors import ServingError
+from serving_core.engine.pending import Pending
+from serving_core.errors import ModelError, ServingError
+
+log = logging.getLogger("serving_core.modelprocess.protocol")
 
 MAX_FRAME_BYTES = 1 << 30
 _LENGTH = struct.Struct("!I")
@@ -52,29 +63,77 @@ class Answer(NamedTuple):
     batch_span: str | None = None  # that batch's ``model`` span, traced
 
 
-def send_frame(sock: socket.socket, message: Request | Answer) -> None:
-    payload = pickle.dumps(message, protocol=5)
-    sock.sendall(_LENGTH.pack(len(payload)) + payload)
+def frame(messages: list[Request] | list[Answer]) -> bytes:
+    """One frame of ``messages``; raises what pickle raises for one it cannot carry."""
+    payload = pickle.dumps(messages, protocol=5)
+    return _LENGTH.pack(len(payload)) + payload
 
 
-def recv_frame(sock: socket.socket) -> Any:
-    """The next message, or ``EOFError`` when the peer closed the connection."""
-    (length,) = _LENGTH.unpack(_recv_exactly(sock, _LENGTH.size))
-    if length > MAX_FRAME_BYTES:
-        raise EOFError(f"a frame of {length} bytes: not a serving-core model connection")
-    return pickle.loads(_recv_exactly(sock, length))
+def answer_for(seq: int, pending: Pending) -> Answer:
+    """The answer to request ``seq`` from its ``Pending``, resolved by the model thread."""
+    future = pending.future
+    if not future.done() or future.cancelled():  # never, unless the batcher has a bug
+        return Answer(seq, None, ModelError("the shared model process dropped this request"), 0)
+    exc = future.exception()
+    if exc is not None:
+        return Answer(seq, None, _serving_error(exc), 0)
+    return Answer(
+        seq, future.result(), None, pending.batch_size, pending.started, pending.batch_span
+    )
 
 
-def _recv_exactly(sock: socket.socket, size: int) -> bytes:
-    buffer = bytearray(size)
-    view = memoryview(buffer)
-    got = 0
-    while got < size:
-        n = sock.recv_into(view[got:])
-        if n == 0:
-            raise EOFError("the connection closed")
-        got += n
-    return bytes(buffer)
+def answers_frame(answers: list[Answer]) -> bytes:
+    """One frame of ``answers``; an output (or an error's details) that pickle cannot
+    carry is that request's ``ModelError``, and the others go as they are."""
+    try:
+        return frame(answers)
+    except Exception:
+        pass
+    kept = []
+    for answer in answers:
+        try:
+            pickle.dumps(answer, protocol=5)
+            kept.append(answer)
+        except Exception as error:
+            log.exception("request %d: the answer could not be sent to its worker", answer.seq)
+            kept.append(Answer(answer.seq, None, _serving_error(error), 0))
+    return frame(kept)
+
+
+def _serving_error(exc: BaseException) -> ServingError:
+    if isinstance(exc, ServingError):
+        return exc
+    return ModelError(f"the shared model process failed: {type(exc).__name__}")
+
+
+class Frames:
+    """The frames of a byte stream, from its bytes as they arrive, in any pieces."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+
+    def feed(self, data: bytes | bytearray | memoryview) -> list[list[Any]]:
+        """The messages of every frame ``data`` completes, frame by frame. ``EOFError``:
+        a length no serving-core peer sends; what pickle raises for a frame it
+        cannot read (both end the connection: the stream's place is lost)."""
+        buffer = self._buffer
+        buffer += data
+        frames: list[list[Any]] = []
+        start, size = 0, len(buffer)
+        with memoryview(buffer) as view:
+            while size - start >= _LENGTH.size:
+                (length,) = _LENGTH.unpack_from(view, start)
+                if length > MAX_FRAME_BYTES:
+                    raise EOFError(f"a frame of {length} bytes: not a model connection's")
+                end = start + _LENGTH.size + length
+                if end > size:
+                    break
+                # In-band pickle 5 copies what it reads: nothing keeps the view.
+                with view[start + _LENGTH.size : end] as payload:
+                    frames.append(pickle.loads(payload))
+                start = end
+        del buffer[:start]
+        return frames
 
 
 def socket_path(directory: str, index: int = 0) -> str:
