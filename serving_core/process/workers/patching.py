@@ -46,15 +46,9 @@ def _rebind(before: dict[str, Any], after: dict[str, Any]) -> None:
         # ``cython.parallel`` stand-in there, with no ``__name__``): only modules bind.
         if not isinstance(module, ModuleType):
             continue
-        names = getattr(module, "__dict__", None)
-        name = getattr(module, "__name__", "")
-        if (
-            not isinstance(names, dict)
-            or not isinstance(name, str)
-            or name.startswith(("ssl", "gevent"))
-        ):
+        if str(getattr(module, "__name__", "")).startswith(("ssl", "gevent")):
             continue
-        for attribute, value in list(names.items()):
+        for attribute, value in list(vars(module).items()):
             patched = stale.get(id(value))
             if patched is not None:
                 setattr(module, attribute, patched)
