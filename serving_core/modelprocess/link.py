@@ -134,20 +134,14 @@ class Link:
             try:
                 frame([request])
             except Exception as error:
-                pending = self.pending.pop(request.seq, None)
-                if pending is not None and not pending.future.done():
-                    with contextlib.suppress(Exception):
-                        pending.future.set_exception(error)
+                _reject(self.pending.pop(request.seq, None), error)
             else:
                 kept.append(request)
         return kept
 
     def _fail(self, requests: list[Request], message: str) -> None:
         for request in requests:
-            pending = self.pending.pop(request.seq, None)
-            if pending is not None and not pending.future.done():
-                with contextlib.suppress(Exception):
-                    pending.future.set_exception(NotReady(message))
+            _reject(self.pending.pop(request.seq, None), NotReady(message))
 
     def run(self) -> None:
         """Connect, read answers until the model process goes, fail what it held, again."""
@@ -227,11 +221,17 @@ class Link:
                 len(pending),
             )
         for one in pending.values():
-            if not one.future.done():
-                with contextlib.suppress(Exception):
-                    one.future.set_exception(
-                        NotReady(
-                            "the shared model process stopped while this request was in it; "
-                            f"retry (request id {one.request_id})"
-                        )
-                    )
+            _reject(
+                one,
+                NotReady(
+                    "the shared model process stopped while this request was in it; "
+                    f"retry (request id {one.request_id})"
+                ),
+            )
+
+
+def _reject(pending: Pending | None, error: BaseException) -> None:
+    """Fail a request still waiting (one that gave up at its deadline is done)."""
+    if pending is not None and not pending.future.done():
+        with contextlib.suppress(Exception):  # cancelled meanwhile: nobody waits
+            pending.future.set_exception(error)
