@@ -84,8 +84,9 @@ IMAGE ?= serving-core:$(notdir $(patsubst %/,%,$(HANDLER_DIR)))$(if $(filter-out
 # docker when its daemon answers, else podman (as tests/container chooses).
 CONTAINER_ENGINE ?= $(shell docker info >/dev/null 2>&1 && echo docker || echo podman)
 # The framework's version (CHANGELOG.md, the tags vX.Y.Z, `serving-core --version`),
-# in a local image's labels as in CI's.
-VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+# in a local image's io.github.serving-core.version label as in CI's (the build
+# argument VERSION is the image's own, org.opencontainers.image.version).
+FRAMEWORK_VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 
 # The chart values `make check` renders: the file deploy.yml deploys (the repository
 # variable DEPLOY_VALUES_FILE, else its default). Yours: a file of your own, say
@@ -222,7 +223,7 @@ contracts: $(BIN)/.runtime $(call stamps,$(HANDLERS))
 ## (docker when its daemon answers, else podman).
 image:
 	$(CONTAINER_ENGINE) build --build-arg HANDLER_DIR=$(HANDLER_DIR) --build-arg TORCH_VARIANT=$(TORCH_VARIANT) \
-	  --build-arg SHARED_DIRS='$(SHARED_DIRS)' --build-arg VERSION=$(VERSION) --tag $(IMAGE) .
+	  --build-arg SHARED_DIRS='$(SHARED_DIRS)' --build-arg FRAMEWORK_VERSION=$(FRAMEWORK_VERSION) --tag $(IMAGE) .
 
 ## make install: the framework and the served handler's requirements.
 install: $(BIN)/.runtime $(call stamps,$(SERVE_DIR))

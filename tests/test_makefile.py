@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 import threading
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -108,7 +109,10 @@ def test_make_image_builds_with_docker_when_its_daemon_answers_else_podman() -> 
     assert done.returncode == 0, done.stderr
     engine = "docker" if docker_answers() else "podman"
     assert done.stdout.startswith(f"{engine} build "), done.stdout
-    assert "--build-arg VERSION=" in done.stdout
+    # The framework's version goes to its own label, not the image's version.
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert f"--build-arg FRAMEWORK_VERSION={version} " in done.stdout, done.stdout
+    assert "--build-arg VERSION=" not in done.stdout, done.stdout
 
 
 def test_make_image_builds_with_podman_where_there_is_no_docker(tmp_path: Path) -> None:
