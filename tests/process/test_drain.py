@@ -18,6 +18,7 @@ import pytest
 import requests
 
 from tests.conftest import PROBE
+from tests.load import ClientThreads
 from tests.nginx_server import nginx_server, wait_until_ready
 from tests.servers import gunicorn_server, wait_for
 
@@ -36,25 +37,9 @@ class Sent:
     status: int | None  # None: no HTTP answer (refused, reset)
 
 
-class Load:
+class Load(ClientThreads[Sent]):
     """``clients`` threads sending distinct requests back to back, each on a new
     connection (as a balancer opens them), until ``stop``."""
-
-    def __init__(self, url: str, clients: int) -> None:
-        self.url = url
-        self.sent: list[Sent] = []
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._threads = [
-            threading.Thread(target=self._client, args=(n,), daemon=True) for n in range(clients)
-        ]
-        for thread in self._threads:
-            thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(60)
 
     def _client(self, n: int) -> None:
         i = 0
@@ -96,7 +81,7 @@ def test_sigterm_under_load_turns_readyz_503_first_and_fails_nothing_accepted(wo
         "SERVING_GRACEFUL_TIMEOUT_S": str(GRACEFUL_S),
     }
     with gunicorn_server(env) as server:
-        load = Load(server.url, clients=8)
+        load = Load(server.url, clients=8).start()
         try:
             wait_for(lambda: load.answered(0.0) >= 20, "20 answers before the signal", timeout_s=60)
             signalled = time.monotonic()
@@ -180,7 +165,7 @@ def test_behind_nginx_the_drain_answers_every_request_and_readyz_503():
         }
         with gunicorn_server(env) as app, nginx_server(app.bind) as proxy:
             wait_until_ready(proxy.url)
-            load = Load(proxy.url, clients=8)
+            load = Load(proxy.url, clients=8).start()
             try:
                 wait_for(
                     lambda: load.answered(0.0) >= 20, "20 answers before the signal", timeout_s=60

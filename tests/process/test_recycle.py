@@ -15,6 +15,7 @@ import pytest
 import requests
 
 from tests.conftest import HANDLERS
+from tests.load import ClientThreads
 from tests.servers import gunicorn_server
 
 pytestmark = pytest.mark.e2e
@@ -34,31 +35,9 @@ class Sent:
     before_pid: int | None  # the worker that answered the previous 200 on this connection
 
 
-class Load:
+class Load(ClientThreads[Sent]):
     """``clients`` threads, each on one keep-alive session, sending distinct requests
     back to back until ``stop``."""
-
-    def __init__(self, url: str, clients: int) -> None:
-        self.url = url
-        self.sent: list[Sent] = []
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._threads = [
-            threading.Thread(target=self._client, args=(n,), daemon=True) for n in range(clients)
-        ]
-
-    def __enter__(self) -> Load:
-        for thread in self._threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def stop(self) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(60)
 
     def _client(self, n: int) -> None:
         session = requests.Session()

@@ -10,7 +10,6 @@ import signal
 import socket
 import subprocess
 import textwrap
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +17,7 @@ from pathlib import Path
 import pytest
 import requests
 
+from tests.load import ClientThreads
 from tests.servers import ROOT, SERVING_CORE, base_env, gunicorn_server, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -57,25 +57,12 @@ class Sent:
     failure: str  # empty when it was answered 200
 
 
-class Clients:
+class Clients(ClientThreads[Sent]):
     """Threads sending requests back to back until ``stop``: half on one keep-alive
     connection each (as a program's client does), half on a new connection each."""
 
     def __init__(self, url: str, clients: int = 4) -> None:
-        self.url = url
-        self.sent: list[Sent] = []
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._threads = [
-            threading.Thread(target=self._client, args=(n,), daemon=True) for n in range(clients)
-        ]
-        for thread in self._threads:
-            thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(60)
+        super().__init__(url, clients)
 
     def _client(self, n: int) -> None:
         keep_alive = n % 2 == 0
@@ -154,7 +141,7 @@ def test_an_edit_to_predict_is_served_with_no_restart_and_no_failed_request(tmp_
     with gunicorn_server(
         {"SERVING_WORKERS": "2", **env}, args=["--reload", str(tmp_path)]
     ) as server:
-        clients = Clients(server.url)
+        clients = Clients(server.url).start()
         try:
             assert served_only(clients, 0.0, 1) == {1}
             stopped = edit_and_wait(server, path, handler_source(2), STOPPED)
@@ -187,7 +174,7 @@ def test_a_broken_edit_leaves_the_old_version_serving_and_says_why(tmp_path):
         (handler_source(2, predict='raise ValueError("sample refused")'), "sample refused"),
     ]
     with gunicorn_server({"SERVING_WORKERS": "2"}, args=["--reload", str(tmp_path)]) as server:
-        clients = Clients(server.url)
+        clients = Clients(server.url).start()
         try:
             assert served_only(clients, 0.0, 1) == {1}
             for source, reason in broken:
@@ -234,7 +221,7 @@ def test_an_edit_during_a_start_overtakes_it(tmp_path):
     # Version 2 never finishes its setup(): only a later edit can take its place.
     stuck = f'open(r"{in_setup}", "w").close(); __import__("time").sleep(3600)'
     with gunicorn_server({"SERVING_WORKERS": "2"}, args=["--reload", str(tmp_path)]) as server:
-        clients = Clients(server.url)
+        clients = Clients(server.url).start()
         try:
             assert served_only(clients, 0.0, 1) == {1}
             path.write_text(handler_source(2, setup=stuck))
