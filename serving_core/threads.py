@@ -66,6 +66,13 @@ def set_model_threads(threads: int) -> int | None:
     return threads
 
 
+def model_threads() -> int | None:
+    """This thread's torch intra-op threads, or None where the handler does not use
+    torch: what a thread started to run the model takes (``set_model_threads``)."""
+    torch = sys.modules.get("torch")
+    return None if torch is None else int(torch.get_num_threads())
+
+
 class CoreLending:
     """Which of the forked processes are idle, and since when, in shared memory.
 

@@ -9,13 +9,20 @@
       a model failure (5xx): its items run again alone (``isolation``: a poison
       message fails without its batch-mates), up to SERVING_STREAM_MAX_ATTEMPTS
       runs → dead letter
-    → send the results, then the dead letters
-    → after the next batch has run (or when none came): await both sinks'
+    → send the results, then the dead letters, as the next batch starts
+    → while that batch runs (or at once, when none came): await both sinks'
       confirms, then ack the whole batch
       a sink's ``Refused`` (the broker refused a message for its size): what it did
       not confirm is sent again alone; a result refused alone → dead letter; a dead
       letter refused alone → again with its input cut short (``outcome.Batch.cut``);
       refused even so → logged. Then acked, all the same: never delivered for ever.
+
+The model runs on a thread of its own (``Running``), and this thread talks to the
+broker meanwhile: while the model runs a batch, the one before it is published,
+confirmed and acked, and the next is taken. A broker's round trip waits for the
+broker's process to be scheduled beside the model; overlapped, it no longer idles
+the model's core (the loop once did each in turn, and its two consumers used
+1.8 of the two cores).
 
 Acked last, so a consumer that dies, or loses its broker, before the sinks
 confirmed loses nothing: the source hands the batch out again (at-least-once;
@@ -38,9 +45,12 @@ import logging
 import random
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from serving_core import threads
 from serving_core.engine.engine import Engine
+from serving_core.loops.inflight import Ends, Running, Sent
 from serving_core.loops.outcome import Batch
 from serving_core.loops.running import MessageRunner
 from serving_core.loops.suspects import Suspects
@@ -54,7 +64,6 @@ from serving_core.stream.base import (
     PartitionedSource,
     Refused,
 )
-from serving_core.threads import held
 
 log = logging.getLogger("serving_core.loops.stream")
 
@@ -62,30 +71,6 @@ TAKE_WAIT_S = 1.0  # how long a take blocks: the longest a stop request waits to
 BACKOFF_FIRST_S = 0.5
 BACKOFF_MAX_S = 30.0
 LAG_EVERY_S = 1.0  # the lag gauge is read from the broker at most this often
-
-
-@dataclass
-class Ends:
-    """A consumer's three connections, opened together and closed together."""
-
-    source: MessageSource
-    sink: MessageSink
-    dead: MessageSink
-
-    def close(self) -> None:
-        for end in (self.source, self.sink, self.dead):
-            try:
-                end.close()
-            except Exception:  # a lost broker's connection may fail to close too
-                log.debug("closing a stream end failed", exc_info=True)
-
-
-@dataclass(frozen=True)
-class Sent:
-    """A batch whose results and dead letters are sent, not yet confirmed nor acked."""
-
-    messages: list[Message]
-    batch: Batch
 
 
 @dataclass
@@ -106,8 +91,22 @@ class StreamLoop:
 
     def __post_init__(self) -> None:
         self.runner = MessageRunner(self.engine, self.max_attempts, self.suspects, self.system)
+        # One thread runs the model, with this one's torch threads, while this one talks
+        # to the broker (``_serve``); one, so batches run in turn, as they are taken.
+        count = threads.model_threads()
+        self._model = ThreadPoolExecutor(
+            1,
+            thread_name_prefix="stream-model",
+            initializer=lambda: None if count is None else threads.set_model_threads(count),
+        )
 
     def run(self) -> None:
+        try:
+            self._run()
+        finally:
+            self._model.shutdown(wait=True)
+
+    def _run(self) -> None:
         while not self.stopping():
             ends: Ends | None = None
             try:
@@ -124,45 +123,73 @@ class StreamLoop:
                     ends.close()
 
     def _serve(self, ends: Ends) -> None:
-        # The batch whose results were sent and await their confirms: it is confirmed
-        # and acked after the next batch has run, so the broker's confirm round trip
-        # (a quorum queue's fsync, milliseconds) overlaps the model instead of idling
-        # its core. Both stay unacked until then: a crash redelivers both.
+        # Three batches in hand at most, each overlapping the model (issue 44): the one the
+        # model thread runs; the one before it, whose results this thread sends, then
+        # awaits their confirms and acks; and the next, taken meanwhile. So the broker's
+        # round trips (a take, a publish, a confirm, an ack: each waits for the broker's
+        # process to be scheduled beside the model) never leave the model's core idle.
+        # All stay unacked until confirmed: a crash redelivers them.
         sent: Sent | None = None
+        running: Running | None = None
         # Asked once per connection: a Protocol's isinstance is no check for every take.
         partitioned = ends.source if isinstance(ends.source, PartitionedSource) else None
-        while not self.stopping():
-            # With a batch awaiting its confirms, take what is already here and no more:
-            # waiting for new messages would hold that batch's acks.
-            messages = ends.source.take(self.max_batch_size, 0.0 if sent else TAKE_WAIT_S)
-            if self._failures and not messages and not sent:  # idle, and the broker answers
+        try:
+            while True:
+                if running is None:
+                    if self.stopping():
+                        break
+                    # With a batch awaiting its confirms, take what is already here and no
+                    # more: waiting for new messages would hold that batch's acks.
+                    messages = self._take(ends, partitioned, 0.0 if sent else TAKE_WAIT_S)
+                    if not messages:
+                        if sent:
+                            self._settle(ends, sent)
+                            sent = None
+                        continue
+                    running = self._start(messages)
+                # Busy until sent: a peer that borrowed this consumer's core while it
+                # publishes would oversubscribe the next batch (``threads.busy``).
+                with threads.busy():
+                    if sent:  # its results went out as the model started this batch
+                        self._settle(ends, sent)
+                        sent = None
+                    ahead = [] if self.stopping() else self._take(ends, partitioned, 0.0)
+                    batch = running.batch()
+                    done, running = running, self._start(ahead) if ahead else None
+                    sent = self._send(ends, done.messages, batch)
+            if sent:  # stopping: the batch in hand is confirmed and acked before the exit
+                self._settle(ends, sent)
+        finally:
+            if running is not None:  # a lost broker: the model finishes, unpublished
+                running.abandon()
+
+    def _take(
+        self, ends: Ends, partitioned: PartitionedSource | None, wait_s: float
+    ) -> list[Message]:
+        messages = ends.source.take(self.max_batch_size, wait_s)
+        self._observe_lag(ends.source, partitioned)
+        if not messages:
+            if self._failures and wait_s > 0:  # idle, nothing in hand, and the broker answers
                 log.info("reconnected to the stream's broker after %d failure(s)", self._failures)
                 self._failures = 0
-            self._observe_lag(ends.source, partitioned)
-            if not messages:
-                if sent:
-                    self._settle(ends, sent)
-                    sent = None
-                continue
-            self.metrics.consumed.inc(len(messages))
-            redelivered = sum(1 for m in messages if m.deliveries > 1)
-            if redelivered:
-                self.metrics.redelivered.inc(redelivered)
-            # Busy until sent: a peer that borrowed this consumer's core while it
-            # publishes would oversubscribe the next batch (``threads.held``).
-            with held():
-                batch = self.run_batch(messages)
-                try:
-                    if sent:
-                        self._settle(ends, sent)
-                    # Results before dead letters, both confirmed before the ack.
-                    ends.sink.send(batch.results)
-                    ends.dead.send(batch.dead)
-                finally:
-                    batch.end_spans()
-            sent = Sent(messages, batch)
-        if sent:  # stopping: the batch in hand is confirmed and acked before the exit
-            self._settle(ends, sent)
+            return messages
+        self.metrics.consumed.inc(len(messages))
+        redelivered = sum(1 for m in messages if m.deliveries > 1)
+        if redelivered:
+            self.metrics.redelivered.inc(redelivered)
+        return messages
+
+    def _start(self, messages: list[Message]) -> Running:
+        return Running(messages, self._model.submit(self.run_batch, messages))
+
+    def _send(self, ends: Ends, messages: list[Message], batch: Batch) -> Sent:
+        try:
+            # Results before dead letters, both confirmed before the ack.
+            ends.sink.send(batch.results)
+            ends.dead.send(batch.dead)
+        finally:
+            batch.end_spans()
+        return Sent(messages, batch)
 
     def _settle(self, ends: Ends, sent: Sent) -> None:
         refusals: list[tuple[MessageSink, Refused]] = []

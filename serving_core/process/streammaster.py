@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import tempfile
 
-from serving_core.loops.stream import Ends, StreamLoop
+from serving_core.loops.inflight import Ends
+from serving_core.loops.stream import StreamLoop
 from serving_core.loops.suspects import Suspects
 from serving_core.metrics.stream import StreamMetrics
 from serving_core.process.prefork import Prefork
