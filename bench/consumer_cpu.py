@@ -7,7 +7,12 @@ from /proc (utime + stime of every process in the worker's session) over a round
 machine is noise; this figure is not (much).
 
     PYTHONPATH=$PWD .venv/bin/python bench/consumer_cpu.py [--paths redis amqp kafka sqlite]
-        [--messages 4000] [--rounds 3] [--profile SECONDS] [--handler embedding|echo|minilm]
+        [--messages 4000] [--rounds 3] [--profile SECONDS]
+        [--handler embedding|accelerator|echo|minilm]
+
+``--handler accelerator`` stands for a GPU: each batch takes ``BENCH_BATCH_MS`` (20)
+off the CPU, so the items/s printed show whether the consumer keeps the model busy
+(at most SERVING_MAX_BATCH_SIZE x consumers every that many ms).
 
 ``--handler minilm`` serves the real model: its µs per item less the bare model's
 (``bare_minilm_us``, printed with it) is the framework's share plus however much
@@ -54,7 +59,8 @@ NATIVE = os.environ.get("SPY_ARGS", "").split()
 # Any SERVING_ setting of this script's environment goes to the worker too.
 EXTRA = {k: v for k, v in os.environ.items() if k.startswith("SERVING_")}
 HANDLERS = {
-    "embedding": ("bench/consumer_cpu_handler.py", "embedding"),
+    "embedding": ("bench/consumer_cpu_handler.py:Embedding", "embedding"),
+    "accelerator": ("bench/consumer_cpu_handler.py:Accelerator", "accelerator"),
     "echo": ("handlers/echo/handler.py", "echo"),
     "hashembed": ("handlers/hashembed/handler.py", "hash-embedding"),
     "minilm": ("handlers/minilm/handler.py", "all-minilm-l6-v2"),
@@ -124,11 +130,15 @@ def measured(
     """µs of the session's CPU per item, from just before ``start`` to ``done`` (and,
     printed, the master's share: the session's first process)."""
     before, master = session_cpu_s(session), process_cpu_s(session)
+    began = time.perf_counter()
     start()
     while not done():
         time.sleep(0.02)
+    rate = count / (time.perf_counter() - began)
     master = process_cpu_s(session) - master
-    print(f"    of which the master: {master / count * 1e6:.0f} µs/item", flush=True)
+    print(
+        f"    {rate:.0f} items/s; the master's CPU: {master / count * 1e6:.0f} µs/item", flush=True
+    )
     return (session_cpu_s(session) - before) / count * 1e6
 
 
