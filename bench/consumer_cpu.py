@@ -46,7 +46,8 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from bench.interleave import session_cpu_s  # noqa: E402
-from bench.stream import BROKERS, Results  # noqa: E402
+from bench.results import Results  # noqa: E402
+from bench.stream import BROKERS  # noqa: E402
 from bench.workload import SENTENCES  # noqa: E402
 from serving_core.jobs.backends import open_queue  # noqa: E402
 from serving_core.settings import Settings  # noqa: E402

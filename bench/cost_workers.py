@@ -18,7 +18,8 @@ from urllib.parse import urlsplit
 from bench.cost_paths import WARM_UP, Context, answers, wait_until, window
 from bench.interleave import busy_s
 from bench.proc_cpu import listener_pid
-from bench.stream import BROKERS, Results, messages, worker_env
+from bench.results import Results
+from bench.stream import BROKERS, messages, worker_env
 from tests.redis_server import redis_server
 from tests.servers import SERVING_CORE, free_port, stop
 

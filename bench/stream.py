@@ -47,10 +47,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import redis  # noqa: E402
-
 from bench.bare_model import Bare, Cell, Selection  # noqa: E402
 from bench.interleave import run_interleaved  # noqa: E402
+from bench.results import Results  # noqa: E402
 from bench.workload import SENTENCES  # noqa: E402
 from tests.servers import free_port, spawn, stop, wait_for  # noqa: E402
 from tests.stream.amqp_broker import AmqpBroker  # noqa: E402
@@ -71,56 +70,6 @@ BROKERS: dict[str, Any] = {"redis": RedisBroker, "amqp": AmqpBroker, "kafka": ka
 
 POLL_S = 0.005  # the latency phase's poll of the results
 CELL_S = 3.0  # each bare-model cell's measurement
-
-
-class Results:
-    """How many results a broker holds, and which arrived since the last look, cheaply:
-    the stream's XLEN and XREAD from the last id; the queue's depth (a passive declare)
-    and a drain; the topic read on by a reader that keeps its place. A poll must not
-    cost the server the CPU it is measured on."""
-
-    def __init__(self, backend: str, broker: Any) -> None:
-        self.backend, self.broker = backend, broker
-        self.last_id = "0-0"
-        self.taken = 0
-        if backend == "redis":
-            self.client = redis.Redis.from_url(broker.sink_url.split("?")[0])
-        elif backend == "amqp":
-            import pika
-
-            self.connection = pika.BlockingConnection(pika.URLParameters(broker.server.url))
-            self.channel = self.connection.channel()
-
-    def count(self) -> int:
-        if self.backend == "redis":
-            return int(self.client.xlen("out"))
-        if self.backend == "kafka":
-            return len(self.broker.records("out", wait_s=0))
-        depth = self.channel.queue_declare(self.broker.results_queue, passive=True)
-        return self.taken + int(depth.method.message_count or 0)
-
-    def new_ids(self) -> list[str]:
-        if self.backend == "redis":
-            got = self.client.xread({"out": self.last_id}, count=10_000)
-            ids = []
-            for _, entries in got:
-                for entry_id, fields in entries:
-                    self.last_id = entry_id.decode()
-                    ids.append(fields[b"id"].decode())
-            return ids
-        # Drains the results queue (reads the topic on), and keeps what it took.
-        if self.backend == "kafka":
-            items = [(r.id, r.body, r.headers) for r in self.broker.records("out", wait_s=0)]
-        else:
-            items = self.broker.results()
-        new, self.taken = items[self.taken :], len(items)
-        return [item[0] for item in new]
-
-    def close(self) -> None:
-        if self.backend == "redis":
-            self.client.close()
-        elif self.backend == "amqp":
-            self.connection.close()
 
 
 def messages(prefix: str, count: int, **headers: str) -> list[tuple[str, bytes, dict[str, str]]]:
