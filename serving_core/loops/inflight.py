@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 
@@ -12,6 +13,10 @@ from serving_core.loops.outcome import Batch
 from serving_core.stream.base import Message, MessageSink, MessageSource
 
 log = logging.getLogger("serving_core.loops.stream")
+
+# How often the ends' heartbeats are seen to while a batch runs: well inside the
+# shortest heartbeat a broker proposes (RabbitMQ drops a connection silent for two).
+KEEPALIVE_S = 0.5
 
 
 @dataclass
@@ -45,8 +50,14 @@ class Running:
     messages: list[Message]
     future: Future[Batch]
 
-    def batch(self) -> Batch:
-        return self.future.result()
+    def batch(self, keepalive: Callable[[], None]) -> Batch:
+        """The batch once the model has run it, calling ``keepalive`` every
+        ``KEEPALIVE_S`` meanwhile (a batch of a slow model outlasts a heartbeat)."""
+        while True:
+            try:
+                return self.future.result(timeout=KEEPALIVE_S)
+            except TimeoutError:
+                keepalive()
 
     def abandon(self) -> None:
         """Its broker lost: the batch is handed out again, unpublished; its spans end."""

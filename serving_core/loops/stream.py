@@ -57,6 +57,7 @@ from serving_core.loops.suspects import Suspects
 from serving_core.metrics.stream import StreamMetrics
 from serving_core.stream.base import (
     BrokerError,
+    KeptAlive,
     Message,
     MessageSink,
     MessageSource,
@@ -133,6 +134,12 @@ class StreamLoop:
         running: Running | None = None
         # Asked once per connection: a Protocol's isinstance is no check for every take.
         partitioned = ends.source if isinstance(ends.source, PartitionedSource) else None
+        alive = [end for end in (ends.source, ends.sink, ends.dead) if isinstance(end, KeptAlive)]
+
+        def keepalive() -> None:
+            for end in alive:
+                end.keepalive()
+
         try:
             while True:
                 if running is None:
@@ -154,7 +161,7 @@ class StreamLoop:
                         self._settle(ends, sent)
                         sent = None
                     ahead = [] if self.stopping() else self._take(ends, partitioned, 0.0)
-                    batch = running.batch()
+                    batch = running.batch(keepalive)
                     done, running = running, self._start(ahead) if ahead else None
                     sent = self._send(ends, done.messages, batch)
             if sent:  # stopping: the batch in hand is confirmed and acked before the exit

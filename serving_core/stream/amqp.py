@@ -15,15 +15,14 @@ left out) is the default exchange, where the routing key is a queue's name.
 Binding a queue to the exchange is the reader of the results' business.
 Publishing is mandatory and confirmed: a batch is sent whole (``send``), and
 every confirm is awaited at once (``confirm``: one round trip per batch, not per
-message); the consumer confirms a batch after running the next one, so the wait
+message); the consumer confirms a batch while the next one runs, so the wait
 for a quorum queue's fsync overlaps the model.
 
 Any other query parameter is pika's own (``heartbeat=30``, ``socket_timeout=5``
 ...). Neither class is thread-safe: each belongs to the thread that made it.
-Heartbeats are sent only inside take, ack, lag and publish: a handler call
-longer than the heartbeat timeout (the broker proposes 60 s) can lose the
-connection, and its batch is delivered again; such a model needs a longer
-``heartbeat=`` on its source URL.
+pika sends heartbeats only inside a call, so while a batch runs on the model's
+thread the consumer's thread calls ``keepalive`` on both (``base.KeptAlive``):
+a batch longer than the heartbeat timeout keeps its connections.
 """
 
 from __future__ import annotations

@@ -70,6 +70,15 @@ class Connected:
             self.close()
             raise BrokerError(f"{self.shown}: cannot open a channel: {error!r}") from error
 
+    def keepalive(self) -> None:
+        """Heartbeats while a batch runs (``base.KeptAlive``): pika's blocking connection
+        sends and checks them only inside a call. On a source, deliveries that arrive
+        meanwhile wait in its buffer for the next take."""
+        try:
+            self.connection.process_data_events(time_limit=0)
+        except ERRORS as error:
+            raise self.failed("cannot keep the connection alive", error) from error
+
     def failed(self, doing: str, error: BaseException) -> BrokerError:
         return BrokerError(f"{self.shown}: {doing}: {error!r}")
 

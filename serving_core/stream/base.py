@@ -90,6 +90,17 @@ class PartitionedSource(Protocol):
         ...
 
 
+@runtime_checkable
+class KeptAlive(Protocol):
+    """An end whose client sends its heartbeats only when called (pika's blocking
+    connection), where the others' clients do it on threads of their own: called
+    while a long batch runs (``loops.stream``), so its connection is not dropped."""
+
+    def keepalive(self) -> None:
+        """Send and read what is due (heartbeats); raises ``BrokerError``."""
+        ...
+
+
 class MessageSink(Protocol):
     def send(self, messages: Sequence[Outgoing]) -> None:
         """Hands them to the broker without waiting for its confirmation, so that the
