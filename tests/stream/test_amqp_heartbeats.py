@@ -1,0 +1,80 @@
+"""A RabbitMQ consumer whose batch outlasts its connections' heartbeat timeout, against
+the real rabbitmq-server of tests/stream (conftest.py's ``rabbitmq``)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from serving_core import Handler
+from serving_core.engine.engine import Engine
+from serving_core.loops.inflight import Ends
+from serving_core.loops.stream import StreamLoop
+from serving_core.metrics.stream import StreamMetrics
+from serving_core.stream.amqp import AmqpSink, AmqpSource
+from tests.rabbitmq_server import RabbitMQServer
+from tests.stream.amqp_broker import AmqpBroker
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
+
+
+@pytest.fixture
+def broker(rabbitmq: RabbitMQServer) -> Iterator[AmqpBroker]:
+    with AmqpBroker(rabbitmq, prefix=f"t{uuid.uuid4().hex[:8]}-") as running:
+        yield running
+
+
+class Slow(Handler):
+    """A batch that outlasts the connections' heartbeat timeout several times over."""
+
+    name = "slow"
+
+    def predict_batch(self, items: list[Any]) -> list[Any]:
+        time.sleep(SLOW_BATCH_S)
+        return [{"i": item["i"]} for item in items]
+
+
+SLOW_BATCH_S = 4.0
+
+
+def test_a_batch_longer_than_the_heartbeat_timeout_keeps_its_connections(
+    broker: AmqpBroker, caplog: pytest.LogCaptureFixture
+) -> None:
+    """pika sends heartbeats only when called: a batch running 4 s on connections whose
+    heartbeat is 1 s lost them (RabbitMQ closes one silent for two heartbeats), and its
+    message came back and ran again, for ever with a slow enough model. The consumer's
+    thread keeps them alive while the model thread runs."""
+    heartbeat = "&heartbeat=1"
+    source = AmqpSource(broker.source_url + heartbeat, batch_size=8, consumer="slow")
+    sink = AmqpSink(broker.sink_url + heartbeat)
+    dead = AmqpSink(broker.dead_url + heartbeat)
+    broker.produce([("m0", json.dumps({"i": 0}).encode(), {})])
+    opened: list[Ends] = []
+
+    def ends() -> Ends:
+        opened.append(Ends(source, sink, dead))
+        return opened[-1]
+
+    caplog.set_level(logging.WARNING, "serving_core.loops.stream")
+    StreamLoop(
+        Engine(Slow(), max_batch_size=8),
+        ends,
+        max_batch_size=8,
+        max_attempts=3,
+        # Until the message is acked (the queue holds nothing unacked), or the ends
+        # were opened again (the connection was lost).
+        stopping=lambda: len(opened) > 1 or (bool(broker.results()) and broker.lag() == 0),
+        metrics=StreamMetrics(),
+    ).run()
+    source.close()
+    sink.close()
+    dead.close()
+    assert "lost the broker" not in caplog.text
+    assert len(opened) == 1
+    assert [(m_id, json.loads(body)) for m_id, body, _ in broker.results()] == [("m0", {"i": 0})]
