@@ -152,6 +152,8 @@ class StreamLoop:
                         if sent:
                             self._settle(ends, sent)
                             sent = None
+                        # Idle, the sinks see no call till the next batch's results.
+                        keepalive()
                         continue
                     running = self._start(messages)
                 # Busy until sent: a peer that borrowed this consumer's core while it

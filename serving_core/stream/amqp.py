@@ -21,8 +21,9 @@ for a quorum queue's fsync overlaps the model.
 Any other query parameter is pika's own (``heartbeat=30``, ``socket_timeout=5``
 ...). Neither class is thread-safe: each belongs to the thread that made it.
 pika sends heartbeats only inside a call, so while a batch runs on the model's
-thread the consumer's thread calls ``keepalive`` on both (``base.KeptAlive``):
-a batch longer than the heartbeat timeout keeps its connections.
+thread, and after each take that found nothing, the consumer's thread calls
+``keepalive`` on both (``base.KeptAlive``): a batch or a pause longer than the
+heartbeat timeout keeps its connections.
 """
 
 from __future__ import annotations

@@ -78,3 +78,49 @@ def test_a_batch_longer_than_the_heartbeat_timeout_keeps_its_connections(
     assert "lost the broker" not in caplog.text
     assert len(opened) == 1
     assert [(m_id, json.loads(body)) for m_id, body, _ in broker.results()] == [("m0", {"i": 0})]
+
+
+class Quick(Handler):
+    name = "quick"
+
+    def predict_batch(self, items: list[Any]) -> list[Any]:
+        return [{"i": item["i"]} for item in items]
+
+
+def test_a_consumer_idle_longer_than_the_heartbeat_timeout_keeps_its_sinks(
+    broker: AmqpBroker, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An idle consumer's takes keep its source's connection alive, but its sinks see no
+    call until the next batch's results: idle for 4 s on 1 s heartbeats, the sink's
+    connection was gone, and the first message after the pause was handed out again."""
+    heartbeat = "&heartbeat=1"
+    ends = Ends(
+        AmqpSource(broker.source_url + heartbeat, batch_size=8, consumer="idle"),
+        AmqpSink(broker.sink_url + heartbeat),
+        AmqpSink(broker.dead_url + heartbeat),
+    )
+    opened: list[Ends] = []
+    started, produced = time.monotonic(), []
+
+    def stopping() -> bool:
+        if not produced and time.monotonic() - started > IDLE_S:
+            broker.produce([("m0", json.dumps({"i": 0}).encode(), {})])
+            produced.append(True)
+        return len(opened) > 1 or (bool(broker.results()) and broker.lag() == 0)
+
+    caplog.set_level(logging.WARNING, "serving_core.loops.stream")
+    StreamLoop(
+        Engine(Quick(), max_batch_size=8),
+        lambda: opened.append(ends) or ends,
+        max_batch_size=8,
+        max_attempts=3,
+        stopping=stopping,
+        metrics=StreamMetrics(),
+    ).run()
+    ends.close()
+    assert "lost the broker" not in caplog.text
+    assert len(opened) == 1
+    assert [(m_id, json.loads(body)) for m_id, body, _ in broker.results()] == [("m0", {"i": 0})]
+
+
+IDLE_S = 4.0
