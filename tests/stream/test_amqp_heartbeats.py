@@ -30,6 +30,11 @@ def broker(rabbitmq: RabbitMQServer) -> Iterator[AmqpBroker]:
         yield running
 
 
+HEARTBEAT = "&heartbeat=1"  # on each end's URL: RabbitMQ drops one silent for ~2 s
+SLOW_BATCH_S = 4.0
+IDLE_S = 4.0
+
+
 class Slow(Handler):
     """A batch that outlasts the connections' heartbeat timeout several times over."""
 
@@ -40,9 +45,6 @@ class Slow(Handler):
         return [{"i": item["i"]} for item in items]
 
 
-SLOW_BATCH_S = 4.0
-
-
 def test_a_batch_longer_than_the_heartbeat_timeout_keeps_its_connections(
     broker: AmqpBroker, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -50,10 +52,9 @@ def test_a_batch_longer_than_the_heartbeat_timeout_keeps_its_connections(
     heartbeat is 1 s lost them (RabbitMQ closes one silent for two heartbeats), and its
     message came back and ran again, for ever with a slow enough model. The consumer's
     thread keeps them alive while the model thread runs."""
-    heartbeat = "&heartbeat=1"
-    source = AmqpSource(broker.source_url + heartbeat, batch_size=8, consumer="slow")
-    sink = AmqpSink(broker.sink_url + heartbeat)
-    dead = AmqpSink(broker.dead_url + heartbeat)
+    source = AmqpSource(broker.source_url + HEARTBEAT, batch_size=8, consumer="slow")
+    sink = AmqpSink(broker.sink_url + HEARTBEAT)
+    dead = AmqpSink(broker.dead_url + HEARTBEAT)
     broker.produce([("m0", json.dumps({"i": 0}).encode(), {})])
     opened: list[Ends] = []
 
@@ -67,8 +68,8 @@ def test_a_batch_longer_than_the_heartbeat_timeout_keeps_its_connections(
         ends,
         max_batch_size=8,
         max_attempts=3,
-        # Until the message is acked (the queue holds nothing unacked), or the ends
-        # were opened again (the connection was lost).
+        # Until the result is out and nothing waits in the queue (the stop then acks
+        # the batch in hand), or the ends were opened again (a connection was lost).
         stopping=lambda: len(opened) > 1 or (bool(broker.results()) and broker.lag() == 0),
         metrics=StreamMetrics(),
     ).run()
@@ -93,13 +94,17 @@ def test_a_consumer_idle_longer_than_the_heartbeat_timeout_keeps_its_sinks(
     """An idle consumer's takes keep its source's connection alive, but its sinks see no
     call until the next batch's results: idle for 4 s on 1 s heartbeats, the sink's
     connection was gone, and the first message after the pause was handed out again."""
-    heartbeat = "&heartbeat=1"
-    ends = Ends(
-        AmqpSource(broker.source_url + heartbeat, batch_size=8, consumer="idle"),
-        AmqpSink(broker.sink_url + heartbeat),
-        AmqpSink(broker.dead_url + heartbeat),
+    kept = Ends(
+        AmqpSource(broker.source_url + HEARTBEAT, batch_size=8, consumer="idle"),
+        AmqpSink(broker.sink_url + HEARTBEAT),
+        AmqpSink(broker.dead_url + HEARTBEAT),
     )
     opened: list[Ends] = []
+
+    def ends() -> Ends:
+        opened.append(kept)
+        return kept
+
     started, produced = time.monotonic(), []
 
     def stopping() -> bool:
@@ -111,16 +116,13 @@ def test_a_consumer_idle_longer_than_the_heartbeat_timeout_keeps_its_sinks(
     caplog.set_level(logging.WARNING, "serving_core.loops.stream")
     StreamLoop(
         Engine(Quick(), max_batch_size=8),
-        lambda: opened.append(ends) or ends,
+        ends,
         max_batch_size=8,
         max_attempts=3,
         stopping=stopping,
         metrics=StreamMetrics(),
     ).run()
-    ends.close()
+    kept.close()
     assert "lost the broker" not in caplog.text
     assert len(opened) == 1
     assert [(m_id, json.loads(body)) for m_id, body, _ in broker.results()] == [("m0", {"i": 0})]
-
-
-IDLE_S = 4.0
