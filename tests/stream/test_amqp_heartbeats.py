@@ -7,7 +7,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -35,67 +35,26 @@ SLOW_BATCH_S = 4.0
 IDLE_S = 4.0
 
 
-class Slow(Handler):
-    """A batch that outlasts the connections' heartbeat timeout several times over."""
+class Sleeper(Handler):
+    """Answers each item with its ``i`` after ``sleep_s`` a batch."""
 
-    name = "slow"
+    name = "sleeper"
+
+    def __init__(self, sleep_s: float) -> None:
+        self.sleep_s = sleep_s
 
     def predict_batch(self, items: list[Any]) -> list[Any]:
-        time.sleep(SLOW_BATCH_S)
+        time.sleep(self.sleep_s)
         return [{"i": item["i"]} for item in items]
 
 
-def test_a_batch_longer_than_the_heartbeat_timeout_keeps_its_connections(
-    broker: AmqpBroker, caplog: pytest.LogCaptureFixture
-) -> None:
-    """pika sends heartbeats only when called: a batch running 4 s on connections whose
-    heartbeat is 1 s lost them (RabbitMQ closes one silent for two heartbeats), and its
-    message came back and ran again, for ever with a slow enough model. The consumer's
-    thread keeps them alive while the model thread runs."""
-    source = AmqpSource(broker.source_url + HEARTBEAT, batch_size=8, consumer="slow")
-    sink = AmqpSink(broker.sink_url + HEARTBEAT)
-    dead = AmqpSink(broker.dead_url + HEARTBEAT)
-    broker.produce([("m0", json.dumps({"i": 0}).encode(), {})])
-    opened: list[Ends] = []
-
-    def ends() -> Ends:
-        opened.append(Ends(source, sink, dead))
-        return opened[-1]
-
-    caplog.set_level(logging.WARNING, "serving_core.loops.stream")
-    StreamLoop(
-        Engine(Slow(), max_batch_size=8),
-        ends,
-        max_batch_size=8,
-        max_attempts=3,
-        # Until the result is out and nothing waits in the queue (the stop then acks
-        # the batch in hand), or the ends were opened again (a connection was lost).
-        stopping=lambda: len(opened) > 1 or (bool(broker.results()) and broker.lag() == 0),
-        metrics=StreamMetrics(),
-    ).run()
-    source.close()
-    sink.close()
-    dead.close()
-    assert "lost the broker" not in caplog.text
-    assert len(opened) == 1
-    assert [(m_id, json.loads(body)) for m_id, body, _ in broker.results()] == [("m0", {"i": 0})]
-
-
-class Quick(Handler):
-    name = "quick"
-
-    def predict_batch(self, items: list[Any]) -> list[Any]:
-        return [{"i": item["i"]} for item in items]
-
-
-def test_a_consumer_idle_longer_than_the_heartbeat_timeout_keeps_its_sinks(
-    broker: AmqpBroker, caplog: pytest.LogCaptureFixture
-) -> None:
-    """An idle consumer's takes keep its source's connection alive, but its sinks see no
-    call until the next batch's results: idle for 4 s on 1 s heartbeats, the sink's
-    connection was gone, and the first message after the pause was handed out again."""
+def consume(broker: AmqpBroker, handler: Handler, before: Callable[[], None]) -> int:
+    """A consumer over ``broker``'s queues on 1 s heartbeats, ``before`` called at each
+    turn, until the result is out and nothing waits in the queue (the stop then acks the
+    batch in hand), or its ends were opened again (a connection was lost): how many
+    times they were opened."""
     kept = Ends(
-        AmqpSource(broker.source_url + HEARTBEAT, batch_size=8, consumer="idle"),
+        AmqpSource(broker.source_url + HEARTBEAT, batch_size=8, consumer="kept"),
         AmqpSink(broker.sink_url + HEARTBEAT),
         AmqpSink(broker.dead_url + HEARTBEAT),
     )
@@ -105,24 +64,54 @@ def test_a_consumer_idle_longer_than_the_heartbeat_timeout_keeps_its_sinks(
         opened.append(kept)
         return kept
 
+    def stopping() -> bool:
+        before()
+        return len(opened) > 1 or (bool(broker.results()) and broker.lag() == 0)
+
+    try:
+        StreamLoop(
+            Engine(handler, max_batch_size=8),
+            ends,
+            max_batch_size=8,
+            max_attempts=3,
+            stopping=stopping,
+            metrics=StreamMetrics(),
+        ).run()
+    finally:
+        kept.close()
+    return len(opened)
+
+
+def test_a_batch_longer_than_the_heartbeat_timeout_keeps_its_connections(
+    broker: AmqpBroker, caplog: pytest.LogCaptureFixture
+) -> None:
+    """pika sends heartbeats only when called: a batch running 4 s on connections whose
+    heartbeat is 1 s lost them (RabbitMQ closes one silent for two heartbeats), and its
+    message came back and ran again, for ever with a slow enough model. The consumer's
+    thread keeps them alive while the model thread runs."""
+    broker.produce([("m0", json.dumps({"i": 0}).encode(), {})])
+    caplog.set_level(logging.WARNING, "serving_core.loops.stream")
+    opened = consume(broker, Sleeper(SLOW_BATCH_S), lambda: None)
+    assert "lost the broker" not in caplog.text
+    assert opened == 1
+    assert [(m_id, json.loads(body)) for m_id, body, _ in broker.results()] == [("m0", {"i": 0})]
+
+
+def test_a_consumer_idle_longer_than_the_heartbeat_timeout_keeps_its_sinks(
+    broker: AmqpBroker, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An idle consumer's takes keep its source's connection alive, but its sinks see no
+    call until the next batch's results: idle for 4 s on 1 s heartbeats, the sink's
+    connection was gone, and the first message after the pause was handed out again."""
     started, produced = time.monotonic(), []
 
-    def stopping() -> bool:
+    def after_a_pause() -> None:
         if not produced and time.monotonic() - started > IDLE_S:
             broker.produce([("m0", json.dumps({"i": 0}).encode(), {})])
             produced.append(True)
-        return len(opened) > 1 or (bool(broker.results()) and broker.lag() == 0)
 
     caplog.set_level(logging.WARNING, "serving_core.loops.stream")
-    StreamLoop(
-        Engine(Quick(), max_batch_size=8),
-        ends,
-        max_batch_size=8,
-        max_attempts=3,
-        stopping=stopping,
-        metrics=StreamMetrics(),
-    ).run()
-    kept.close()
+    opened = consume(broker, Sleeper(0.0), after_a_pause)
     assert "lost the broker" not in caplog.text
-    assert len(opened) == 1
+    assert opened == 1
     assert [(m_id, json.loads(body)) for m_id, body, _ in broker.results()] == [("m0", {"i": 0})]
